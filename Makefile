@@ -1,0 +1,64 @@
+# The two commands: `make report` (main job) and `make test` (every test).
+# Both set up everything they need on a machine with only python3 and make.
+SHELL := /bin/bash
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+UV := .tools/bin/uv
+VENV := .venv
+BIN := $(VENV)/bin
+EXPERIMENT ?= data/experiments/seed_case.yaml
+NAME ?= seed_case
+
+export UV_PYTHON_DOWNLOADS := never
+export UV_PYTHON := $(PYTHON)
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+export UV_LINK_MODE := copy
+export MPLBACKEND := Agg
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+unexport JUPYTER_PATH
+
+.PHONY: report test lab bench lock lint clean help
+
+help:
+	@echo "make report   run the investigation on the built-in seed case -> reports/$(NAME)/"
+	@echo "make test     every test: pytest on tests/ and nbval on notebooks/"
+	@echo "make lab      open the notebooks in JupyterLab"
+	@echo "make bench    speed and memory benchmarks (benchmarks/)"
+	@echo "make lock     re-lock dependencies and export requirements-lock.txt"
+
+$(UV):
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(VENV)/.synced: pyproject.toml uv.lock | $(UV)
+	$(UV) sync --locked --extra test --inexact
+	@touch $@
+
+report: $(VENV)/.synced
+	$(BIN)/kvpressure report --experiment $(EXPERIMENT) --out reports/$(NAME)
+
+test: $(VENV)/.synced
+	$(BIN)/ruff check lib tests benchmarks
+	$(BIN)/nbstripout --verify notebooks/*.ipynb
+	$(BIN)/pytest tests
+	$(BIN)/pytest --nbval-lax --nbval-current-env -p no:randomly notebooks
+
+$(VENV)/.lab: $(VENV)/.synced
+	$(UV) sync --locked --extra test --extra lab --inexact
+	@touch $@
+
+lab: $(VENV)/.lab
+	JUPYTER_RUNTIME_DIR=$(CURDIR)/.venv/jupyter-runtime $(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+
+bench: $(VENV)/.synced
+	$(BIN)/python benchmarks/run_all.py
+
+lock: | $(UV)
+	$(UV) lock
+	$(UV) export --frozen --all-extras --no-emit-project --no-hashes -o requirements-lock.txt >/dev/null
+
+lint: $(VENV)/.synced
+	$(BIN)/ruff check lib tests benchmarks
+
+clean:
+	rm -rf $(VENV) .tools
