@@ -38,6 +38,7 @@ report: $(VENV)/.synced
 	$(BIN)/kvpressure report --experiment $(EXPERIMENT) --out reports/$(NAME)
 
 test: $(VENV)/.synced
+	scripts/system-deps.sh
 	$(BIN)/ruff check lib tests benchmarks
 	$(BIN)/nbstripout --verify notebooks/*.ipynb
 	$(BIN)/pytest tests
