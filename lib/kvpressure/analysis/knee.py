@@ -1,0 +1,232 @@
+"""Knee, peak, plateau and decline of a throughput-vs-concurrency curve.
+
+Published sweeps have few points (5 to 30 levels), uneven steps (1, 2, 4, 8, ... or 16, 24, 32,
+48, 64) and noise; some repeat each level. The method:
+
+1. Levels: repeated measurements of one x are averaged; their spread gives the noise.
+   Without repeats, the noise is the residual spread around the broken-stick fit (step 3).
+2. Peak: the highest mean. Plateau: the contiguous run of levels around the peak whose mean is
+   within ``max(plateau_tol * peak, 2 * noise)`` of it.
+3. Knee: a continuous two-segment ("broken-stick") least-squares fit whose breakpoint is one of
+   the levels up to the peak; the fit uses the points up to the plateau's end (all points when the
+   plateau is only the peak, so a falling tail is the second segment). It uses every point at
+   once and so holds up under noise better than curvature alone. Kneedle (``kneed``, concave
+   increasing, on the points up to the plateau's end) is run too: when it lands within one level
+   of the broken-stick knee its answer is kept (it is the usual definition), otherwise the
+   broken-stick knee is kept and Kneedle's answer is reported beside it.
+4. A curve still rising at its last level (the second segment keeps at least half the first
+   segment's slope and the peak is the last point) has no knee within the range: ``knee_x`` is
+   None.
+5. Decline: peak minus the end of the curve (mean of the last two levels after the peak, so a
+   dip that recovers does not count); ``declines`` when that exceeds both ``min_decline_pct`` of
+   the peak and ``z`` times the noise of a difference of two levels.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvpressure.analysis.recompute import to_jsonable
+from kvpressure.errors import InputError
+
+CLI_KEYS = ("knee_x", "peak_x", "peak_y", "plateau", "declines", "decline_pct", "points")
+
+
+@dataclass
+class KneeResult:
+    knee_x: float | None
+    peak_x: float
+    peak_y: float
+    plateau: tuple[float, float]
+    declines: bool
+    decline_pct: float
+    points: list[dict]
+    method: str = ""
+    knee_kneedle: float | None = None
+    knee_broken_stick: float | None = None
+    noise_sd: float | None = None
+    noise_source: str = ""
+    still_rising: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return to_jsonable(self)
+
+    def summary(self, group: object = None) -> dict:
+        """The JSON object of ``kvpressure knee`` (interfaces.md section 6)."""
+        d = self.to_dict()
+        out = {"group": group}
+        out.update({k: d[k] for k in CLI_KEYS})
+        return out
+
+
+def _aggregate(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    xs = np.unique(x)
+    means = np.array([y[x == v].mean() for v in xs])
+    counts = np.array([(x == v).sum() for v in xs])
+    sds = np.array([y[x == v].std(ddof=1) if (x == v).sum() > 1 else np.nan for v in xs])
+    return xs, means, counts, sds
+
+
+def _broken_stick(
+    x: np.ndarray, y: np.ndarray, max_break: int
+) -> tuple[int, float, float, float, float] | None:
+    """Best breakpoint index, slopes before/after, SSE and relative SSE; None with < 3 points.
+
+    The relative SSE (residuals over fitted values) serves the noise estimate: throughput
+    noise scales with the level, so residuals on the low rising part would understate the
+    noise on the plateau.
+    """
+    n = len(x)
+    if n < 3:
+        return None
+    best = None
+    for i in range(1, min(max_break, n - 2) + 1):
+        k = x[i]
+        a = np.c_[np.ones(n), np.minimum(x, k), np.maximum(x - k, 0.0)]
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        fitted = a @ coef
+        sse = float(((fitted - y) ** 2).sum())
+        if best is None or sse < best[3] - 1e-12 * max(1.0, abs(sse)):
+            rel = np.divide(fitted - y, fitted, out=np.zeros(n), where=np.abs(fitted) > 0)
+            best = (i, float(coef[1]), float(coef[2]), sse, float((rel**2).sum()))
+    return best
+
+
+def _kneedle(x: np.ndarray, y: np.ndarray) -> float | None:
+    if len(x) < 3:
+        return None
+    try:
+        from kneed import KneeLocator
+    except ImportError:  # pragma: no cover - kneed is a declared dependency
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            kl = KneeLocator(x, y, curve="concave", direction="increasing", S=1.0)
+        except (ValueError, ZeroDivisionError):
+            return None
+    return None if kl.knee is None else float(kl.knee)
+
+
+def find_knee(
+    x: Sequence[float] | np.ndarray,
+    y: Sequence[float] | np.ndarray,
+    *,
+    plateau_tol: float = 0.05,
+    min_decline_pct: float = 2.0,
+    z: float = 2.0,
+    noise_sd: float | None = None,
+) -> KneeResult:
+    """Locate the knee of ``y`` (throughput) over ``x`` (concurrency).
+
+    ``x`` may repeat (several measurements per level). ``noise_sd`` overrides the noise
+    estimate (standard deviation of one measurement, in units of ``y``).
+    """
+    xa = np.asarray(x, dtype=float)
+    ya = np.asarray(y, dtype=float)
+    if xa.shape != ya.shape:
+        raise InputError(f"find_knee: x has {xa.size} values, y has {ya.size}")
+    ok = np.isfinite(xa) & np.isfinite(ya)
+    xa, ya = xa[ok], ya[ok]
+    if xa.size == 0:
+        raise InputError("find_knee: no finite (x, y) points")
+    if not 0 <= plateau_tol < 1:
+        raise InputError(f"find_knee: plateau_tol must be in [0, 1), got {plateau_tol}")
+    order = np.argsort(xa, kind="stable")
+    xs, ym, counts, sds = _aggregate(xa[order], ya[order])
+    notes: list[str] = []
+    points = [
+        {"x": float(a), "y": float(b), "n": int(c), "sd": None if math.isnan(s) else float(s)}
+        for a, b, c, s in zip(xs, ym, counts, sds, strict=True)
+    ]
+
+    ipeak = int(np.argmax(ym))
+    peak_x, peak_y = float(xs[ipeak]), float(ym[ipeak])
+
+    # Noise of one measurement: pooled spread of repeats when present.
+    source = "given"
+    sigma = noise_sd
+    if sigma is None and np.any(counts > 1):
+        rep = counts > 1
+        sigma = float(np.sqrt(np.sum((counts[rep] - 1) * sds[rep] ** 2) / np.sum(counts[rep] - 1)))
+        source = "spread of repeated measurements"
+    # Standard error of a level mean (levels may have different repeat counts).
+    n_typ = float(np.median(counts))
+
+    def plateau_band(sig: float | None) -> float:
+        se = 0.0 if sig is None else sig / math.sqrt(n_typ)
+        return max(plateau_tol * abs(peak_y), z * se)
+
+    def plateau_of(band: float) -> tuple[int, int]:
+        lo = hi = ipeak
+        while lo > 0 and ym[lo - 1] >= peak_y - band:
+            lo -= 1
+        while hi < len(xs) - 1 and ym[hi + 1] >= peak_y - band:
+            hi += 1
+        return lo, hi
+
+    lo, hi = plateau_of(plateau_band(sigma))
+    fit_n = hi + 1 if hi - lo >= 1 or hi == len(xs) - 1 else len(xs)
+    fit = _broken_stick(xs[:fit_n], ym[:fit_n], max_break=ipeak)
+    if sigma is None and fit is not None and fit_n > 3:
+        sigma = math.sqrt(fit[4] / (fit_n - 3)) * abs(peak_y) * math.sqrt(n_typ)
+        source = "residuals of the broken-stick fit"
+        lo, hi = plateau_of(plateau_band(sigma))
+    if sigma is None:
+        source = "unknown (too few points); min_decline_pct and plateau_tol alone decide"
+
+    knee_bs = float(xs[fit[0]]) if fit is not None else None
+    knee_kn = _kneedle(xs[: hi + 1], ym[: hi + 1])
+    still_rising = False
+    if fit is not None and ipeak == len(xs) - 1 and fit[1] > 0 and fit[2] >= 0.5 * fit[1]:
+        still_rising = True
+    if still_rising:
+        knee, method = None, "none: still rising at the largest level"
+        notes.append("throughput still grows at the largest level; no knee inside the range")
+    elif knee_bs is None:
+        knee = float(xs[lo])
+        method = "plateau start (fewer than 3 levels)"
+    elif knee_kn is not None and abs(
+        int(np.searchsorted(xs, knee_kn)) - int(np.searchsorted(xs, knee_bs))
+    ) <= 1:
+        knee, method = knee_kn, "kneedle (agrees with the broken-stick fit)"
+    else:
+        knee, method = knee_bs, "broken-stick fit"
+        if knee_kn is not None:
+            notes.append(f"kneedle put the knee at {knee_kn:g}, away from the fit's {knee_bs:g}")
+    if knee is not None and knee > peak_x:
+        knee = peak_x
+
+    after = ym[ipeak + 1 :]
+    # The end of the sweep (mean of the last two levels after the peak, which halves the noise
+    # of a single level) against the peak: a dip that recovers is not a decline.
+    end_level = float(after[-2:].mean()) if after.size else peak_y
+    decline_abs = max(peak_y - end_level, 0.0)
+    decline_pct = 100.0 * decline_abs / peak_y if peak_y > 0 else 0.0
+    noise_floor = 0.0 if sigma is None else z * sigma * math.sqrt(2.0 / n_typ)
+    declines = bool(after.size and decline_pct >= min_decline_pct and decline_abs > noise_floor)
+    if len(xs) < 5:
+        notes.append(f"only {len(xs)} levels: knee and decline are rough")
+
+    return KneeResult(
+        knee_x=knee,
+        peak_x=peak_x,
+        peak_y=peak_y,
+        plateau=(float(xs[lo]), float(xs[hi])),
+        declines=declines,
+        decline_pct=round(decline_pct, 3),
+        points=points,
+        method=method,
+        knee_kneedle=knee_kn,
+        knee_broken_stick=knee_bs,
+        noise_sd=sigma,
+        noise_source=source,
+        still_rising=still_rising,
+        notes=notes,
+    )

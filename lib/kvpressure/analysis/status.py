@@ -1,0 +1,135 @@
+"""The record's status: "bound by KV blocks", "bound by single-sequence length" or
+"not established", with the rule that decided it and its evidence.
+
+Rules, checked in this order (the first that fires decides):
+
+1. **bound by single-sequence length** when any of
+   a. the longest sequence of the workload (prompt + output) takes at least ``seq_pool_frac``
+      (default 0.5) of the KV pool, so two such sequences cannot both be resident;
+   b. ``max_model_len`` exceeds the pool (vLLM's start-up check would fail; a full-length
+      request could never be admitted);
+   c. the pool is full (symptom 4) while on average at most ``few_running`` (default 2)
+      sequences run and requests wait: the pool holds only one or two sequences.
+2. **bound by KV blocks** when KV usage stays near full (symptom 4) and requests wait for
+   capacity while running is below ``max_num_seqs`` (symptom 3) or preemptions come with a
+   recompute ratio over threshold (symptom 5). When a single-variable comparison of a
+   KV-relevant parameter exists (lower ``max_num_seqs``, larger pool, smaller
+   ``max_model_len``, full-sequence admission, watermark), it must agree: a knee that moved
+   right beyond noise confirms; a knee that did not move leaves the status "not established".
+   Without a comparison the status stands on the symptoms alone (``confirmed`` False).
+3. **not established** otherwise, with the reason.
+
+Prefill interference is a separate finding (``prefill_interference``) and never sets the status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvpressure.analysis.compare import Comparison
+from kvpressure.analysis.interference import InterferenceReport
+from kvpressure.analysis.recompute import to_jsonable
+from kvpressure.analysis.symptoms import SymptomChecklist
+
+KV_BOUND = "bound by KV blocks"
+SEQ_BOUND = "bound by single-sequence length"
+NOT_ESTABLISHED = "not established"
+STATUSES = (KV_BOUND, SEQ_BOUND, NOT_ESTABLISHED)
+
+# Parameters whose change relieves KV pressure, and the direction that does it.
+KV_RELIEF = {
+    "max_num_seqs": "lower", "gpu_memory_utilization": "higher", "num_gpu_blocks": "higher",
+    "max_model_len": "lower", "scheduler_reserve_full_isl": "False -> True",
+    "watermark": "higher",
+}
+
+
+@dataclass
+class Status:
+    status: str
+    rule: str
+    confirmed: bool
+    evidence: dict = field(default_factory=dict)
+    prefill_interference: bool | None = None
+    prefill_evidence: dict = field(default_factory=dict)
+    findings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return to_jsonable(self)
+
+
+def decide_status(
+    symptoms: SymptomChecklist,
+    *,
+    comparison: Comparison | None = None,
+    interference: InterferenceReport | None = None,
+    max_sequence_tokens: int | None = None,
+    pool_tokens: int | None = None,
+    max_model_len: int | None = None,
+    seq_pool_frac: float = 0.5,
+    few_running: float = 2.0,
+) -> Status:
+    """Apply the rules above. ``pool_tokens`` = num_gpu_blocks x block_size."""
+    sym = {s.id: s for s in symptoms.symptoms}
+    verdicts = {k: s.verdict for k, s in sym.items()}
+    kv_full = verdicts.get("kv_usage_near_full") == "present"
+    silent = verdicts.get("running_below_max_num_seqs") == "present"
+    waiting = verdicts.get("waiting_persists") == "present"
+    recompute = verdicts.get("preemption_recompute") == "present"
+    mean_running = sym["running_below_max_num_seqs"].evidence.get("mean_running") if (
+        "running_below_max_num_seqs" in sym) else None
+    ev: dict = {"symptoms": verdicts}
+
+    pi = interference.prefill_interference if interference is not None else None
+    pe = interference.prefill_evidence if interference is not None else {}
+    findings = []
+    if pi:
+        findings.append("prefill interference: ITL spikes with long prefills while KV is not full")
+
+    def done(status: str, rule: str, confirmed: bool) -> Status:
+        return Status(status=status, rule=rule, confirmed=confirmed, evidence=ev,
+                      prefill_interference=pi, prefill_evidence=pe, findings=findings)
+
+    # Rule 1: one sequence is too large for the pool.
+    if pool_tokens:
+        ev["pool_tokens"] = pool_tokens
+        if max_sequence_tokens:
+            ev["max_sequence_tokens"] = max_sequence_tokens
+            ev["sequence_pool_frac"] = max_sequence_tokens / pool_tokens
+            if max_sequence_tokens >= seq_pool_frac * pool_tokens:
+                return done(SEQ_BOUND, f"1a: longest sequence >= {seq_pool_frac:g} of the pool",
+                            True)
+        if max_model_len:
+            ev["max_model_len"] = max_model_len
+            if max_model_len > pool_tokens:
+                return done(SEQ_BOUND, "1b: max_model_len exceeds the KV pool", True)
+    if mean_running is not None:
+        ev["mean_running"] = mean_running
+    if kv_full and waiting and mean_running is not None and mean_running <= few_running:
+        return done(SEQ_BOUND, f"1c: pool full with <= {few_running:g} sequences running", False)
+
+    # Rule 2: KV blocks.
+    if kv_full and (silent or recompute):
+        which = " and ".join(n for n, on in (("running below max_num_seqs with capacity waiting",
+                                              silent), ("preemption with recompute",
+                                                        recompute)) if on)
+        rule = f"2: KV usage near full, {which}"
+        if comparison is not None and comparison.parameter in KV_RELIEF:
+            ev["comparison"] = {"parameter": comparison.parameter,
+                                "knee_moves_right": comparison.knee_moves_right,
+                                "beyond_noise": comparison.beyond_noise,
+                                "shifts": comparison.shifts}
+            if comparison.knee_moves_right and comparison.beyond_noise:
+                return done(KV_BOUND, rule + f"; knee moved right with {comparison.parameter}",
+                            True)
+            return done(NOT_ESTABLISHED,
+                        rule + f"; but the knee did not move right beyond noise when "
+                        f"{comparison.parameter} changed", False)
+        return done(KV_BOUND, rule + " (no single-variable comparison yet)", False)
+
+    missing = [k for k in ("kv_usage_near_full", "running_below_max_num_seqs",
+                           "preemption_recompute") if verdicts.get(k) == "no data"]
+    reason = "3: KV usage not near full, or neither capacity waiting nor recompute"
+    if missing:
+        reason += f" (no data for {', '.join(missing)})"
+    return done(NOT_ESTABLISHED, reason, False)

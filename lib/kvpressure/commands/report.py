@@ -1,0 +1,58 @@
+"""``kvpressure report``: run the investigation notebooks, write the record and the report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--experiment", metavar="FILE", help="experiment YAML to simulate")
+    what.add_argument(
+        "--source", metavar="PATH", nargs="+",
+        help="ingested data: Prometheus scrapes (file, folder, JSONL), API JSON, bench JSON",
+    )
+    parser.add_argument("--out", metavar="DIR", required=True, help="run folder (reports/NAME)")
+    parser.add_argument(
+        "--param", metavar="NAME=VALUE", action="append", default=[],
+        help="notebook parameter, e.g. --param focus_concurrency=48 (repeatable)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=2,
+        help="notebooks (and sweep points) run side by side (default 2)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="write into an existing folder that is not a run folder"
+    )
+    parser.add_argument(
+        "--screenshot", metavar="PNG", help="also draw index.html in headless Chromium to PNG"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpressure.pipeline.notebooks import NotebookFailed
+    from kvpressure.pipeline.report import make_report, parse_params
+
+    try:
+        result = make_report(
+            args.out,
+            experiment=args.experiment,
+            sources=args.source or (),
+            params=parse_params(args.param),
+            jobs=args.jobs,
+            force=args.force,
+        )
+    except NotebookFailed as exc:
+        print(f"kvpressure report: error: {exc}", file=sys.stderr)
+        return 1
+    if args.screenshot:
+        from kvpressure.pipeline.screenshot import check_screenshot, take_screenshot
+
+        png = take_screenshot(result.index_path, args.screenshot)
+        problems = check_screenshot(png).problems()
+        if problems:
+            print(f"kvpressure report: screenshot {png}: {'; '.join(problems)}", file=sys.stderr)
+            return 1
+    print(result.index_path)
+    return 0

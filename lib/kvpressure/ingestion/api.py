@@ -1,0 +1,479 @@
+"""``ingest()``: real metrics into the canonical ``series`` and ``runs`` tables.
+
+```python
+from kvpressure.ingestion.api import ingest
+result = ingest(["metrics.prom.jsonl", "bench.json"], run="c64")
+result.series   # run, t, metric, labels, value
+result.runs     # one row per measured point
+result.report   # what was read and recognised (ingest.json)
+result.write("out/")
+```
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pandas.api.types import union_categoricals
+
+from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
+from kvpressure.errors import InputError
+from kvpressure.ingestion import names
+from kvpressure.ingestion.bench import read_bench
+from kvpressure.ingestion.prom_api import fetch_live, read_query_range_file, scrape_exporter
+from kvpressure.ingestion.prom_text import RunSamples, add_scrape
+from kvpressure.ingestion.scrape_runs import RUNS_COLUMNS, SCRAPE_COLUMNS, scrape_row
+from kvpressure.ingestion.sources import (
+    Source,
+    detect,
+    iter_dir_dumps,
+    iter_jsonl,
+    parse_time,
+    read_text,
+    time_from_name,
+)
+
+SERIES_COLUMNS = ["run", "t", "metric", "labels", "value"]
+_SUFFIXES = (".gz", ".jsonl", ".json", ".prom", ".txt", ".metrics")
+
+
+@dataclass
+class IngestResult:
+    series: pd.DataFrame
+    runs: pd.DataFrame
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        """``series.csv`` (when any series), ``runs.csv`` (when any run), ``ingest.json``;
+        the same tables as Parquet when pyarrow is importable."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        try:
+            import pyarrow  # noqa: F401
+
+            parquet = True
+        except ImportError:
+            parquet = False
+        for name, frame in (("series", self.series), ("runs", self.runs)):
+            if frame.empty:
+                continue
+            path = out / f"{name}.csv"
+            frame.to_csv(path, index=False)
+            written.append(path)
+            if parquet:
+                frame.to_parquet(out / f"{name}.parquet", index=False)
+                written.append(out / f"{name}.parquet")
+        path = out / "ingest.json"
+        path.write_text(json.dumps(_jsonable(self.report), indent=2) + "\n", encoding="utf-8")
+        written.append(path)
+        return written
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        seq = sorted(value) if isinstance(value, set | frozenset) else value
+        return [_jsonable(v) for v in seq]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def default_run_name(location: str) -> str:
+    """``.../heavy.metrics.prom.jsonl.gz`` -> ``heavy``; a URL -> its host."""
+    if "://" in location:
+        return location.split("://", 1)[1].split("/", 1)[0].replace(":", "_")
+    name = Path(location.rstrip("/")).name
+    changed = True
+    while changed:
+        changed = False
+        for suffix in _SUFFIXES:
+            if name.endswith(suffix) and len(name) > len(suffix):
+                name, changed = name[: -len(suffix)], True
+    for tail in (".metrics", ".prom"):
+        if name.endswith(tail):
+            name = name[: -len(tail)]
+    return name or "run"
+
+
+def _families_filter(metrics: str | Sequence[str] | None) -> frozenset[str] | None:
+    """``None``/"all" -> everything; "core" -> the families the analysis reads; else names."""
+    if metrics is None or metrics == "all":
+        return None
+    if isinstance(metrics, str):
+        if metrics == "core":
+            wanted: Iterable[str] = names.ANALYSIS_FAMILIES
+        else:
+            wanted = [m.strip() for m in metrics.split(",") if m.strip()]
+    else:
+        wanted = metrics
+    out = set()
+    for m in wanted:
+        info = names.canonical_name(m)
+        out.add(info.family)
+    return frozenset(out)
+
+
+def _expected_missing(acc: RunSamples) -> list[str]:
+    present = {s.family for s in acc.series}
+    wanted = names.CORE_FAMILIES + ("vllm:cache_config_info",)
+    if acc.families is not None:
+        wanted = tuple(f for f in wanted if f in acc.families)
+    out = []
+    for fam in wanted:
+        if fam in present:
+            continue
+        if fam in names.V1_COUNTERS:
+            out.append(fam + "_total")
+        else:
+            out.append(fam)
+    return out
+
+
+def _decide_origin(acc: RunSamples, frame: pd.DataFrame, requested: str) -> dict[str, Any]:
+    """Whether counters started at 0 with the log (``zero``) or earlier (``first``)."""
+    if requested in ("zero", "first"):
+        return {"origin": requested, "why": "given"}
+    if requested != "auto":
+        raise InputError(f"counter_origin: expected auto, zero or first, got {requested!r}")
+    times = np.unique(frame["t"].to_numpy()) if len(frame) else np.zeros(0)
+    if len(times) == 0:
+        return {"origin": "first", "why": "no samples"}
+    created = [v for v in acc.created.values() if not math.isnan(v)]
+    interval = float(np.median(np.diff(times))) if len(times) > 1 else 0.0
+    if created:
+        c = min(created)
+        tolerance = max(2 * interval, 5.0)
+        if abs(times[0] - c) <= tolerance:
+            return {
+                "origin": "zero",
+                "why": f"the counters were created at {c} and the first scrape is at "
+                f"{times[0]} (within {tolerance:g} s): the log starts with the process, "
+                "counts before the first scrape are included",
+            }
+        return {
+            "origin": "first",
+            "why": f"the counters were created at {c}, long before the first scrape at "
+            f"{times[0]}: increases are counted from the first scrape",
+        }
+    return {
+        "origin": "first",
+        "why": "no _created samples to tell when counting began: increases are counted from "
+        "the first scrape (pass counter_origin='zero' if the log starts with the server)",
+    }
+
+
+def _bench_window(row: dict[str, Any]) -> tuple[float, float] | None:
+    """Unix-time window of a bench run: vLLM stamps ``date`` (local time) when it ends."""
+    date, duration = row.get("date"), row.get("duration_s")
+    if not isinstance(date, str) or not isinstance(duration, float) or math.isnan(duration):
+        return None
+    try:
+        end = _dt.datetime.strptime(date, "%Y%m%d-%H%M%S").timestamp()
+    except ValueError:
+        return None
+    return end - duration, end + 1.0
+
+
+def _concat_series(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    if not frames:
+        return pd.DataFrame(
+            {
+                "run": pd.Series(dtype="category"),
+                "t": pd.Series(dtype=float),
+                "metric": pd.Series(dtype="category"),
+                "labels": pd.Series(dtype="category"),
+                "value": pd.Series(dtype=float),
+            }
+        )
+    if len(frames) == 1:
+        return frames[0]
+    cols = {}
+    for col in ("run", "metric", "labels"):
+        cols[col] = union_categoricals([f[col] for f in frames], sort_categories=True)
+    for col in ("t", "value"):
+        cols[col] = np.concatenate([f[col].to_numpy() for f in frames])
+    return pd.DataFrame(cols)[SERIES_COLUMNS]
+
+
+def ingest(
+    sources: Sequence[str | Path] | str | Path,
+    run: str | None = None,
+    *,
+    start: str | float | None = None,
+    end: str | float | None = None,
+    step: float | None = None,
+    timeout: float = 10.0,
+    metrics: str | Sequence[str] | None = None,
+    keep_created: bool = False,
+    counter_origin: str = "auto",
+    drop_target_labels: bool = True,
+    num_gpu_blocks: int | None = None,
+    block_size: int | None = None,
+    prefix_caching: bool | None = None,
+) -> IngestResult:
+    """Read every SOURCE into the canonical tables.
+
+    ``run`` names the run all sources belong to (default: one run per source, named after
+    it). ``start``/``end``/``step`` bound a live Prometheus server query. ``metrics``: "all"
+    (default), "core" (the families the analysis reads: smaller and faster on long logs) or a
+    list of names. ``counter_origin``: "auto", "zero" (counters were 0 when the log began) or
+    "first" (count from the first sample). ``num_gpu_blocks``/``block_size``/
+    ``prefix_caching`` stand in for ``vllm:cache_config_info`` in the recompute estimate.
+    """
+    if isinstance(sources, str | Path):
+        sources = [sources]
+    if not sources:
+        raise InputError("ingest: no SOURCE given")
+    if step is not None and (not isinstance(step, int | float) or not step > 0):
+        raise InputError(f"--step must be a positive number of seconds, got {step!r}")
+    families = _families_filter(metrics)
+    warnings: list[str] = []
+    report: dict[str, Any] = {
+        "kvpressure_version": __version__,
+        "vllm_behaviour_version": VLLM_BEHAVIOUR_VERSION,
+        "sources": [],
+        "runs": {},
+        "warnings": warnings,
+        "gaps": [],
+        "options": {
+            "run": run,
+            "metrics": metrics if isinstance(metrics, str | None) else list(metrics),
+            "counter_origin": counter_origin,
+            "keep_created": keep_created,
+            "start": start,
+            "end": end,
+            "step": step,
+        },
+    }
+    accs: dict[str, RunSamples] = {}
+    acc_sources: dict[str, list[str]] = {}
+    bench_rows: list[dict[str, Any]] = []
+
+    def acc_for(name: str) -> RunSamples:
+        if name not in accs:
+            accs[name] = RunSamples(name, families=families, keep_created=keep_created)
+        return accs[name]
+
+    for location in sources:
+        for src in detect(location):
+            name = run or default_run_name(src.location)
+            entry: dict[str, Any] = {"location": src.location, "kind": src.kind, "run": name}
+            warnings.extend(src.notes)
+            if src.kind == "bench":
+                notes: list[str] = []
+                rows = read_bench(Path(src.location), name, notes)
+                bench_rows.extend(rows)
+                warnings.extend(notes)
+                entry["bench_runs"] = len(rows)
+            else:
+                acc = acc_for(name)
+                acc_sources.setdefault(name, []).append(src.location)
+                _read_prom(src, acc, entry, warnings, report, start, end, step, timeout)
+            report["sources"].append(entry)
+
+    frames: list[pd.DataFrame] = []
+    scrape_rows: dict[str, dict[str, Any]] = {}
+    estimate_opts = {
+        "num_gpu_blocks": num_gpu_blocks,
+        "block_size": block_size,
+        "prefix_caching": prefix_caching,
+    }
+    for name, acc in accs.items():
+        frame, label_info = acc.frame(drop_single_target_labels=drop_target_labels)
+        origin = _decide_origin(acc, frame, counter_origin)
+        info = _run_report(acc, frame, label_info, origin)
+        if acc.stats.duplicate_samples:
+            warnings.append(
+                f"run {name}: {acc.stats.duplicate_samples} sample(s) repeated a series at a "
+                "timestamp already read; the last one read is kept"
+            )
+        if acc.stats.explicit_timestamps:
+            info["explicit_timestamps"] = acc.stats.explicit_timestamps
+        if len(frame):
+            row, estimate = scrape_row(
+                frame,
+                name,
+                origin=origin["origin"],
+                source=" + ".join(acc_sources.get(name, [])),
+                estimate_opts=estimate_opts,
+            )
+            scrape_rows[name] = row
+            info["recompute_estimate"] = estimate
+        report["runs"][name] = info
+        frames.append(frame)
+
+    runs_rows = _merge_runs(bench_rows, scrape_rows, frames, accs, warnings)
+    series = _concat_series(frames)
+    runs = pd.DataFrame(runs_rows, columns=RUNS_COLUMNS) if runs_rows else pd.DataFrame(
+        columns=RUNS_COLUMNS
+    )
+    report["tables"] = {"series_rows": int(len(series)), "runs_rows": int(len(runs))}
+    return IngestResult(series=series, runs=runs, report=report)
+
+
+def _read_prom(
+    src: Source,
+    acc: RunSamples,
+    entry: dict[str, Any],
+    warnings: list[str],
+    report: dict[str, Any],
+    start: str | float | None,
+    end: str | float | None,
+    step: float | None,
+    timeout: float,
+) -> None:
+    before_samples = acc.n_samples
+    before_scrapes = acc.stats.scrapes
+    before_lines = acc.stats.sample_lines
+    declared_before = len(acc.declared)
+    if src.kind == "prom_jsonl":
+        for scrape in iter_jsonl(Path(src.location), warnings):
+            if math.isnan(scrape.t):
+                continue
+            add_scrape(acc, scrape.t, scrape.text, scrape.where, warnings)
+    elif src.kind == "prom_dir":
+        for scrape in iter_dir_dumps(src, warnings):
+            add_scrape(acc, scrape.t, scrape.text, scrape.where, warnings)
+    elif src.kind == "prom_text":
+        path = Path(src.location)
+        t = time_from_name(path.name)
+        if t is None:
+            t = path.stat().st_mtime
+            entry["time_from"] = "file modification time"
+        add_scrape(acc, t, read_text(path), str(path), warnings)
+    elif src.kind == "query_range":
+        got = read_query_range_file(Path(src.location), acc)
+        entry.update(got)
+        if got["empty"]:
+            warnings.append(
+                f"{src.location}: the answer holds no series (an unknown metric gives an "
+                "empty result): reported as missing"
+            )
+    elif src.kind == "prometheus_url":
+        if start is None or end is None:
+            raise InputError(f"{src.location}: a Prometheus server needs --start and --end")
+        t0 = parse_time(start, "--start")
+        t1 = parse_time(end, "--end")
+        fetched = fetch_live(src.location, acc, t0, t1, step, timeout=timeout)
+        entry["fetch"] = fetched.as_dict()
+        for gap in fetched.gaps:
+            report["gaps"].append({"source": src.location, **gap})
+            warnings.append(
+                f"{src.location}: stopped answering at {gap['start']} ({gap['error']}); the "
+                f"samples fetched before are kept, [{gap['start']}, {gap['end']}] is missing"
+            )
+    elif src.kind == "metrics_url":
+        scrape_exporter(src.location, acc, warnings, timeout=timeout, t=time.time())
+    else:  # pragma: no cover - detect() returns only the kinds above
+        raise InputError(f"{src.location}: unknown source kind {src.kind}")
+    entry["scrapes"] = acc.stats.scrapes - before_scrapes
+    entry["samples"] = acc.n_samples - before_samples
+    lines = acc.stats.sample_lines - before_lines
+    if (
+        src.kind in ("prom_jsonl", "prom_dir", "prom_text", "metrics_url")
+        and lines == 0
+        and len(acc.declared) == declared_before
+    ):
+        raise InputError(f"{src.location}: no Prometheus samples in it")
+
+
+def _run_report(
+    acc: RunSamples, frame: pd.DataFrame, label_info: dict[str, Any], origin: dict[str, Any]
+) -> dict[str, Any]:
+    written = set(acc.seen_families) | set(acc.declared) | set(acc.mapped)
+    gen = names.detect_generation({names.written_family(f) for f in written})
+    times = np.unique(frame["t"].to_numpy()) if len(frame) else np.zeros(0)
+    declared_empty = acc.missing_families()
+    info: dict[str, Any] = {
+        "generation": gen["generation"],
+        "generation_evidence": gen["evidence"],
+        "scrapes": acc.stats.scrapes,
+        "timestamps": int(len(times)),
+        "t_first": float(times[0]) if len(times) else None,
+        "t_last": float(times[-1]) if len(times) else None,
+        "median_interval_s": float(np.median(np.diff(times))) if len(times) > 1 else None,
+        "samples": int(len(frame)),
+        "metrics_present": acc.present_metrics(),
+        "metrics_missing": sorted(set(_expected_missing(acc)) | set(declared_empty)),
+        "declared_without_samples": declared_empty,
+        "mapped_names": dict(sorted(acc.mapped.items())),
+        "dropped_labels": label_info["dropped"],
+        "target_labels_kept": label_info["kept"],
+        "created_samples": "kept" if acc.keep_created else f"dropped ({len(acc.created)} families)",
+        "filtered_out_families": sorted(acc.filtered),
+        "counter_origin": origin,
+        "nonfinite_values": acc.nonfinite_counts(),
+        "duplicates_dropped": acc.stats.duplicate_samples,
+    }
+    if len(times) > 1:
+        gaps = np.diff(times)
+        med = float(np.median(gaps))
+        long = gaps > 3 * med
+        if long.any():
+            info["scrape_gaps"] = [
+                {"after": float(times[i]), "seconds": float(gaps[i])}
+                for i in np.nonzero(long)[0][:20]
+            ]
+    return info
+
+
+def _merge_runs(
+    bench_rows: list[dict[str, Any]],
+    scrape_rows: dict[str, dict[str, Any]],
+    frames: list[pd.DataFrame],
+    accs: dict[str, RunSamples],
+    warnings: list[str],
+) -> list[dict[str, Any]]:
+    """Bench rows get the preemption and gauge columns of a scrape log of the same run."""
+    out: list[dict[str, Any]] = []
+    merged: set[str] = set()
+    frame_of = {name: f for name, f in zip(accs, frames, strict=True)}
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for row in bench_rows:
+        by_run.setdefault(row["run"], []).append(row)
+    for name, rows in by_run.items():
+        scrape = scrape_rows.get(name)
+        frame = frame_of.get(name)
+        for row in rows:
+            full = {c: row.get(c, math.nan) for c in RUNS_COLUMNS}
+            if scrape is not None and frame is not None:
+                window = _bench_window(row)
+                t_first, t_last = scrape["t_start"], scrape["t_end"]
+                if t_first > 1e9 and window and window[0] < t_last and window[1] > t_first:
+                    sub, _ = scrape_row(frame, name, t0=window[0], t1=window[1], source="")
+                    how = f"scrapes in [{window[0]:.0f}, {window[1]:.0f}] (bench 'date' - duration)"
+                elif len(rows) == 1:
+                    sub, how = scrape, "the whole scrape log"
+                else:
+                    sub, how = None, ""
+                    warnings.append(
+                        f"{row['source']}: several bench runs share run '{name}' with a scrape "
+                        "log whose times cannot be matched to them: no preemption data for them"
+                    )
+                if sub is not None:
+                    for c in SCRAPE_COLUMNS:
+                        full[c] = sub[c]
+                    full["source"] = f"{row['source']} + {scrape['source']}"
+                    warnings.append(f"{row['source']}: preemption columns from {how}")
+                    merged.add(name)
+            out.append(full)
+    for name, row in scrape_rows.items():
+        if name not in merged:
+            out.append({c: row.get(c, math.nan) for c in RUNS_COLUMNS})
+    return out

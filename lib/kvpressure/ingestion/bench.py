@@ -1,0 +1,175 @@
+"""``vllm bench serve --save-result`` JSON -> rows of the ``runs`` table.
+
+One file holds one run, or several when ``--append-result`` added one JSON object per line.
+vLLM writes latencies in milliseconds (``mean_ttft_ms``, ``p99_itl_ms``); the table holds
+seconds. Which percentiles exist depends on ``--metric-percentiles`` (default: 99 only) and
+``--percentile-metrics`` (default: ttft,tpot,itl; no e2el); with ``--save-detailed`` the
+per-request arrays (``ttfts``, ``itls``, ``latencies`` in seconds, ``errors``) are there and
+the missing statistics are computed from them the way vLLM does (``numpy.percentile``, linear).
+A statistic neither in the file nor computable stays NaN and is named in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvpressure.errors import InputError
+from kvpressure.ingestion.sources import open_text
+
+REQUIRED = ("duration", "completed")
+NaN = math.nan
+
+# runs column -> (result field in ms, detailed array, statistic)
+_LATENCIES = {
+    "ttft_mean_s": ("mean_ttft_ms", "ttfts", "mean"),
+    "ttft_p95_s": ("p95_ttft_ms", "ttfts", 95),
+    "ttft_p99_s": ("p99_ttft_ms", "ttfts", 99),
+    "tpot_mean_s": ("mean_tpot_ms", None, "mean"),
+    "itl_mean_s": ("mean_itl_ms", "itls", "mean"),
+    "itl_p95_s": ("p95_itl_ms", "itls", 95),
+    "itl_p99_s": ("p99_itl_ms", "itls", 99),
+    "e2e_mean_s": ("mean_e2el_ms", "latencies", "mean"),
+    "e2e_p95_s": ("p95_e2el_ms", "latencies", 95),
+    "e2e_p99_s": ("p99_e2el_ms", "latencies", 99),
+}
+
+
+def load_results(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """The result objects of one file, with the line each starts on."""
+    with open_text(path) as fh:
+        text = fh.read()
+    try:
+        obj = json.loads(text)
+        return [(1, obj)]
+    except json.JSONDecodeError:
+        pass
+    out = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
+    return out
+
+
+def _num(value: Any) -> float:
+    if value is None:
+        return NaN
+    if isinstance(value, str):
+        return math.inf if value.strip().lower() in ("inf", "+inf") else _float_or_nan(value)
+    if isinstance(value, bool):
+        return NaN
+    if isinstance(value, int | float):
+        return float(value)
+    return NaN
+
+
+def _float_or_nan(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return NaN
+
+
+def _success_mask(res: dict[str, Any], n: int) -> np.ndarray:
+    errors = res.get("errors")
+    if isinstance(errors, list) and len(errors) == n:
+        return np.array([not e for e in errors], dtype=bool)
+    return np.ones(n, dtype=bool)
+
+
+def _detailed(res: dict[str, Any], array: str) -> np.ndarray | None:
+    values = res.get(array)
+    if not isinstance(values, list) or not values:
+        return None
+    ok = _success_mask(res, len(values))
+    if array == "itls":
+        flat = [x for keep, row in zip(ok, values, strict=True) if keep and row for x in row]
+        return np.asarray(flat, dtype=float) if flat else None
+    arr = np.asarray(values, dtype=float)[ok]
+    return arr if len(arr) else None
+
+
+def bench_row(
+    res: dict[str, Any], where: str, run: str, notes: list[str]
+) -> dict[str, Any]:
+    """One ``runs`` row from one result object; InputError naming what is missing."""
+    if not isinstance(res, dict):
+        raise InputError(f"{where}: a vllm bench result is a JSON object")
+    missing = [f for f in REQUIRED if f not in res]
+    if missing:
+        raise InputError(
+            f"{where}: not a 'vllm bench serve' result: missing field(s) {', '.join(missing)}"
+        )
+    duration = _num(res["duration"])
+    metadata_variant = res.get("variant")
+    label = res.get("label")
+    variant = str(metadata_variant or label or "default")
+    row: dict[str, Any] = {
+        "run": run,
+        "variant": variant,
+        "concurrency": _num(res.get("max_concurrency")),
+        "request_rate": _num(res.get("request_rate")),
+        "num_requests": _num(res.get("completed")),
+        "failed": _num(res.get("failed")),
+        "duration_s": duration,
+        "request_throughput": _num(res.get("request_throughput")),
+        "output_throughput": _num(res.get("output_throughput")),
+        "total_token_throughput": _num(res.get("total_token_throughput")),
+        "model": res.get("model_id"),
+        "date": res.get("date"),
+    }
+    if "max_concurrency" not in res:
+        notes.append(f"{where}: no 'max_concurrency' (older vLLM?): concurrency left empty")
+    elif res.get("max_concurrency") is None:
+        notes.append(f"{where}: max_concurrency is null (no client limit): concurrency empty")
+    totals = {k: _num(res.get(k)) for k in ("total_input_tokens", "total_output_tokens")}
+    if math.isnan(row["output_throughput"]) and duration > 0:
+        row["output_throughput"] = totals["total_output_tokens"] / duration
+    if math.isnan(row["total_token_throughput"]) and duration > 0:
+        row["total_token_throughput"] = (
+            totals["total_input_tokens"] + totals["total_output_tokens"]
+        ) / duration
+    if math.isnan(row["request_throughput"]) and duration > 0:
+        row["request_throughput"] = row["num_requests"] / duration
+
+    unknown = []
+    for column, (field, array, stat) in _LATENCIES.items():
+        value = _num(res.get(field)) / 1000.0
+        if math.isnan(value) and array is not None:
+            data = _detailed(res, array)
+            if data is not None:
+                value = float(np.mean(data) if stat == "mean" else np.percentile(data, stat))
+        if math.isnan(value):
+            unknown.append(column)
+        row[column] = value
+    core_unknown = [c for c in unknown if c in ("ttft_mean_s", "ttft_p95_s", "itl_mean_s",
+                                                  "itl_p95_s", "itl_p99_s", "e2e_mean_s")]
+    if core_unknown:
+        notes.append(
+            f"{where}: not in the file and no per-request arrays to compute them: "
+            f"{', '.join(core_unknown)} (vllm bench serve --save-detailed, or "
+            "--percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 95,99)"
+        )
+    return row
+
+
+def read_bench(path: Path, run: str, notes: list[str]) -> list[dict[str, Any]]:
+    """All runs of one bench file."""
+    results = load_results(path)
+    if not results:
+        raise InputError(f"{path}: no result in the file")
+    rows = []
+    for k, (lineno, res) in enumerate(results):
+        where = f"{path}" if len(results) == 1 else f"{path}: line {lineno}"
+        row = bench_row(res, where, run, notes)
+        row["source"] = str(path) if len(results) == 1 else f"{path}#{k + 1}"
+        rows.append(row)
+    return rows

@@ -1,0 +1,314 @@
+"""What each SOURCE is, and the scrapes inside the scrape-like ones.
+
+Kinds:
+
+* ``prom_text``: one Prometheus text exposition (``curl /metrics > dump.prom``), one scrape.
+* ``prom_dir``: a folder of such dumps, one per scrape, the time taken from each file name
+  (unix seconds or milliseconds, or an ISO 8601 date-time), else its modification time.
+* ``prom_jsonl``: a scrape log, one ``{"t": seconds, "text": "<exposition>"}`` per line
+  (``metrics.prom.jsonl``, optionally gzip-compressed).
+* ``query_range``: a saved Prometheus HTTP API answer (``/api/v1/query_range`` or a range-vector
+  ``/api/v1/query``).
+* ``bench``: ``vllm bench serve --save-result`` JSON (one object, or one per line with
+  ``--append-result``).
+* ``prometheus_url``: a live Prometheus server (``http://host:9090``), read over a time range.
+* ``metrics_url``: a live exporter (``http://host:8000/metrics``), scraped once.
+
+Files are recognised by content, not by extension; gzip is recognised by its magic bytes.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import io
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvpressure.errors import InputError
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_BENCH_KEYS = {
+    "duration",
+    "completed",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_concurrency",
+    "num_prompts",
+    "backend",
+    "mean_ttft_ms",
+}
+
+
+@dataclass
+class Source:
+    kind: str
+    location: str  # path or URL as given
+    files: list[Path] = field(default_factory=list)  # prom_dir: the dumps, in time order
+    notes: list[str] = field(default_factory=list)
+
+
+def open_text(path: Path) -> io.TextIOBase:
+    """A text stream over ``path``, gunzipped when it is gzip."""
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    if magic == _GZIP_MAGIC:
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _head(path: Path, size: int = 65536) -> str:
+    try:
+        with open_text(path) as fh:
+            return fh.read(size)
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{path}: cannot read ({exc})") from None
+
+
+def sniff_file(path: Path) -> str:
+    """The kind of one file, from its first bytes."""
+    head = _head(path)
+    stripped = head.lstrip()
+    if not stripped:
+        return "empty"
+    if stripped[0] == "[":
+        return "json_list"
+    if stripped[0] == "{":
+        first = stripped.split("\n", 1)[0]
+        try:
+            obj = json.loads(first)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            if "text" in obj and any(k in obj for k in ("t", "time", "timestamp")):
+                return "prom_jsonl"
+            if "status" in obj and "data" in obj:
+                return "query_range"
+            if len(_BENCH_KEYS & obj.keys()) >= 2:
+                return "bench"
+            return "json_other"
+        # A pretty-printed JSON document: decide on the whole file.
+        try:
+            with open_text(path) as fh:
+                obj = json.load(fh)
+        except (json.JSONDecodeError, OSError, EOFError):
+            return "json_broken"
+        if isinstance(obj, dict):
+            if "status" in obj and "data" in obj:
+                return "query_range"
+            if len(_BENCH_KEYS & obj.keys()) >= 2:
+                return "bench"
+        return "json_other"
+    return "prom_text"
+
+
+def _refuse(path: Path, kind: str) -> InputError:
+    if kind == "json_list":
+        return InputError(
+            f"{path}: a JSON list, not a vllm bench result (a '.pytorch.json' written beside the "
+            "result?); pass the '--save-result' JSON itself"
+        )
+    if kind == "json_broken":
+        return InputError(f"{path}: JSON that does not parse")
+    return InputError(
+        f"{path}: JSON that is neither a Prometheus scrape log ({{'t', 'text'}} per line), a "
+        "Prometheus HTTP API answer ({'status', 'data'}) nor a 'vllm bench serve' result"
+    )
+
+
+def detect(location: str | Path) -> list[Source]:
+    """The sources behind one SOURCE argument (a folder may hold several)."""
+    text = str(location)
+    if re.match(r"^https?://", text):
+        path_part = re.sub(r"^https?://[^/]+", "", text).rstrip("/")
+        kind = "metrics_url" if path_part.endswith("/metrics") else "prometheus_url"
+        return [Source(kind, text)]
+    path = Path(location)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder")
+    if path.is_dir():
+        return _detect_dir(path)
+    kind = sniff_file(path)
+    if kind == "empty":
+        raise InputError(f"{path}: empty file")
+    if kind in ("json_list", "json_broken", "json_other"):
+        raise _refuse(path, kind)
+    return [Source(kind, str(path))]
+
+
+def _detect_dir(path: Path) -> list[Source]:
+    files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise InputError(f"{path}: empty folder, no scrapes or results to read")
+    dumps: list[Path] = []
+    out: list[Source] = []
+    skipped: list[str] = []
+    for f in files:
+        kind = sniff_file(f)
+        if kind == "prom_text":
+            dumps.append(f)
+        elif kind in ("prom_jsonl", "query_range", "bench"):
+            out.append(Source(kind, str(f)))
+        else:
+            skipped.append(f.name)
+    if dumps:
+        out.insert(0, Source("prom_dir", str(path), files=dumps))
+    if not out:
+        raise InputError(
+            f"{path}: none of its {len(files)} files is a Prometheus text dump, scrape log, "
+            f"HTTP API answer or vllm bench result (e.g. {files[0].name})"
+        )
+    if skipped:
+        out[0].notes.append(f"{path}: files not read: {', '.join(skipped[:10])}")
+    return out
+
+
+# ---------------------------------------------------------------------- scrape iteration
+@dataclass
+class Scrape:
+    t: float
+    text: str
+    where: str  # file, and line for a JSONL
+    first_line: int  # line of the text's first line, for messages
+    last: bool = False  # the source's last scrape (a cut there is truncation, not an error)
+
+
+def iter_jsonl(path: Path, warnings: list[str]) -> Iterator[Scrape]:
+    """Scrapes of a JSONL log. A cut last line (or gzip stream) is reported and skipped."""
+    pending: tuple[int, str] | None = None
+    lineno = 0
+    try:
+        with open_text(path) as fh:
+            for raw in fh:
+                lineno += 1
+                if pending is not None:
+                    yield _jsonl_scrape(path, *pending, last=False, warnings=warnings)
+                    pending = None
+                if raw.strip():
+                    pending = (lineno, raw)
+    except EOFError:
+        warnings.append(
+            f"{path}: compressed stream ends early after line {lineno}: the file was cut; "
+            "the complete scrapes before it are kept"
+        )
+        if pending is not None and not pending[1].endswith("\n"):
+            warnings.append(f"{path}: line {pending[0]}: incomplete scrape dropped")
+            return
+    if pending is not None:
+        yield _jsonl_scrape(path, *pending, last=True, warnings=warnings)
+
+
+def _jsonl_scrape(
+    path: Path, lineno: int, raw: str, *, last: bool, warnings: list[str]
+) -> Scrape:
+    where = f"{path}: line {lineno}"
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        if last and not raw.endswith("\n"):
+            warnings.append(
+                f"{path}: line {lineno}: the file ends in the middle of a scrape (cut at "
+                f"column {exc.pos}); the complete scrapes before it are kept"
+            )
+            return Scrape(float("nan"), "", where, 1, last=True)
+        raise InputError(f"{where}: not a JSON scrape ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict) or "text" not in obj:
+        raise InputError(f"{where}: a scrape needs the fields 't' and 'text'")
+    t = obj.get("t", obj.get("time", obj.get("timestamp")))
+    if isinstance(t, str):
+        t = parse_time(t, f"{where}: field 't'")
+    if not isinstance(t, int | float) or isinstance(t, bool):
+        raise InputError(f"{where}: field 't' must be a number of seconds, got {t!r}")
+    if not isinstance(obj["text"], str):
+        raise InputError(f"{where}: field 'text' must be a string")
+    return Scrape(float(t), obj["text"], f"{path} (JSONL line {lineno})", 1, last=last)
+
+
+_NUMBER = re.compile(r"(?<![\d.])(\d{10,13}(?:\.\d+)?)(?![\d])")
+_ISO = re.compile(
+    r"(\d{4})-?(\d{2})-?(\d{2})[T_ -]?(\d{2})[:\-]?(\d{2})[:\-]?(\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})?"
+)
+
+
+def time_from_name(name: str) -> float | None:
+    """Unix time encoded in a file name, or None."""
+    m = _ISO.search(name)
+    if m:
+        y, mo, d, h, mi, s, frac, tz = m.groups()
+        try:
+            when = _dt.datetime(int(y), int(mo), int(d), int(h), int(mi), int(s))
+        except ValueError:
+            when = None
+        if when is not None:
+            offset = _dt.timedelta(0)
+            if tz and tz != "Z":
+                sign = 1 if tz[0] == "+" else -1
+                digits = tz[1:].replace(":", "")
+                offset = sign * _dt.timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
+            when = when.replace(tzinfo=_dt.timezone(offset))
+            return when.timestamp() + (float(frac) if frac else 0.0)
+    m = _NUMBER.search(name)
+    if m:
+        x = float(m.group(1))
+        return x / 1000.0 if x >= 1e12 else x
+    return None
+
+
+def parse_time(text: str | float | int, what: str) -> float:
+    """Unix seconds from a number, an ISO 8601 date-time (UTC unless it says otherwise), or
+    ``now`` / ``now-1h`` / ``now-30m`` / ``now-90s``."""
+    if isinstance(text, int | float):
+        return float(text)
+    s = str(text).strip()
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    m = re.fullmatch(r"now(?:-(\d+(?:\.\d+)?)([smhd]))?", s)
+    if m:
+        now = _dt.datetime.now(_dt.UTC).timestamp()
+        if m.group(1):
+            unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+            now -= float(m.group(1)) * unit
+        return now
+    try:
+        when = _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(
+            f"{what}: {s!r} is not a time (unix seconds, ISO 8601, or now-1h)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.UTC)
+    return when.timestamp()
+
+
+def iter_dir_dumps(source: Source, warnings: list[str]) -> Iterator[Scrape]:
+    """Scrapes of a folder of dumps, in time order."""
+    timed: list[tuple[float, Path]] = []
+    from_mtime = []
+    for f in source.files:
+        t = time_from_name(f.name)
+        if t is None:
+            t = f.stat().st_mtime
+            from_mtime.append(f.name)
+        timed.append((t, f))
+    if from_mtime:
+        warnings.append(
+            f"{source.location}: no time in the names of {len(from_mtime)} file(s) "
+            f"(e.g. {from_mtime[0]}); their modification time is used"
+        )
+    timed.sort(key=lambda x: (x[0], x[1].name))
+    for i, (t, f) in enumerate(timed):
+        yield Scrape(t, read_text(f), str(f), 1, last=i == len(timed) - 1)
+
+
+def read_text(path: Path) -> str:
+    try:
+        with open_text(path) as fh:
+            return fh.read()
+    except EOFError:
+        raise InputError(f"{path}: compressed file is cut") from None

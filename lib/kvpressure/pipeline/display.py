@@ -1,0 +1,56 @@
+"""How the notebooks show things: figures as PNG, tables, generated sentences.
+
+Figures are rendered to PNG bytes here rather than left to the matplotlib backend, so they appear
+the same in JupyterLab, under papermill and under nbval whatever ``MPLBACKEND`` says, and the
+report can embed them as they are.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+FIGSIZE = (9.0, 4.2)
+DPI = 100
+
+
+def setup_plots() -> None:
+    """Seaborn's theme, sized for a 1280 px wide report."""
+    import matplotlib
+
+    matplotlib.rcParams["svg.hashsalt"] = "kvpressure"
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook", rc={"figure.figsize": FIGSIZE})
+
+
+def figure_png(fig: Any) -> bytes:
+    """PNG bytes of a matplotlib figure, without the run-dependent metadata."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def show_figure(fig: Any) -> None:
+    """Display ``fig`` as a PNG and close it (so no backend shows it a second time)."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+
+    png = figure_png(fig)
+    plt.close(fig)
+    display(Image(data=png, format="png"))
+
+
+def show_table(frame: Any, digits: int = 3, index: bool = False) -> None:
+    """Display a DataFrame rounded for reading."""
+    from IPython.display import HTML, display
+
+    shown = frame.round(digits) if hasattr(frame, "round") else frame
+    display(HTML(shown.to_html(index=index, border=0, classes="kv-table", na_rep="")))
+
+
+def say(text: str) -> None:
+    """Display generated Markdown (the notebook's interpretation of its results)."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))

@@ -1,0 +1,272 @@
+"""``index.html``: the readable report, one self-contained page without code.
+
+The verdict comes first (status, key numbers, the knee, the evidence and the remedies, all from
+``record.yaml``), then each executed notebook's outputs in the investigation's order: its
+Markdown, generated sentences, tables and figures (PNG embedded as base64). Inputs, the
+parameters cells and stderr streams are left out.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kvpressure.pipeline.notebooks import NOTEBOOKS
+from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
+from kvpressure.record.schema import STATUS_KV_BOUND, STATUS_NOT_ESTABLISHED, Record
+
+SKIP_TAGS = frozenset({"parameters", "injected-parameters", "report-skip"})
+_FIGURE_REPR = re.compile(r"^<(Figure|Axes|matplotlib)[^>]*>$|^<seaborn\.")
+
+CSS = """
+:root { --ink: #1d232b; --muted: #5a6572; --line: #d8dee5; --bg: #ffffff; --panel: #f5f7f9; }
+* { box-sizing: border-box; }
+body { margin: 0; background: var(--bg); color: var(--ink);
+  font: 16px/1.55 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+main { max-width: 1180px; margin: 0 auto; padding: 28px 40px 60px; }
+h1 { font-size: 30px; margin: 0 0 4px; }
+h2 { font-size: 24px; margin: 40px 0 10px; padding-top: 14px; border-top: 2px solid var(--line); }
+h3 { font-size: 19px; margin: 24px 0 8px; }
+h4 { font-size: 17px; margin: 18px 0 6px; }
+p, li { max-width: 980px; }
+.subtitle { color: var(--muted); margin: 0 0 20px; }
+.verdict { background: var(--panel); border: 1px solid var(--line); border-left: 8px solid #6b7785;
+  border-radius: 6px; padding: 18px 24px; margin: 16px 0 24px; }
+.verdict.kv { border-left-color: #c2410c; }
+.verdict.ok { border-left-color: #15803d; }
+.status { display: inline-block; font-weight: 700; font-size: 22px; padding: 2px 12px;
+  border-radius: 4px; background: #6b7785; color: #fff; }
+.verdict.kv .status { background: #c2410c; }
+.verdict.ok .status { background: #15803d; }
+.verdict p.lead { font-size: 18px; margin: 12px 0 6px; }
+.grid { display: grid; grid-template-columns: 1fr 1fr; gap: 8px 32px; }
+table { border-collapse: collapse; font-size: 14px; margin: 10px 0 16px; }
+th, td { border-bottom: 1px solid var(--line); padding: 5px 10px; text-align: right;
+  vertical-align: top; }
+th { background: var(--panel); font-weight: 600; }
+td:first-child, th:first-child { text-align: left; }
+table.text td, table.text th { text-align: left; }
+.table-wrap { overflow-x: auto; max-width: 100%; }
+img { max-width: 100%; height: auto; display: block; margin: 12px 0; }
+pre { background: var(--panel); padding: 10px 12px; border-radius: 4px; overflow-x: auto;
+  font-size: 13px; line-height: 1.4; }
+pre.error { background: #fdecec; color: #8a1c1c; }
+.yes { color: #b45309; font-weight: 700; }
+.no { color: #4b5563; }
+nav.toc { font-size: 15px; color: var(--muted); }
+nav.toc a { color: #1f5fa8; margin-right: 14px; text-decoration: none; }
+footer { margin-top: 48px; color: var(--muted); font-size: 13px; border-top: 1px solid var(--line);
+  padding-top: 10px; }
+code { font-size: 90%; background: var(--panel); padding: 0 3px; border-radius: 3px; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _num(value: float, digits: int = 3) -> str:
+    if float(value).is_integer() and abs(value) >= 1:
+        return f"{int(value):,}"
+    return f"{value:,.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.1f} ms"
+
+
+def _markdown(text: str) -> str:
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    out = markdown2html_mistune(text)
+    # Notebook headings sit one level below the page's own.
+    for level in (5, 4, 3, 2, 1):
+        out = re.sub(rf"<(/?)h{level}([ >])", rf"<\1h{level + 1}\2", out)
+    out = re.sub(r'<a class="anchor-link"[^>]*>.*?</a>', "", out)
+    return out
+
+
+def _rows(rows: Iterable[tuple[str, str]], css: str = "") -> str:
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    cls = f' class="{css}"' if css else ""
+    return f'<div class="table-wrap"><table{cls}>{body}</table></div>'
+
+
+def verdict_html(record: Record) -> str:
+    """The first screen: status, the sentence that explains it, key numbers, evidence, remedies."""
+    s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
+    knee = p.knee
+    kind = "kv" if record.status == STATUS_KV_BOUND else (
+        "ok" if record.status == STATUS_NOT_ESTABLISHED else "")
+    decline = (
+        f", then falls {knee.decline_pct:.0f}% by concurrency {max(w.concurrency_levels)}"
+        if knee.declines else (", then stays flat" if knee.plateau else "")
+    )
+    lead = (
+        f"Output throughput peaks at <b>{_num(knee.peak_y)} tok/s</b> at concurrency "
+        f"<b>{_num(knee.peak_x)}</b>; the knee is at <b>{_num(knee.knee_x)}</b>{decline}. "
+        f"At concurrency {w.concurrency}, {c.num_requests_running:.1f} sequences run on average "
+        f"(at most {_num(s.max_num_seqs_effective)}) against max_num_seqs {s.max_num_seqs}, "
+        f"{c.num_requests_waiting:.1f} wait, the KV cache is {c.kv_cache_usage_perc:.0%} full, "
+        f"and {c.recompute_ratio:.1%} of the processed tokens are recomputed."
+    )
+    ratio = (
+        f"{c.recompute_ratio:.1%}" if c.recompute_exact
+        else f"{c.recompute_ratio:.1%} (range {c.recompute_ratio_range[0]:.1%}–"
+        f"{c.recompute_ratio_range[1]:.1%})"
+    )
+    numbers = [
+        ("knee / peak concurrency", f"{_num(knee.knee_x)} / {_num(knee.peak_x)}"),
+        ("peak output throughput", f"{_num(knee.peak_y)} tok/s"),
+        ("decline after the peak", f"{knee.decline_pct:.1f}%" + ("" if knee.declines else
+                                                                   " (within noise)")),
+        ("counters read at concurrency", f"{w.concurrency} ({c.window.run}, "
+                                          f"{c.window.start_s:.0f}–{c.window.end_s:.0f} s)"),
+        ("running (mean / max) vs max_num_seqs",
+         f"{c.num_requests_running:.1f} / {_num(s.max_num_seqs_effective)} vs {s.max_num_seqs}"),
+        ("waiting: capacity / deferred",
+         f"{c.waiting_capacity:.1f} / {c.waiting_deferred:.1f}"),
+        ("KV cache usage (mean)", f"{c.kv_cache_usage_perc:.1%}"),
+        ("preemptions in window", _num(c.num_preemptions_total)),
+        ("recomputed tokens", _num(c.recomputed_tokens)),
+        ("recompute ratio", ratio),
+        ("ITL mean / p95", f"{_ms(p.itl_mean)} / {_ms(p.itl_p95)}"),
+        ("TTFT p95", _ms(p.ttft_p95)),
+    ]
+    checks = "".join(
+        f"<tr><td>{_e(ch.name)}</td><td class='{'yes' if ch.holds else 'no'}'>"
+        f"{'yes' if ch.holds else 'no'}</td><td>{_e(ch.observed)}</td>"
+        f"<td><code>{_e(ch.metric)}</code></td></tr>"
+        for ch in record.evidence.checks
+    )
+    comparison = record.evidence.comparison
+    comp_html = f"<p>{_e(comparison.summary)}</p>" if comparison else ""
+    reasons = "".join(f"<li>{_e(r)}</li>" for r in record.evidence.reasons)
+    remedies = "".join(
+        f"<tr><td><code>{_e(r.parameter)}</code></td><td>{_e(r.change)}</td>"
+        f"<td>{_e(r.effect)}</td><td>{_e(r.cost)}</td></tr>"
+        for r in record.remedies
+    )
+    remedies_html = (
+        "<h3>Remedies, in order, with their cost</h3><div class='table-wrap'>"
+        "<table class='text'><tr><th>parameter</th><th>change</th><th>effect</th>"
+        f"<th>cost</th></tr>{remedies}</table></div>" if remedies else ""
+    )
+    return (
+        f'<section id="verdict" class="verdict {kind}">'
+        f'<span class="status">{_e(record.status)}</span>'
+        f'<p class="lead">{lead}</p>{comp_html}<ul>{reasons}</ul></section>'
+        f"<h3>Key numbers</h3>{_rows(numbers)}"
+        "<h3>Symptom checklist</h3><div class='table-wrap'><table class='text'>"
+        "<tr><th>symptom</th><th>holds</th><th>observed</th><th>metric</th></tr>"
+        f"{checks}</table></div>{remedies_html}"
+    )
+
+
+def _output_html(output: Any) -> str:
+    kind = output.get("output_type")
+    if kind == "stream":
+        if output.get("name") == "stderr":
+            return ""
+        return f"<pre>{_e(''.join(output.get('text', '')))}</pre>"
+    if kind == "error":
+        return f"<pre class='error'>{_e(output.get('ename'))}: {_e(output.get('evalue'))}</pre>"
+    data = output.get("data", {})
+    if "image/png" in data:
+        png = data["image/png"]
+        png = png if isinstance(png, str) else "".join(png)
+        return f'<img alt="figure" src="data:image/png;base64,{png.strip()}">'
+    if "text/html" in data:
+        text = data["text/html"]
+        return f'<div class="table-wrap">{"".join(text) if isinstance(text, list) else text}</div>'
+    if "text/markdown" in data:
+        text = data["text/markdown"]
+        return _markdown("".join(text) if isinstance(text, list) else text)
+    if "text/plain" in data:
+        text = data["text/plain"]
+        text = "".join(text) if isinstance(text, list) else text
+        if _FIGURE_REPR.match(text.strip()):
+            return ""
+        return f"<pre>{_e(text)}</pre>"
+    return ""
+
+
+def notebook_html(nb: Any) -> str:
+    """The outputs and Markdown of one executed notebook, inputs left out."""
+    parts: list[str] = []
+    for cell in nb.cells:
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if tags & SKIP_TAGS:
+            continue
+        if cell.cell_type == "markdown":
+            parts.append(_markdown(cell.source))
+        elif cell.cell_type == "code":
+            parts.extend(_output_html(o) for o in cell.get("outputs", []))
+    return "\n".join(p for p in parts if p)
+
+
+def _title(nb: Any, fallback: str) -> str:
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            match = re.search(r"^#\s+(.+)$", cell.source, re.MULTILINE)
+            if match:
+                return match.group(1).strip()
+    return fallback
+
+
+def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str) -> str:
+    """The whole page from a record and the executed notebooks (name, NotebookNode)."""
+    from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
+
+    toc = " ".join(f'<a href="#{_e(n)}">{_e(_title(nb, n))}</a>' for n, nb in notebooks)
+    sections = "\n".join(
+        f'<section id="{_e(name)}">{notebook_html(nb)}</section>' for name, nb in notebooks
+    )
+    prov = record.provenance
+    inputs = ", ".join(f"{_e(i.path)} (sha256 {i.sha256[:12]}…)" for i in prov.inputs)
+    seed = "" if prov.seed is None else f"; seed {prov.seed}"
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)} — kvpressure</title><style>{CSS}</style></head><body><main>"
+        f"<h1>{_e(title)}</h1>"
+        f'<p class="subtitle">{_e(record.workload.model_name)} · policy '
+        f"{_e(record.scheduler.policy)} · {record.scheduler.num_gpu_blocks:,} KV blocks of "
+        f"{record.scheduler.block_size} tokens · {_e(prov.mode)} data</p>"
+        f"{verdict_html(record)}"
+        f'<nav class="toc">Stages: {toc}</nav>\n{sections}'
+        f"<footer>kvpressure {_e(__version__)} (vLLM {_e(VLLM_BEHAVIOUR_VERSION)} behaviour) · "
+        f"inputs: {inputs}{_e(seed)} · record: {RECORD_YAML} · executed notebooks: "
+        f"{NOTEBOOKS_DIR}/</footer></main></body></html>\n"
+    )
+
+
+def render_report(run_dir: str | os.PathLike[str], title: str | None = None) -> Path:
+    """Write ``run_dir/index.html`` from ``record.yaml`` and ``notebooks/*.ipynb``."""
+    import nbformat
+
+    from kvpressure.record.io import load_record
+
+    run_dir = Path(run_dir)
+    record = load_record(run_dir / RECORD_YAML)
+    notebooks = []
+    for name in NOTEBOOKS:
+        path = run_dir / NOTEBOOKS_DIR / f"{name}.ipynb"
+        if path.is_file():
+            notebooks.append((name, nbformat.read(path, as_version=4)))
+    page = build_html(record, notebooks, title or f"Investigation: {run_dir.resolve().name}")
+    out = run_dir / INDEX_HTML
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+def embedded_images(page: str) -> list[bytes]:
+    """The PNG images embedded in a page (for checks)."""
+    return [
+        base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    ]

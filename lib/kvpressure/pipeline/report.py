@@ -1,0 +1,148 @@
+"""The whole investigation in batch: notebooks, then ``record.yaml``, then ``index.html``.
+
+``make_report`` is what ``kvpressure report`` and ``make report`` run. It prepares the run
+folder, runs the notebooks with papermill (01, then 02-05 side by side, then 06), builds and
+validates the record from the stages' results, and renders the readable report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from kvpressure.errors import InputError
+from kvpressure.pipeline.notebooks import (
+    NOTEBOOK_SOURCE_DIR,
+    NOTEBOOKS,
+    NotebookRun,
+    run_notebooks,
+)
+from kvpressure.pipeline.run_folder import RECORD_YAML, clear_generated, is_run_folder
+
+# Set by the command itself; a --param may not override them.
+RESERVED = frozenset({"run_dir", "experiment", "source"})
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    run_dir: Path
+    record_path: Path
+    index_path: Path
+    notebooks: list[NotebookRun]
+    seconds: float
+
+
+def parse_params(items: Sequence[str]) -> dict[str, Any]:
+    """``["k=v", ...]`` to a dict; values read as YAML scalars (``32`` int, ``true`` bool)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise InputError(f"--param {item!r}: expected NAME=VALUE")
+        if key in RESERVED:
+            raise InputError(f"--param {key}: set by --experiment/--source/--out, not by --param")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        out[key] = value if isinstance(value, str | int | float | bool | list) else text
+    return out
+
+
+def notebook_parameters(
+    notebooks: Sequence[str] = NOTEBOOKS, notebooks_dir: str | os.PathLike[str] | None = None
+) -> dict[str, set[str]]:
+    """Parameter names of each notebook's ``parameters`` cell."""
+    import nbformat
+
+    source_dir = Path(notebooks_dir) if notebooks_dir else NOTEBOOK_SOURCE_DIR
+    out: dict[str, set[str]] = {}
+    for name in notebooks:
+        nb = nbformat.read(source_dir / f"{name}.ipynb", as_version=4)
+        names: set[str] = set()
+        for cell in nb.cells:
+            if "parameters" in cell.get("metadata", {}).get("tags", []):
+                import ast
+
+                for node in ast.parse(cell.source).body:
+                    targets = node.targets if isinstance(node, ast.Assign) else (
+                        [node.target] if isinstance(node, ast.AnnAssign) else [])
+                    names.update(t.id for t in targets if isinstance(t, ast.Name))
+                break
+        out[name] = names
+    return out
+
+
+def _check_params(params: Mapping[str, Any], known: Mapping[str, set[str]]) -> None:
+    every = set().union(*known.values()) if known else set()
+    unknown = sorted(set(params) - every)
+    if unknown:
+        raise InputError(
+            f"--param {', '.join(unknown)}: no notebook has such a parameter; "
+            f"known: {', '.join(sorted(every - RESERVED))}"
+        )
+
+
+def make_report(
+    out_dir: str | os.PathLike[str],
+    *,
+    experiment: str | os.PathLike[str] | None = None,
+    sources: Sequence[str | os.PathLike[str]] = (),
+    params: Mapping[str, Any] | None = None,
+    jobs: int = 2,
+    force: bool = False,
+    notebooks_dir: str | os.PathLike[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    stream: TextIO | None = sys.stderr,
+) -> ReportResult:
+    """Run the investigation on an experiment (simulated) or on ingested sources."""
+    from kvpressure.pipeline.html import render_report
+    from kvpressure.record.build import build_record
+    from kvpressure.record.io import write_record
+
+    started = time.perf_counter()
+    if (experiment is None) == (not sources):
+        raise InputError("give either an experiment file or one or more sources, not both")
+    if experiment is not None and not Path(experiment).is_file():
+        raise InputError(f"--experiment {experiment}: no such file")
+    for src in sources:
+        if not Path(src).exists():
+            raise InputError(f"--source {src}: no such file or folder")
+    if jobs < 1:
+        raise InputError(f"--jobs {jobs}: must be at least 1")
+    run_dir = Path(out_dir).resolve()
+    if not force and not is_run_folder(run_dir):
+        raise InputError(
+            f"--out {out_dir}: exists and is not a kvpressure run folder; "
+            "choose another folder or pass --force"
+        )
+    params = dict(params or {})
+    _check_params(params, notebook_parameters(notebooks_dir=notebooks_dir))
+    clear_generated(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    parameters: dict[str, Any] = {
+        **params,
+        "experiment": str(Path(experiment).resolve()) if experiment is not None else "",
+        "source": [str(Path(s).resolve()) for s in sources] if sources else "",
+        "jobs": jobs,
+    }
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    runs = run_notebooks(
+        run_dir, parameters, jobs=jobs, notebooks_dir=notebooks_dir, progress=say, stream=stream
+    )
+    say("record.yaml and index.html ...")
+    record = build_record(run_dir)
+    record_path = write_record(record, run_dir / RECORD_YAML)
+    index_path = render_report(run_dir)
+    seconds = time.perf_counter() - started
+    say(f"done in {seconds:.1f} s: {index_path}")
+    return ReportResult(run_dir, record_path, index_path, runs, seconds)

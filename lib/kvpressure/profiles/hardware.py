@@ -1,0 +1,239 @@
+"""Accelerator profiles: memory, bandwidth, peak FLOPs, links and achievable fractions.
+
+YAML files use unit-suffixed field names so that a number never stands without its unit:
+``memory_gib`` (2**30 bytes; HBM stacks come in binary sizes, so a vendor's "64 GB" card holds
+64 GiB) or ``memory_gb`` (10**9 bytes), ``hbm_bandwidth_gb_s`` (10**9 B/s), ``peak_flops_tflops``
+(10**12 FLOP/s), ``link_bandwidth_per_direction_gb_s`` / ``link_bandwidth_aggregate_gb_s``,
+``alpha_c_us``, ``t0_ms``, ``t_seq_us``. The dataclass holds SI base units (bytes, B/s, FLOP/s,
+seconds) so the cost model never converts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvpressure.errors import InputError
+from kvpressure.paths import data_dir
+from kvpressure.profiles.fields import FieldReader, load_sources, read_yaml_with_lines
+
+GiB = 1 << 30
+MiB = 1 << 20
+GB = 10**9
+
+# vLLM 0.33.0 engine/arg_utils.py::get_batch_defaults, OpenAI API-server context
+# (what `vllm serve` uses), as (max_num_batched_tokens, max_num_seqs).
+_BATCH_TIER_LARGE = (16384, 1024)  # device >= 160 GiB (B200/B300, MI300X)
+_BATCH_TIER_HOPPER = (8192, 1024)  # device >= 70 GiB and not an A100 (H100, H200)
+_BATCH_TIER_DEFAULT = (2048, 256)  # everything else (A100, L40S, 64 GB Ascend)
+# The LLM-class (offline) context uses larger token budgets on the same tiers.
+_BATCH_TIER_LLM_CLASS = {
+    _BATCH_TIER_LARGE: (16384, 1024),
+    _BATCH_TIER_HOPPER: (16384, 1024),
+    _BATCH_TIER_DEFAULT: (8192, 256),
+}
+
+USAGE_CONTEXTS = ("api_server", "llm_class")
+
+YAML_FIELDS = {
+    "name", "description", "device_name", "num_cards", "memory_gib", "memory_gb",
+    "usable_memory_gib", "usable_memory_gb", "hbm_bandwidth_gb_s", "peak_flops_tflops",
+    "peak_flops_total_tflops", "link_bandwidth_per_direction_gb_s",
+    "link_bandwidth_aggregate_gb_s", "allreduce_bandwidth_gb_s", "eta_f", "eta_a", "eta_m",
+    "eta_c", "alpha_c_us", "t0_ms", "t_seq_us", "default_block_size", "batch_defaults",
+    "sources", "references",
+}
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One accelerator card and the server it sits in. All values per card, SI units."""
+
+    name: str
+    description: str
+    device_name: str
+    """What the runtime reports as the device name; vLLM checks it for "a100"."""
+    num_cards: int
+    memory_bytes: int
+    """Nominal device memory per card."""
+    usable_memory_bytes: int
+    """Total memory the runtime reports (vLLM's ``total_memory`` in K1); nominal if unknown."""
+    hbm_bandwidth: float
+    """Peak device-memory bandwidth, B/s."""
+    peak_flops: float
+    """Dense BF16 peak of the matrix units, FLOP/s (the GEMM roofline)."""
+    peak_flops_total: float
+    """Vendor's dense BF16 figure, matrix + vector units, FLOP/s (== peak_flops if not split)."""
+    link_bandwidth: float
+    """Card-to-card bandwidth per direction, B/s (what a ring all-reduce step can use)."""
+    link_bandwidth_aggregate: float
+    """Vendor's aggregate card-to-card figure (both directions, all links), B/s."""
+    allreduce_bandwidth_measured: dict[int, float]
+    """Measured all-reduce bandwidth by group size (cards -> B/s); empty when not measured."""
+    eta_f: float
+    """Achievable fraction of ``peak_flops`` on large GEMMs."""
+    eta_a: float
+    """Achievable fraction of ``peak_flops`` in prefill attention kernels."""
+    eta_m: float
+    """Achievable fraction of ``hbm_bandwidth`` in memory-bound kernels."""
+    eta_c: float
+    """Achievable fraction of ``link_bandwidth`` for all-reduce when no measurement exists."""
+    alpha_c: float
+    """Per-call all-reduce latency, s."""
+    t0: float
+    """Fixed per-step cost (scheduler, input prep, sampler, launches), s."""
+    t_seq: float
+    """Per-sequence per-step CPU cost (detokenize, output processing), s."""
+    default_block_size: int
+    """Block size the platform picks when ``--block-size`` is unset (16 CUDA, 128 vllm-ascend)."""
+    batch_defaults_override: tuple[int, int] | None = None
+    """(max_num_batched_tokens, max_num_seqs) when the platform plugin replaces vLLM's tiers."""
+    sources: dict[str, str] = field(default_factory=dict)
+    path: str | None = None
+
+    # --- names the cost model reads -------------------------------------------------------
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GiB
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOPs per byte above which a kernel is compute-bound (peak_flops / hbm_bandwidth)."""
+        return self.peak_flops / self.hbm_bandwidth
+
+    def allreduce_bandwidth(self, tp: int) -> float:
+        """Effective all-reduce bandwidth (B/s) of a ``tp``-card group for the ring formula.
+
+        A measurement for that group size wins; otherwise the largest measured group not above
+        ``tp``; otherwise ``eta_c * link_bandwidth``.
+        """
+        if tp in self.allreduce_bandwidth_measured:
+            return self.allreduce_bandwidth_measured[tp]
+        smaller = [n for n in self.allreduce_bandwidth_measured if n <= tp]
+        if smaller:
+            return self.allreduce_bandwidth_measured[max(smaller)]
+        return self.eta_c * self.link_bandwidth
+
+    def batch_defaults(self, usage_context: str = "api_server") -> tuple[int, int]:
+        """vLLM 0.33.0's (max_num_batched_tokens, max_num_seqs) defaults for this device.
+
+        ``api_server`` is ``vllm serve``; ``llm_class`` is the offline ``LLM(...)`` class.
+        """
+        if usage_context not in USAGE_CONTEXTS:
+            raise InputError(
+                f"usage_context: unknown value {usage_context!r}; known: {', '.join(USAGE_CONTEXTS)}"
+            )
+        if self.batch_defaults_override is not None:
+            return self.batch_defaults_override
+        if self.usable_memory_bytes >= 160 * GiB:
+            tier = _BATCH_TIER_LARGE
+        elif self.usable_memory_bytes >= 70 * GiB and "a100" not in self.device_name.lower():
+            tier = _BATCH_TIER_HOPPER
+        else:
+            tier = _BATCH_TIER_DEFAULT
+        return tier if usage_context == "api_server" else _BATCH_TIER_LLM_CLASS[tier]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["allreduce_bandwidth_measured"] = {
+            str(k): v for k, v in self.allreduce_bandwidth_measured.items()
+        }
+        return d
+
+    # --- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_dict(
+        cls, data: Any, source: str = "<hardware>", lines: dict[str, int] | None = None
+    ) -> HardwareProfile:
+        r = FieldReader(data, source, lines)
+        r.reject_unknown(YAML_FIELDS)
+        memory_bytes = _memory_bytes(r, "memory")
+        usable = (
+            _memory_bytes(r, "usable_memory")
+            if r.has("usable_memory_gib") or r.has("usable_memory_gb")
+            else memory_bytes
+        )
+        if usable > memory_bytes:
+            raise r.error("usable_memory_gib", "exceeds the nominal memory")
+        peak = r.number("peak_flops_tflops") * 1e12
+        per_dir = r.number("link_bandwidth_per_direction_gb_s") * GB
+        aggregate = r.number("link_bandwidth_aggregate_gb_s", per_dir / GB * 2) * GB
+        allreduce: dict[int, float] = {}
+        for k, v in r.mapping("allreduce_bandwidth_gb_s").items():
+            try:
+                cards = int(k)
+            except (TypeError, ValueError):
+                raise r.error("allreduce_bandwidth_gb_s", f"key {k!r} is not a card count") from None
+            if cards < 2 or isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+                raise r.error(
+                    "allreduce_bandwidth_gb_s",
+                    f"entry {k!r}: {v!r} must map a card count >= 2 to a bandwidth > 0",
+                )
+            allreduce[cards] = float(v) * GB
+        override = None
+        if r.has("batch_defaults"):
+            bd = FieldReader(r.mapping("batch_defaults"), f"{r.where('batch_defaults')} batch_defaults")
+            override = (bd.integer("max_num_batched_tokens"), bd.integer("max_num_seqs"))
+        return cls(
+            name=r.string("name"),
+            description=r.string("description", ""),
+            device_name=r.string("device_name", r.string("name")),
+            num_cards=r.integer("num_cards", 1),
+            memory_bytes=memory_bytes,
+            usable_memory_bytes=usable,
+            hbm_bandwidth=r.number("hbm_bandwidth_gb_s") * GB,
+            peak_flops=peak,
+            peak_flops_total=r.number("peak_flops_total_tflops", peak / 1e12) * 1e12,
+            link_bandwidth=per_dir,
+            link_bandwidth_aggregate=aggregate,
+            allreduce_bandwidth_measured=allreduce,
+            eta_f=r.number("eta_f", maximum=1.0),
+            eta_a=r.number("eta_a", maximum=1.0),
+            eta_m=r.number("eta_m", maximum=1.0),
+            eta_c=r.number("eta_c", maximum=1.0),
+            alpha_c=r.number("alpha_c_us", positive=False) * 1e-6,
+            t0=r.number("t0_ms", positive=False) * 1e-3,
+            t_seq=r.number("t_seq_us", positive=False) * 1e-6,
+            default_block_size=r.integer("default_block_size", 16),
+            batch_defaults_override=override,
+            sources=load_sources(r),
+            path=None if source.startswith("<") else source,
+        )
+
+
+def _memory_bytes(r: FieldReader, stem: str) -> int:
+    gib, gb = f"{stem}_gib", f"{stem}_gb"
+    if r.has(gib) and r.has(gb):
+        raise r.error(gb, f"give either '{gib}' or '{gb}', not both")
+    if r.has(gb):
+        return int(round(r.number(gb) * GB))
+    if not r.has(gib):
+        raise InputError(f"{r.source}: missing required field '{gib}' (or '{gb}')")
+    return int(round(r.number(gib) * GiB))
+
+
+def hardware_dir() -> Path:
+    return data_dir() / "hardware"
+
+
+def list_hardware() -> list[str]:
+    """Names of the built-in hardware profiles (``data/hardware/*.yaml``)."""
+    return sorted(p.stem for p in hardware_dir().glob("*.yaml"))
+
+
+def load_hardware(name_or_path: str | Path | HardwareProfile) -> HardwareProfile:
+    """A built-in profile by name, or a YAML file by path."""
+    if isinstance(name_or_path, HardwareProfile):
+        return name_or_path
+    text = str(name_or_path)
+    path = Path(text)
+    if not (text.endswith((".yaml", ".yml")) or path.is_file()):
+        path = hardware_dir() / f"{text}.yaml"
+        if not path.is_file():
+            known = ", ".join(list_hardware()) or "(none)"
+            raise InputError(f"hardware: unknown profile {text!r}; known: {known}")
+    elif not path.is_file():
+        raise InputError(f"{path}: hardware profile file not found")
+    data, lines = read_yaml_with_lines(path)
+    return HardwareProfile.from_dict(data, str(path), lines)

@@ -1,0 +1,424 @@
+"""KV-pool sizing the way a vLLM 0.33.0 worker does it, with every intermediate visible.
+
+Per TP rank (all ranks are alike here, so the minimum over workers is any one of them):
+
+    requested      = ceil(total_memory * gpu_memory_utilization)                      (K1)
+    non_kv         = weights + non_torch + activation_peak                            (K2)
+    available_kv   = requested - non_kv - cudagraph                                   (K3)
+                     (or ``kv_cache_memory_bytes`` when given: utilization is then ignored)
+    block_bytes    = layers * block_size * kv_heads_per_rank * (d_k + d_v) * kv_dtype  (K4)
+    num_gpu_blocks = available_kv // block_bytes, or ``num_gpu_blocks_override``      (K5)
+    check          = cdiv(max_model_len, B) * block_bytes <= available_kv - block_bytes (K6)
+    capacity       = floor(N / cdiv(max_model_len, B) * max_model_len) tokens          (K7)
+
+vLLM measures ``weights``, ``non_torch``, ``activation_peak`` and ``cudagraph`` by profiling a
+dummy forward pass; without a device they are estimated here (see ``estimate_activation`` and
+the constants below). Pass the figures from a real startup log to reproduce its pool exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kvpressure.errors import InputError
+from kvpressure.profiles.hardware import GiB, HardwareProfile, MiB, load_hardware
+from kvpressure.profiles.model import ModelProfile, load_model
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py, 0.33.0
+
+# Estimates for what vLLM's profiler would measure (per rank). Typical magnitudes: non-torch
+# allocations "a few hundred MB to ~1-2 GB" growing with TP (NCCL/HCCL buffers), graph capture
+# "a few hundred MB to ~1 GB".
+NON_TORCH_BASE_BYTES = 512 * MiB
+"""Runtime context, BLAS / attention workspaces and allocator slack on every rank."""
+NON_TORCH_PER_PEER_BYTES = 128 * MiB
+"""Collective-communication buffers, per other rank in the TP group."""
+CUDAGRAPH_ESTIMATE_BYTES = 512 * MiB
+"""Graph-pool memory vLLM subtracts (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1``)."""
+ACTIVATION_FACTOR = 2.0
+"""Live copies at the MLP peak of the dummy forward: the gate/up output (2I/tp), its activated
+half (I/tp) and hidden-size buffers (residual, hidden, normed input); (H + 2I/tp) counted twice
+covers them plus allocator rounding."""
+SAMPLER_FP32_COPIES = 2
+"""The dummy sampler pass holds fp32 logits and their softmax over the full vocabulary."""
+
+
+class KVPoolError(InputError):
+    """The pool cannot be built: weights do not fit, no memory left, or max_model_len too long.
+
+    ``largest_fitting_len`` is set when a shorter ``max_model_len`` would start.
+    """
+
+    def __init__(self, message: str, largest_fitting_len: int | None = None):
+        super().__init__(message)
+        self.largest_fitting_len = largest_fitting_len
+
+
+@dataclass(frozen=True)
+class KVPoolSizing:
+    hardware: str
+    model: str
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+    block_size: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    kv_cache_dtype_bytes: int
+    # memory per rank, bytes
+    total_memory_bytes: int
+    requested_bytes: int
+    weights_bytes: int
+    non_torch_bytes: int
+    activation_forward_bytes: int
+    activation_sampler_bytes: int
+    activation_peak_bytes: int
+    non_kv_bytes: int
+    cudagraph_bytes: int
+    available_kv_bytes: int
+    # pages and blocks
+    kv_bytes_per_token: int
+    kv_heads_per_rank: int
+    page_size_bytes: int
+    block_bytes: int
+    num_gpu_blocks_computed: int
+    num_gpu_blocks: int
+    kv_pool_bytes: int
+    # derived
+    usable_blocks: int
+    usable_tokens: int
+    blocks_per_max_len_request: int
+    kv_cache_size_tokens: int
+    max_concurrency: float
+    estimated: tuple[str, ...]
+    """Which memory components are estimates rather than given figures."""
+
+    @property
+    def capacity_tokens(self) -> int:
+        """vLLM's logged "KV cache size: N tokens" (K7)."""
+        return self.kv_cache_size_tokens
+
+    def safe_concurrency(self, avg_seq_len: float, *, half_filled_tail: bool = False) -> int:
+        return safe_concurrency(self, avg_seq_len, half_filled_tail=half_filled_tail)
+
+    def memory_breakdown(self) -> list[dict[str, Any]]:
+        """Rows (component, bytes, GiB, share of the card) for tables."""
+        rows = [
+            ("total device memory", self.total_memory_bytes),
+            ("requested (x utilization)", self.requested_bytes),
+            ("weights", self.weights_bytes),
+            ("non-torch (runtime, collectives)", self.non_torch_bytes),
+            ("activation peak", self.activation_peak_bytes),
+            ("graph capture", self.cudagraph_bytes),
+            ("KV pool (num_gpu_blocks x block)", self.kv_pool_bytes),
+            ("left unused in the request", self.requested_bytes - self.non_kv_bytes
+             - self.cudagraph_bytes - self.kv_pool_bytes),
+        ]
+        return [
+            {
+                "component": name,
+                "bytes": value,
+                "GiB": value / GiB,
+                "share_of_card": value / self.total_memory_bytes,
+            }
+            for name, value in rows
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["estimated"] = list(self.estimated)
+        return d
+
+
+def estimate_activation(model: ModelProfile, tp: int, max_num_batched_tokens: int,
+                        max_num_seqs: int) -> tuple[int, int]:
+    """(forward, sampler) transient peaks of vLLM's profiling run, bytes per rank.
+
+    forward = max_num_batched_tokens * (hidden + 2 * I / tp) * dtype_bytes * ACTIVATION_FACTOR,
+      where I is the widest MLP a token passes through: the dense ``intermediate_size``, or
+      ``top_k * moe_intermediate_size`` for routed experts (the fused-MoE intermediate cache);
+    sampler = max_num_seqs * vocab_size * 4 B * SAMPLER_FP32_COPIES (logits gathered to the full
+      vocabulary on every rank).
+    The two passes run one after the other, so the peak is the larger, not the sum.
+    """
+    widths = []
+    if not model.is_moe or model.num_dense_layers:
+        widths.append(model.intermediate_size)
+    if model.is_moe:
+        widths.append(model.num_experts_per_tok * model.moe_intermediate_size)
+    inter = max(widths)
+    forward = math.ceil(
+        max_num_batched_tokens * (model.hidden_size + 2 * inter / tp) * model.dtype_bytes
+        * ACTIVATION_FACTOR
+    )
+    sampler = max_num_seqs * model.vocab_size * 4 * SAMPLER_FP32_COPIES
+    return forward, sampler
+
+
+def estimate_non_torch(tp: int) -> int:
+    return NON_TORCH_BASE_BYTES + NON_TORCH_PER_PEER_BYTES * (tp - 1)
+
+
+def resolve_batch_limits(
+    hardware: HardwareProfile,
+    max_model_len: int,
+    max_num_batched_tokens: int | None,
+    max_num_seqs: int | None,
+    *,
+    enable_chunked_prefill: bool = True,
+    usage_context: str = "api_server",
+) -> tuple[int, int]:
+    """vLLM 0.33.0's ``_set_default_max_num_seqs_and_batched_tokens_args`` and its checks."""
+    default_tokens, default_seqs = hardware.batch_defaults(usage_context)
+    seqs = max_num_seqs if max_num_seqs is not None else default_seqs
+    if max_num_batched_tokens is None:
+        tokens = default_tokens
+        if not enable_chunked_prefill:
+            tokens = max(max_model_len, tokens)
+        tokens = min(seqs * max_model_len, tokens)
+    else:
+        tokens = max_num_batched_tokens
+    if max_num_seqs is None:
+        seqs = min(seqs, tokens)
+    _positive_int("max_num_batched_tokens", tokens)
+    _positive_int("max_num_seqs", seqs)
+    if tokens < seqs:
+        raise InputError(
+            f"max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs}), as vLLM requires"
+        )
+    if not enable_chunked_prefill and tokens < max_model_len:
+        raise InputError(
+            f"max_num_batched_tokens ({tokens}) must be >= max_model_len ({max_model_len}) "
+            "when chunked prefill is disabled"
+        )
+    return tokens, seqs
+
+
+def size_kv_pool(
+    hardware: HardwareProfile | str,
+    model: ModelProfile | str,
+    tp: int = 1,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+    block_size: int | None = None,
+    kv_cache_dtype_bytes: int | None = None,
+    *,
+    num_gpu_blocks_override: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    enable_chunked_prefill: bool = True,
+    usage_context: str = "api_server",
+    weights_bytes: int | None = None,
+    non_torch_bytes: int | None = None,
+    activation_bytes: int | None = None,
+    cudagraph_bytes: int | None = None,
+    total_memory_bytes: int | None = None,
+) -> KVPoolSizing:
+    """Size one TP rank's KV pool as vLLM 0.33.0 does at startup.
+
+    ``max_model_len`` None uses the model's ``max_position_embeddings``; -1 (vLLM's "auto")
+    starts there and shrinks to the longest length that fits. ``max_num_batched_tokens`` and
+    ``max_num_seqs`` None take vLLM's device-tier defaults for ``usage_context``.
+    ``block_size`` None takes the platform default (16 CUDA, 128 vllm-ascend).
+    ``weights_bytes``, ``non_torch_bytes``, ``activation_bytes``, ``cudagraph_bytes`` (per rank)
+    replace the estimates with measured figures; ``total_memory_bytes`` replaces the card's.
+    Raises ``KVPoolError`` (an ``InputError``) when the engine would refuse to start.
+    """
+    hw = load_hardware(hardware)
+    mdl = load_model(model)
+    mdl.check_tp(tp)
+    if tp > hw.num_cards:
+        raise InputError(
+            f"tensor_parallel_size: {tp} exceeds the {hw.num_cards} cards of hardware {hw.name!r}"
+        )
+    util = gpu_memory_utilization
+    if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
+        raise InputError(f"gpu_memory_utilization: must be in (0, 1], got {util!r}")
+    block = hw.default_block_size if block_size is None else block_size
+    _positive_int("block_size", block)
+    kv_dtype = mdl.dtype_bytes if kv_cache_dtype_bytes is None else kv_cache_dtype_bytes
+    if kv_dtype not in (1, 2, 4):
+        raise InputError(f"kv_cache_dtype_bytes: must be 1, 2 or 4, got {kv_dtype!r}")
+    auto_len = max_model_len == -1
+    if max_model_len is None or auto_len:
+        if mdl.max_position_embeddings is None:
+            raise InputError(
+                f"max_model_len: not given and model {mdl.name!r} has no max_position_embeddings"
+            )
+        max_model_len = mdl.max_position_embeddings
+    _positive_int("max_model_len", max_model_len)
+    tokens, seqs = resolve_batch_limits(
+        hw, max_model_len, max_num_batched_tokens, max_num_seqs,
+        enable_chunked_prefill=enable_chunked_prefill, usage_context=usage_context,
+    )
+
+    estimated: list[str] = []
+    total = hw.usable_memory_bytes if total_memory_bytes is None else total_memory_bytes
+    _positive_int("total_memory_bytes", total)
+    requested = math.ceil(total * util)
+    if weights_bytes is None:
+        weights_bytes = mdl.weight_bytes_per_rank(tp)
+        estimated.append("weights")
+    if non_torch_bytes is None:
+        non_torch_bytes = estimate_non_torch(tp)
+        estimated.append("non_torch")
+    fwd, sampler = estimate_activation(mdl, tp, tokens, seqs)
+    if activation_bytes is None:
+        activation_bytes = max(fwd, sampler)
+        estimated.append("activation")
+    if cudagraph_bytes is None:
+        cudagraph_bytes = CUDAGRAPH_ESTIMATE_BYTES
+        estimated.append("cudagraph")
+    for label, value in (("weights_bytes", weights_bytes), ("non_torch_bytes", non_torch_bytes),
+                         ("activation_bytes", activation_bytes),
+                         ("cudagraph_bytes", cudagraph_bytes)):
+        _non_negative_int(label, value)
+    non_kv = weights_bytes + non_torch_bytes + activation_bytes
+
+    where = f"hardware {hw.name!r}, model {mdl.name!r}, tensor_parallel_size {tp}"
+    if kv_cache_memory_bytes is not None:
+        _positive_int("kv_cache_memory_bytes", kv_cache_memory_bytes)
+        available = kv_cache_memory_bytes
+    else:
+        if weights_bytes > requested:
+            raise KVPoolError(
+                f"{where}: weights need {weights_bytes / GiB:.2f} GiB per rank, more than the "
+                f"{requested / GiB:.2f} GiB requested ({total / GiB:.2f} GiB x "
+                f"gpu_memory_utilization {util}); raise tensor_parallel_size or use a smaller "
+                "or quantized model"
+            )
+        available = requested - non_kv - cudagraph_bytes
+        if available <= 0:
+            raise KVPoolError(
+                f"{where}: no memory left for KV cache blocks: requested "
+                f"{requested / GiB:.2f} GiB - weights {weights_bytes / GiB:.2f} - non-torch "
+                f"{non_torch_bytes / GiB:.2f} - activation {activation_bytes / GiB:.2f} - graphs "
+                f"{cudagraph_bytes / GiB:.2f} = {available / GiB:.2f} GiB; raise "
+                "gpu_memory_utilization or tensor_parallel_size, or lower max_num_batched_tokens"
+            )
+
+    kv_per_token = mdl.kv_bytes_per_token(tp, kv_dtype)
+    page = block * mdl.kv_bytes_per_token_per_layer(tp, kv_dtype)
+    block_bytes = page * mdl.num_hidden_layers
+    computed = available // block_bytes
+
+    check = available - block_bytes  # the null block is held back
+    largest = max(0, min(max_model_len, (check // block_bytes) * block)) if check > 0 else 0
+    if largest < max_model_len:
+        if auto_len and largest > 0:
+            max_model_len = largest
+        else:
+            needed = _cdiv(max_model_len, block) * block_bytes
+            hint = (
+                f"Based on the available memory, the largest max_model_len that fits is "
+                f"{largest}. " if largest > 0 else ""
+            )
+            raise KVPoolError(
+                f"{where}: max_model_len: to serve at least one request of {max_model_len} "
+                f"tokens, {needed / GiB:.2f} GiB of KV cache is needed, more than the "
+                f"{max(check, 0) / GiB:.2f} GiB available. {hint}Lower max_model_len or raise "
+                "gpu_memory_utilization.",
+                largest_fitting_len=largest or None,
+            )
+
+    n = computed if num_gpu_blocks_override is None else num_gpu_blocks_override
+    _positive_int("num_gpu_blocks_override", n)
+    per_req = _cdiv(max_model_len, block)
+    return KVPoolSizing(
+        hardware=hw.name,
+        model=mdl.name,
+        tensor_parallel_size=tp,
+        gpu_memory_utilization=float(util),
+        block_size=block,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=tokens,
+        max_num_seqs=seqs,
+        kv_cache_dtype_bytes=kv_dtype,
+        total_memory_bytes=total,
+        requested_bytes=requested,
+        weights_bytes=weights_bytes,
+        non_torch_bytes=non_torch_bytes,
+        activation_forward_bytes=fwd,
+        activation_sampler_bytes=sampler,
+        activation_peak_bytes=activation_bytes,
+        non_kv_bytes=non_kv,
+        cudagraph_bytes=cudagraph_bytes,
+        available_kv_bytes=available,
+        kv_bytes_per_token=kv_per_token,
+        kv_heads_per_rank=mdl.kv_heads_per_rank(tp),
+        page_size_bytes=page,
+        block_bytes=block_bytes,
+        num_gpu_blocks_computed=computed,
+        num_gpu_blocks=n,
+        kv_pool_bytes=n * block_bytes,
+        usable_blocks=n - 1,
+        usable_tokens=(n - 1) * block,
+        blocks_per_max_len_request=per_req,
+        kv_cache_size_tokens=int(n / per_req * max_model_len),
+        max_concurrency=n / per_req,
+        estimated=tuple(estimated),
+    )
+
+
+def safe_concurrency(
+    sizing: KVPoolSizing, avg_seq_len: float, *, half_filled_tail: bool = False
+) -> int:
+    """Sequences of ``avg_seq_len`` tokens (prompt + output) that hold KV at the same time.
+
+    Every sequence holds whole blocks, so one of exactly ``avg_seq_len`` tokens takes
+    ``cdiv(avg_seq_len, B)`` of the ``N - 1`` usable blocks (the null block is never handed out):
+    ``floor((N - 1) / cdiv(avg_seq_len, B))``. With ``half_filled_tail`` the lengths are taken
+    as spread around the average, so a sequence's last block is on average half full and it
+    holds ``avg_seq_len / B + 1/2`` blocks: ``floor((N - 1) / (avg_seq_len / B + 0.5))``.
+    Both count sequences at their full length; growing sequences hold fewer blocks early on.
+    """
+    if isinstance(avg_seq_len, bool) or not isinstance(avg_seq_len, int | float) or avg_seq_len <= 0:
+        raise InputError(f"avg_seq_len: must be > 0, got {avg_seq_len!r}")
+    usable = sizing.num_gpu_blocks - 1
+    if half_filled_tail:
+        return max(0, math.floor(usable / (avg_seq_len / sizing.block_size + 0.5)))
+    return max(0, usable // math.ceil(avg_seq_len / sizing.block_size))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name}: must be a positive integer, got {value!r}")
+
+
+def _non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{name}: must be a non-negative integer, got {value!r}")
+
+
+def safe_concurrency_grid(
+    hardware: HardwareProfile | str,
+    model: ModelProfile | str,
+    avg_seq_lens: list[int],
+    utilizations: list[float],
+    **size_kwargs: Any,
+) -> list[dict[str, Any]]:
+    """One row per (gpu_memory_utilization, avg_seq_len): the pool and the sequences that fit.
+
+    ``size_kwargs`` go to ``size_kv_pool`` (tp, max_model_len, block_size, ...).
+    """
+    rows = []
+    for util in utilizations:
+        sizing = size_kv_pool(hardware, model, gpu_memory_utilization=util, **size_kwargs)
+        for n in avg_seq_lens:
+            rows.append({
+                "gpu_memory_utilization": util,
+                "avg_seq_len": n,
+                "num_gpu_blocks": sizing.num_gpu_blocks,
+                "safe_concurrency": safe_concurrency(sizing, n),
+                "safe_concurrency_half_filled_tail": safe_concurrency(
+                    sizing, n, half_filled_tail=True
+                ),
+            })
+    return rows

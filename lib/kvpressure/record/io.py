@@ -1,0 +1,85 @@
+"""Validate, write and read ``record.yaml``.
+
+A record is validated before it is written; an invalid one is refused with an
+:class:`~kvpressure.errors.InputError` naming the first offending field (``scheduler.policy``),
+and nothing is written, so an earlier valid ``record.yaml`` survives.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from kvpressure.errors import InputError
+from kvpressure.record.schema import Record
+
+HEADER = (
+    "# kvpressure investigation record (fields as in the workflow's record form).\n"
+    "# Gauges are means over counters.window; counters are increases over it; times in seconds.\n"
+)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(record)"
+
+
+def validation_message(exc: ValidationError, where: str = "record") -> str:
+    """One line per problem, each naming the field: ``record: field scheduler.policy: ...``."""
+    lines = []
+    for err in exc.errors():
+        value = err.get("input")
+        shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
+        lines.append(f"{where}: field {_field_path(err['loc'])}: {err['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def validate_record(data: Record | dict[str, Any], where: str = "record") -> Record:
+    """Return a validated :class:`Record` from a record or a plain mapping; InputError if invalid."""
+    payload = data.model_dump(mode="python") if isinstance(data, Record) else data
+    if not isinstance(payload, dict):
+        raise InputError(f"{where}: expected a mapping at the top level, got {type(payload).__name__}")
+    try:
+        return Record.model_validate(payload)
+    except ValidationError as exc:
+        raise InputError(validation_message(exc, where)) from None
+
+
+def record_to_yaml(record: Record) -> str:
+    body = yaml.safe_dump(
+        record.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100
+    )
+    return HEADER + body
+
+
+def write_record(record: Record | dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Validate ``record`` and write it as YAML to ``path`` (atomically). Returns the path."""
+    path = Path(path)
+    valid = validate_record(record, where=str(path))
+    text = record_to_yaml(valid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_record(path: str | os.PathLike[str]) -> Record:
+    """Read and validate a ``record.yaml``."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f", line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{path}{line}: not valid YAML: {exc}") from None
+    return validate_record(data, where=str(path))

@@ -1,0 +1,215 @@
+"""The record of one investigation (workflow.md, "The record"), as a pydantic schema.
+
+The seed's fields keep their names (``scheduler``, ``counters``, ``workload``, ``perf``,
+``status``); what the kit adds (provenance, evidence, remedies, recompute ranges) sits beside them
+so that a reader who knows the seed's form finds every field where it expects it. Every field is
+required and may not be empty: an investigation that could not fill a field says why in a string
+rather than leaving it blank.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+NonEmptyStr = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0)]
+
+# The three outcomes the seed's record allows, in the kit's wording.
+STATUS_KV_BOUND = "bound by KV blocks"
+STATUS_LENGTH_BOUND = "bound by single-sequence length"
+STATUS_NOT_ESTABLISHED = "not established"
+Status = Literal["bound by KV blocks", "bound by single-sequence length", "not established"]
+
+
+class _Strict(BaseModel):
+    # extra="forbid": a misspelt field is an error, not a silently dropped value.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class Scheduler(_Strict):
+    policy: NonEmptyStr
+    max_num_seqs: Annotated[int, Field(ge=1)]
+    max_num_seqs_effective: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = Field(
+        description="sequences actually running at once (max of vllm:num_requests_running)"
+    )
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)]
+    preemption_mode: Literal["recompute"]
+    num_gpu_blocks: Annotated[int, Field(ge=1)]
+    block_size: Annotated[int, Field(ge=1)]
+    max_num_batched_tokens: Annotated[int, Field(ge=1)]
+
+
+class Window(_Strict):
+    """Where the counters were read: one measured point and its time span."""
+
+    run: NonEmptyStr
+    concurrency: Annotated[int, Field(ge=1)]
+    start_s: NonNegative
+    end_s: NonNegative
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Window:
+        if self.end_s <= self.start_s:
+            raise ValueError(f"end_s ({self.end_s}) must be after start_s ({self.start_s})")
+        return self
+
+
+class Counters(_Strict):
+    """Engine metrics over the window. Gauges are window means; counters are increases."""
+
+    window: Window
+    num_requests_running: NonNegative
+    num_requests_waiting: NonNegative
+    waiting_capacity: NonNegative
+    waiting_deferred: NonNegative
+    kv_cache_usage_perc: Fraction
+    num_preemptions_total: NonNegative
+    recomputed_tokens: NonNegative
+    recompute_ratio: Fraction
+    recomputed_tokens_range: tuple[NonNegative, NonNegative]
+    recompute_ratio_range: tuple[Fraction, Fraction]
+    recompute_exact: bool = Field(description="true for simulation; ingested data gives a range")
+
+    @model_validator(mode="after")
+    def _ranges_hold_value(self) -> Counters:
+        for name, value, (low, high) in (
+            ("recomputed_tokens", self.recomputed_tokens, self.recomputed_tokens_range),
+            ("recompute_ratio", self.recompute_ratio, self.recompute_ratio_range),
+        ):
+            if not (low <= value <= high) and not math.isclose(value, low) and not math.isclose(
+                value, high
+            ):
+                raise ValueError(f"{name} {value} lies outside its range [{low}, {high}]")
+        return self
+
+
+class LengthDistribution(_Strict):
+    description: NonEmptyStr
+    mean: NonNegative
+    p50: NonNegative
+    p95: NonNegative
+    max: NonNegative
+    source: NonEmptyStr = Field(description="where the numbers come from")
+
+
+class Workload(_Strict):
+    model_name: NonEmptyStr
+    concurrency: Annotated[int, Field(ge=1)] = Field(description="the point the counters describe")
+    concurrency_levels: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
+    num_requests: Annotated[int, Field(ge=1)]
+    input_len_distribution: LengthDistribution
+    output_len_distribution: LengthDistribution
+
+
+class ThroughputPoint(_Strict):
+    concurrency: Annotated[int, Field(ge=1)]
+    output_throughput: NonNegative
+    itl_mean_s: NonNegative
+    itl_p95_s: NonNegative
+    ttft_p95_s: NonNegative
+    preemptions: NonNegative
+    recompute_ratio: Fraction
+
+
+class Knee(_Strict):
+    knee_x: Annotated[float, Field(allow_inf_nan=False)]
+    peak_x: Annotated[float, Field(allow_inf_nan=False)]
+    peak_y: NonNegative
+    plateau: bool
+    declines: bool
+    decline_pct: Annotated[float, Field(allow_inf_nan=False)]
+
+
+class Perf(_Strict):
+    variant: NonEmptyStr
+    throughput_by_concurrency: Annotated[list[ThroughputPoint], Field(min_length=2)]
+    knee: Knee
+    itl_mean: NonNegative = Field(description="seconds, at workload.concurrency")
+    itl_p95: NonNegative
+    ttft_p95: NonNegative
+
+    @model_validator(mode="after")
+    def _sorted_unique(self) -> Perf:
+        xs = [p.concurrency for p in self.throughput_by_concurrency]
+        if xs != sorted(set(xs)):
+            raise ValueError(f"concurrency levels must be increasing and unique, got {xs}")
+        return self
+
+
+class Check(_Strict):
+    """One line of evidence: a symptom, what was observed, and whether it holds."""
+
+    name: NonEmptyStr
+    holds: bool
+    observed: NonEmptyStr
+    metric: NonEmptyStr
+
+
+class Comparison(_Strict):
+    """The single-variable control (workflow.md, diagnosis step 6)."""
+
+    parameter: NonEmptyStr
+    baseline: NonEmptyStr
+    variants: Annotated[list[NonEmptyStr], Field(min_length=1)]
+    knee_shift: Annotated[float, Field(allow_inf_nan=False)]
+    beyond_noise: bool
+    summary: NonEmptyStr
+
+
+class Remedy(_Strict):
+    parameter: NonEmptyStr
+    change: NonEmptyStr
+    effect: NonEmptyStr
+    cost: NonEmptyStr
+
+
+class Evidence(_Strict):
+    checks: Annotated[list[Check], Field(min_length=1)]
+    comparison: Comparison | None = Field(
+        description="null only when the data holds no controlled comparison (ingested scrapes)"
+    )
+    interference: NonEmptyStr
+    reasons: Annotated[list[NonEmptyStr], Field(min_length=1)]
+
+
+class InputFile(_Strict):
+    path: NonEmptyStr
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+class Provenance(_Strict):
+    kit_version: NonEmptyStr
+    vllm_behaviour_version: NonEmptyStr
+    mode: Literal["simulation", "ingested"]
+    inputs: Annotated[list[InputFile], Field(min_length=1)]
+    seed: int | None = Field(description="the workload seed; null only for ingested data")
+
+    @model_validator(mode="after")
+    def _seed_for_simulation(self) -> Provenance:
+        if self.mode == "simulation" and self.seed is None:
+            raise ValueError("seed is required for a simulated investigation")
+        return self
+
+
+class Record(_Strict):
+    scheduler: Scheduler
+    counters: Counters
+    workload: Workload
+    perf: Perf
+    status: Status
+    evidence: Evidence
+    remedies: list[Remedy]
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _complete_for_its_kind(self) -> Record:
+        if self.provenance.mode == "simulation" and self.evidence.comparison is None:
+            raise ValueError("evidence.comparison is required for a simulated investigation")
+        if self.status != STATUS_NOT_ESTABLISHED and not self.remedies:
+            raise ValueError(f"remedies may not be empty when status is {self.status!r}")
+        return self

@@ -1,0 +1,182 @@
+"""vLLM 0.33.0's block pool (``v1/core/block_pool.py``): the free-block queue, reference counts,
+and the block-key -> block map of the prefix cache.
+
+The free queue is a doubly linked list over block ids held in two int lists (``prev``/``next``)
+with two sentinels, so popping the head, prepending, appending and unlinking a touched block
+from the middle are all O(1), as in vLLM's ``FreeKVCacheBlockQueue``.
+"""
+
+from __future__ import annotations
+
+
+class BlockPool:
+    """Blocks ``0..N-1``; block 0 is the null block, never allocated nor counted."""
+
+    __slots__ = ("num_gpu_blocks", "enable_caching", "prev", "next", "head", "tail",
+                 "num_free_blocks", "ref_cnt", "block_hash", "cached", "usage_denominator")
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
+        n = num_gpu_blocks
+        self.num_gpu_blocks = n
+        self.enable_caching = enable_caching
+        self.head = n
+        self.tail = n + 1
+        # Blocks 1..N-1 in id order (block 0 is taken out at once as the null block).
+        self.next = list(range(1, n + 2)) + [-1]
+        self.prev = [-1] + list(range(0, n + 1))
+        self.next[self.head] = 1 if n > 1 else self.tail
+        self.prev[self.tail] = n - 1 if n > 1 else self.head
+        self.prev[1 if n > 1 else self.tail] = self.head
+        self.next[n - 1] = self.tail
+        self.next[0] = self.prev[0] = -1
+        self.num_free_blocks = n - 1
+        self.ref_cnt = [0] * n
+        self.block_hash: list[int | None] = [None] * n
+        # key -> block id, or key -> {block id: None} when several blocks carry the key;
+        # the first one stored is the one a lookup returns.
+        self.cached: dict[int, int | dict[int, None]] = {}
+        self.usage_denominator = n - 1
+
+    # -- free queue -----------------------------------------------------------------------
+    def free_queue(self) -> list[int]:
+        """The free queue head -> tail (for tests and debugging)."""
+        out = []
+        b = self.next[self.head]
+        while b != self.tail:
+            out.append(b)
+            b = self.next[b]
+        return out
+
+    def _unlink(self, b: int) -> None:
+        nxt, prv = self.next, self.prev
+        p, q = prv[b], nxt[b]
+        nxt[p] = q
+        prv[q] = p
+        nxt[b] = prv[b] = -1
+        self.num_free_blocks -= 1
+
+    def _prepend_n(self, blocks: list[int]) -> None:
+        nxt, prv = self.next, self.prev
+        first = nxt[self.head]
+        p = self.head
+        for b in blocks:
+            prv[b] = p
+            nxt[p] = b
+            p = b
+        nxt[p] = first
+        prv[first] = p
+        self.num_free_blocks += len(blocks)
+
+    def _append_n(self, blocks: list[int]) -> None:
+        nxt, prv = self.next, self.prev
+        last = prv[self.tail]
+        p = last
+        for b in blocks:
+            prv[b] = p
+            nxt[p] = b
+            p = b
+        nxt[p] = self.tail
+        prv[self.tail] = p
+        self.num_free_blocks += len(blocks)
+
+    # -- allocation -----------------------------------------------------------------------
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        """Pop ``num_blocks`` from the head, evicting any key they still carry."""
+        nxt, prv, ref, bh = self.next, self.prev, self.ref_cnt, self.block_hash
+        out = []
+        b = nxt[self.head]
+        for _ in range(num_blocks):
+            out.append(b)
+            ref[b] += 1
+            if bh[b] is not None:
+                self._evict(b)
+            q = nxt[b]
+            nxt[b] = prv[b] = -1
+            b = q
+        nxt[self.head] = b
+        prv[b] = self.head
+        self.num_free_blocks -= num_blocks
+        return out
+
+    def pop_one(self) -> int:
+        """``get_new_blocks(1)[0]`` without the list."""
+        nxt, prv = self.next, self.prev
+        b = nxt[self.head]
+        q = nxt[b]
+        nxt[self.head] = q
+        prv[q] = self.head
+        nxt[b] = prv[b] = -1
+        self.num_free_blocks -= 1
+        self.ref_cnt[b] += 1
+        if self.block_hash[b] is not None:
+            self._evict(b)
+        return b
+
+    def _evict(self, b: int) -> None:
+        key = self.block_hash[b]
+        self.block_hash[b] = None
+        entry = self.cached.get(key)
+        if entry is None:
+            return
+        if isinstance(entry, dict):
+            entry.pop(b, None)
+            if len(entry) == 1:
+                self.cached[key] = next(iter(entry))
+            elif not entry:
+                del self.cached[key]
+        elif entry == b:
+            del self.cached[key]
+
+    def touch(self, blocks: list[int]) -> None:
+        """A prefix hit: blocks with ref 0 leave the free queue; every ref count +1."""
+        ref = self.ref_cnt
+        for b in blocks:
+            if ref[b] == 0:
+                self._unlink(b)
+            ref[b] += 1
+
+    def free_blocks(self, ordered_blocks: list[int]) -> None:
+        """Release blocks given in eviction order (a request's blocks last-first).
+
+        Blocks reaching ref 0 without a key go to the head (reused first), keyed ones to the
+        tail (evicted last), each group keeping the given order.
+        """
+        ref, bh = self.ref_cnt, self.block_hash
+        first: list[int] = []
+        last: list[int] = []
+        for b in ordered_blocks:
+            ref[b] -= 1
+            if ref[b] == 0:
+                if bh[b] is None:
+                    first.append(b)
+                else:
+                    last.append(b)
+        if first:
+            self._prepend_n(first)
+        if last:
+            self._append_n(last)
+
+    # -- prefix cache ---------------------------------------------------------------------
+    def cache_block(self, b: int, key: int) -> None:
+        self.block_hash[b] = key
+        entry = self.cached.get(key)
+        if entry is None:
+            self.cached[key] = b
+        elif isinstance(entry, dict):
+            entry[b] = None
+        else:
+            self.cached[key] = {entry: None, b: None}
+
+    def get_cached_block(self, key: int) -> int | None:
+        entry = self.cached.get(key)
+        if entry is None or not isinstance(entry, dict):
+            return entry
+        return next(iter(entry))
+
+    # -- stats ----------------------------------------------------------------------------
+    def get_num_free_blocks(self) -> int:
+        return self.num_free_blocks
+
+    def get_usage(self) -> float:
+        """``1 - free / (N - 1)``: cached blocks no request holds count as free."""
+        return 1.0 - self.num_free_blocks / self.usage_denominator

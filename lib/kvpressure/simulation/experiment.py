@@ -1,0 +1,528 @@
+"""Experiment files (``interfaces.md`` section 4): hardware + model + engine arguments +
+workload + the single-variable comparison, turned into simulation points.
+
+```yaml
+name: seed_case
+description: ...
+hardware: ascend-910b-64g          # built-in profile name or a YAML path
+model: llama-3.1-70b               # built-in name, profile YAML, or Hugging Face config.json
+tensor_parallel_size: 8
+engine:                            # vLLM engine arguments; omitted ones take vLLM's defaults
+  gpu_memory_utilization: 0.9
+  max_num_seqs: 256
+  max_num_batched_tokens: 2048
+  scheduler_reserve_full_isl: false
+workload:
+  num_requests: 300
+  seed: 7
+  input_len: {type: uniform, low: 4096, high: 8192}
+  output_len: {type: uniform, low: 128, high: 512}
+  concurrency: [8, 16, 32, 64]     # closed loop; or request_rates: [1, 2, 4] (open loop)
+comparison: {parameter: max_num_seqs, values: [32]}
+remedies: [{parameter: scheduler_reserve_full_isl, values: [true]}]
+cost_model: {t0: 0.004}            # coefficient overrides
+scrape_interval_s: 5
+```
+
+The KV pool is sized from the profiles the way vLLM 0.33.0 sizes it
+(``profiles.kvpool.size_kv_pool``) unless ``engine.num_gpu_blocks`` is given; an override of
+``gpu_memory_utilization``, ``max_model_len``, ``max_num_batched_tokens`` or ``block_size``
+re-sizes it. Every point replays the same request set (same seed), so a comparison changes
+exactly one variable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kvpressure.errors import InputError
+from kvpressure.paths import data_dir
+from kvpressure.simulation.cost_model import CostCoefficients, StepCostModel
+from kvpressure.simulation.workload import (
+    LengthDistribution,
+    PrefixGroup,
+    PriorityMix,
+    Trace,
+    WorkloadSpec,
+    _coerce_length,
+    format_validation_error,
+    generate_requests,
+)
+
+# Engine arguments an experiment (or an override) may set, with the scenario setting each maps
+# to (None: used only to size the KV pool).
+ENGINE_ARGS: dict[str, str | None] = {
+    "gpu_memory_utilization": None,
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_model_len": "max_model_len",
+    "block_size": "block_size",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "scheduling_policy": "policy",
+    "long_prefill_token_threshold": "long_prefill_token_threshold",
+    "scheduler_reserve_full_isl": "scheduler_reserve_full_isl",
+    "watermark": "watermark",
+    "num_gpu_blocks": "num_gpu_blocks",
+    "max_num_active_seqs": "max_num_active_seqs",
+}
+ALIASES = {"policy": "scheduling_policy", "num_gpu_blocks_override": "num_gpu_blocks"}
+# Overrides of these change the pool size vLLM would compute.
+POOL_ARGS = ("gpu_memory_utilization", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
+             "block_size", "enable_chunked_prefill")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineArgs(_Strict):
+    """vLLM engine arguments (0.33.0 names). ``None`` = vLLM's default for the device."""
+
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    block_size: int | None = Field(None, ge=1)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = Field(0.0, ge=0, lt=1)
+    num_gpu_blocks: int | None = Field(None, ge=2)
+    max_num_active_seqs: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {ALIASES.get(k, k): v for k, v in data.items()}
+        return data
+
+
+class ExperimentWorkload(_Strict):
+    """The workload section: a ``WorkloadSpec`` plus the levels to sweep."""
+
+    num_requests: int | None = Field(None, ge=1)
+    seed: int = 0
+    input_len: LengthDistribution | None = None
+    output_len: LengthDistribution | None = None
+    prefix_groups: dict[str, PrefixGroup] = Field(default_factory=dict)
+    priority: int | PriorityMix | None = None
+    trace: Trace | None = None
+    concurrency: list[int] | None = None
+    request_rates: list[float] | None = None
+    burstiness: float = Field(1.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fixed_lengths(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            for key in ("input_len", "output_len"):
+                if key in data:
+                    data[key] = _coerce_length(data[key])
+            if isinstance(data.get("concurrency"), int):
+                data["concurrency"] = [data["concurrency"]]
+            if isinstance(data.get("request_rates"), int | float):
+                data["request_rates"] = [data["request_rates"]]
+        return data
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None:
+            if not v or any(c < 1 for c in v):
+                raise ValueError("concurrency levels must be integers >= 1")
+            if len(set(v)) != len(v):
+                raise ValueError("concurrency levels must be distinct")
+        return v
+
+    @field_validator("request_rates")
+    @classmethod
+    def _rates(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (not v or any(not r > 0 for r in v)):
+            raise ValueError("request rates must be > 0 (requests per second; .inf allowed)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> ExperimentWorkload:
+        if (self.concurrency is None) == (self.request_rates is None):
+            raise ValueError("give either concurrency (closed loop) or request_rates (open "
+                             "loop)")
+        return self
+
+    def spec(self) -> WorkloadSpec:
+        return WorkloadSpec(
+            num_requests=self.num_requests, seed=self.seed, input_len=self.input_len,
+            output_len=self.output_len, prefix_groups=self.prefix_groups,
+            priority=self.priority, trace=self.trace,
+        )
+
+
+class Comparison(_Strict):
+    """One engine argument and the values to compare with the baseline."""
+
+    parameter: str
+    values: list[Any] = Field(min_length=1)
+    note: str | None = None
+
+    @field_validator("parameter")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        v = ALIASES.get(v, v)
+        if v not in ENGINE_ARGS:
+            raise ValueError(f"unknown engine argument {v!r}; known: {', '.join(ENGINE_ARGS)}")
+        return v
+
+
+class Focus(_Strict):
+    variant: str = "baseline"
+    concurrency: int | None = Field(None, ge=1)
+    request_rate: float | None = Field(None, gt=0)
+
+
+class ExperimentFile(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    hardware: str
+    model: str
+    served_model_name: str | None = None
+    tensor_parallel_size: int = Field(1, ge=1)
+    engine: EngineArgs = Field(default_factory=EngineArgs)
+    workload: ExperimentWorkload
+    comparison: Comparison | None = None
+    remedies: list[Comparison] = Field(default_factory=list)
+    cost_model: dict[str, float | bool] = Field(default_factory=dict)
+    scrape_interval_s: float = Field(5.0, gt=0)
+    focus: Focus = Field(default_factory=Focus)
+
+    @field_validator("cost_model")
+    @classmethod
+    def _coefficients(cls, v: dict[str, Any]) -> dict[str, Any]:
+        known = {f for f in CostCoefficients.__dataclass_fields__}
+        unknown = sorted(set(v) - known)
+        if unknown:
+            raise ValueError(f"unknown coefficient(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(sorted(known))}")
+        return v
+
+
+@dataclass
+class Point:
+    """One simulation point: what ``simulate`` needs, and where it sits in the sweep."""
+
+    scenario: Any
+    cost_model: StepCostModel
+    recorder: Any
+    variant: str
+    concurrency: int | None
+    request_rate: float | None
+    settings: dict[str, Any]
+    """Every engine argument in force (pool size included)."""
+
+
+class Experiment:
+    """A validated experiment file; builds the simulation points of its sweep."""
+
+    def __init__(self, config: ExperimentFile, path: Path | None = None,
+                 text: str | None = None):
+        self.config = config
+        self.path = path
+        self.text = text
+        self.base_dir = path.parent if path is not None else Path.cwd()
+        self._pool_cache: dict[tuple, Any] = {}
+        # Fail early on unknown profiles and impossible pools, naming the file.
+        where = str(path) if path else "experiment"
+        try:
+            self.hardware
+            self.model
+            self.cost_model
+        except InputError as exc:
+            raise InputError(f"{where}: {exc}") from None
+
+    # --- identity --------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def description(self) -> str:
+        return self.config.description
+
+    @property
+    def mode(self) -> str:
+        return "closed" if self.config.workload.concurrency is not None else "open"
+
+    @property
+    def levels(self) -> list[float]:
+        """Concurrency levels (closed loop) or request rates (open loop), sorted."""
+        w = self.config.workload
+        return sorted(w.concurrency if w.concurrency is not None else w.request_rates)
+
+    @property
+    def concurrencies(self) -> list[int]:
+        return sorted(self.config.workload.concurrency or [])
+
+    @property
+    def request_rates(self) -> list[float]:
+        return sorted(self.config.workload.request_rates or [])
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name or self.model.name
+
+    # --- profiles ------------------------------------------------------------------------------
+    def _resolve(self, ref: str) -> str:
+        """Paths are relative to the experiment file; bare names are built-in profiles."""
+        if ref.endswith((".yaml", ".yml", ".json")) or "/" in ref:
+            p = Path(ref)
+            return str(p if p.is_absolute() else self.base_dir / p)
+        return ref
+
+    @cached_property
+    def hardware(self) -> Any:
+        from kvpressure.profiles.hardware import load_hardware
+
+        return load_hardware(self._resolve(self.config.hardware))
+
+    @cached_property
+    def model(self) -> Any:
+        from kvpressure.profiles.model import load_model
+
+        return load_model(self._resolve(self.config.model))
+
+    @cached_property
+    def cost_model(self) -> StepCostModel:
+        return StepCostModel.from_profiles(
+            self.hardware, self.model, self.config.tensor_parallel_size,
+            **self.config.cost_model,
+        )
+
+    @cached_property
+    def requests(self) -> list[dict[str, Any]]:
+        """The closed-loop request set (the same at every concurrency level)."""
+        return generate_requests(self.config.workload.spec(), base_dir=self.base_dir)
+
+    def requests_at_rate(self, request_rate: float) -> list[dict[str, Any]]:
+        w = self.config.workload
+        return generate_requests(
+            w.spec(), arrivals={"request_rate": request_rate, "burstiness": w.burstiness},
+            base_dir=self.base_dir,
+        )
+
+    # --- engine arguments ----------------------------------------------------------------------
+    def engine_args(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The experiment's engine arguments with ``overrides`` applied and validated."""
+        merged = self.config.engine.model_dump()
+        for key, value in (overrides or {}).items():
+            key = ALIASES.get(key, key)
+            if key not in ENGINE_ARGS:
+                raise InputError(f"override {key!r}: not an engine argument; known: "
+                                 f"{', '.join(ENGINE_ARGS)}")
+            merged[key] = value
+        try:
+            return EngineArgs.model_validate(merged).model_dump()
+        except ValidationError as exc:
+            raise format_validation_error(exc, self._where(), "engine") from None
+
+    def _where(self) -> str:
+        return str(self.path) if self.path else f"experiment {self.name}"
+
+    def pool(self, overrides: dict[str, Any] | None = None) -> Any:
+        """vLLM's KV-pool sizing for these engine arguments (``KVPoolSizing``)."""
+        from kvpressure.profiles.kvpool import size_kv_pool
+
+        args = self.engine_args(overrides)
+        key = tuple((k, args[k]) for k in (*POOL_ARGS, "num_gpu_blocks"))
+        if key not in self._pool_cache:
+            try:
+                self._pool_cache[key] = size_kv_pool(
+                    self.hardware, self.model, self.config.tensor_parallel_size,
+                    gpu_memory_utilization=args["gpu_memory_utilization"],
+                    max_model_len=args["max_model_len"],
+                    max_num_batched_tokens=args["max_num_batched_tokens"],
+                    max_num_seqs=args["max_num_seqs"],
+                    block_size=args["block_size"],
+                    num_gpu_blocks_override=args["num_gpu_blocks"],
+                    enable_chunked_prefill=args["enable_chunked_prefill"],
+                )
+            except InputError as exc:
+                raise InputError(f"{self._where()}: {exc}") from None
+        return self._pool_cache[key]
+
+    def settings(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Every engine argument in force: vLLM's device defaults filled in, pool sized."""
+        args = self.engine_args(overrides)
+        sizing = self.pool(overrides)
+        return {
+            **args,
+            "max_num_seqs": sizing.max_num_seqs,
+            "max_num_batched_tokens": sizing.max_num_batched_tokens,
+            "max_model_len": sizing.max_model_len,
+            "block_size": sizing.block_size,
+            "num_gpu_blocks": sizing.num_gpu_blocks,
+        }
+
+    # --- variants ------------------------------------------------------------------------------
+    def variants(self, include_remedies: bool = False) -> dict[str, dict[str, Any]]:
+        """The comparison's variants as ``{name: overrides}``, baseline (no override) first;
+        with ``include_remedies`` the remedies' values follow. A value equal to the baseline's
+        is not repeated."""
+        out: dict[str, dict[str, Any]] = {"baseline": {}}
+        base = self.settings()
+        groups = ([self.config.comparison] if self.config.comparison else [])
+        if include_remedies:
+            groups += list(self.config.remedies)
+        for cmp in groups:
+            for value in cmp.values:
+                if base.get(cmp.parameter) == value:
+                    continue
+                name = f"{cmp.parameter}={_fmt(value)}"
+                out.setdefault(name, {cmp.parameter: value})
+        return out
+
+    def remedies(self) -> dict[str, dict[str, Any]]:
+        """The remedies alone, as ``{name: overrides}``."""
+        base = self.settings()
+        out: dict[str, dict[str, Any]] = {}
+        for cmp in self.config.remedies:
+            for value in cmp.values:
+                if base.get(cmp.parameter) != value:
+                    out[f"{cmp.parameter}={_fmt(value)}"] = {cmp.parameter: value}
+        return out
+
+    # --- points --------------------------------------------------------------------------------
+    def build_point(self, concurrency: int | None = None, request_rate: float | None = None,
+                    overrides: dict[str, Any] | None = None) -> tuple[Any, StepCostModel]:
+        """``(Scenario, StepCostModel)`` of one point. Without a level, the focus level."""
+        point = self.point(concurrency=concurrency, request_rate=request_rate,
+                           overrides=overrides)
+        return point.scenario, point.cost_model
+
+    def point(self, concurrency: int | None = None, request_rate: float | None = None,
+              overrides: dict[str, Any] | None = None, variant: str | None = None) -> Point:
+        """Everything one simulation point needs, the Prometheus recorder included."""
+        from kvpressure.simulation.prom_view import PromRecorder
+        from kvpressure.simulation.scenario import load_scenario
+
+        if self.mode == "closed":
+            if request_rate is not None:
+                raise InputError(f"{self._where()}: a closed-loop experiment takes a concurrency"
+                                 ", not a request rate")
+            concurrency = concurrency or self.config.focus.concurrency or self.concurrencies[-1]
+            if concurrency < 1:
+                raise InputError(f"concurrency must be >= 1, got {concurrency}")
+            requests = [dict(r) for r in self.requests]
+            mode = {"type": "closed", "concurrency": int(concurrency)}
+            level = f"c{concurrency}"
+        else:
+            if concurrency is not None:
+                raise InputError(f"{self._where()}: an open-loop experiment takes a request "
+                                 "rate, not a concurrency")
+            request_rate = request_rate or self.config.focus.request_rate or self.request_rates[-1]
+            requests = self.requests_at_rate(request_rate)
+            mode = {"type": "open"}
+            level = f"rate{_fmt(request_rate)}"
+        settings = self.settings(overrides)
+        mml = settings["max_model_len"]
+        # vLLM refuses a prompt that does not fit max_model_len; it never reaches the scheduler.
+        kept = [r for r in requests if r["prompt_len"] < mml]
+        refused = len(requests) - len(kept)
+        if not kept:
+            raise InputError(f"{self._where()}: every prompt is longer than max_model_len {mml}")
+        groups = {}
+        for r in kept:
+            g = r.get("prefix_group")
+            if g is not None:
+                groups.setdefault(g, {"length": r.get("prefix_len", 0)})
+        variant = variant or ("baseline" if not overrides else
+                              ",".join(f"{k}={_fmt(v)}" for k, v in sorted(overrides.items())))
+        scenario_dict: dict[str, Any] = {
+            "name": f"{self.name}/{variant}/{level}",
+            "description": self.description,
+            "seed": self.config.workload.seed,
+            "mode": mode,
+            "settings": {ENGINE_ARGS[k]: v for k, v in settings.items()
+                         if ENGINE_ARGS.get(k) is not None and v is not None},
+            "prefix_groups": groups,
+            "requests": kept,
+        }
+        if refused:
+            scenario_dict["refused_requests"] = refused
+        scenario = load_scenario(scenario_dict)
+        recorder = PromRecorder(
+            self.model_name,
+            scrape_interval_s=self.config.scrape_interval_s,
+            max_model_len=mml,
+            cache_config={
+                "block_size": settings["block_size"],
+                "enable_prefix_caching": settings["enable_prefix_caching"],
+                "gpu_memory_utilization": settings["gpu_memory_utilization"],
+                "num_gpu_blocks": settings["num_gpu_blocks"],
+                "num_gpu_blocks_override": self.engine_args(overrides)["num_gpu_blocks"],
+            },
+        )
+        return Point(scenario, self.cost_model, recorder, variant, mode.get("concurrency"),
+                     request_rate if self.mode == "open" else None, settings)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf"
+        return f"{value:g}"
+    return str(value)
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and validate an experiment YAML; a bare name means ``data/experiments/<name>.yaml``.
+    Errors name the file and the field."""
+    text_path = str(path)
+    p = Path(text_path)
+    if not p.exists() and not text_path.endswith((".yaml", ".yml")):
+        p = data_dir() / "experiments" / f"{text_path}.yaml"
+    if not p.is_file():
+        raise InputError(f"{path}: experiment file not found")
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{p}{line}: not valid YAML: {exc}") from None
+    return experiment_from_dict(data, p, text)
+
+
+def experiment_from_dict(data: Any, path: Path | None = None, text: str | None = None
+                         ) -> Experiment:
+    where = str(path) if path else "experiment"
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected a mapping of fields at the top level")
+    try:
+        config = ExperimentFile.model_validate(data)
+    except ValidationError as exc:
+        raise format_validation_error(exc, where) from None
+    return Experiment(config, path, text)
+
+
+def build_point(experiment: Experiment, concurrency: int | None = None,
+                request_rate: float | None = None, overrides: dict[str, Any] | None = None
+                ) -> Point:
+    """Module-level form: the focus variant's point unless ``overrides`` say otherwise."""
+    return experiment.point(concurrency=concurrency, request_rate=request_rate,
+                            overrides=overrides)
+
+
+def list_experiments() -> list[str]:
+    return sorted(p.stem for p in (data_dir() / "experiments").glob("*.yaml"))

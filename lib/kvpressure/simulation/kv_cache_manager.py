@@ -1,0 +1,144 @@
+"""vLLM 0.33.0's KV-cache manager for one full-attention group (``v1/core/kv_cache_manager.py``
+with ``FullAttentionManager``): prefix-cache lookup, ``allocate_slots``, ``free``."""
+
+from __future__ import annotations
+
+from kvpressure.simulation.block_pool import BlockPool
+from kvpressure.simulation.request import PREEMPTED, WAITING, Request
+
+
+class KVCacheManager:
+    """Block accounting for requests; ``allocate_slots`` returning False is vLLM's ``None``
+    (the scheduler then preempts, or stops admitting)."""
+
+    __slots__ = ("pool", "block_size", "max_model_len", "enable_caching", "watermark_blocks",
+                 "prefix_queries", "prefix_hits", "preempted_queries", "preempted_hits")
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int,
+                 enable_caching: bool, watermark: float = 0.0) -> None:
+        self.pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        # N includes the null block (R3.4.1).
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
+        # Prefix-cache stats of successful admissions (R5.6): first admissions, and
+        # re-admissions after a preemption (which no exporter reads).
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.preempted_queries = 0
+        self.preempted_hits = 0
+
+    def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
+        """Longest run of cached leading blocks, at most ``(L - 1) // B`` of them."""
+        if not self.enable_caching:
+            return [], 0
+        pool = self.pool
+        cached = pool.cached
+        hit: list[int] = []
+        for i in range((req.num_tokens - 1) // self.block_size):
+            entry = cached.get(req.block_key(i))
+            if entry is None:
+                break
+            hit.append(entry if not isinstance(entry, dict) else next(iter(entry)))
+        return hit, len(hit) * self.block_size
+
+    def num_evictable(self, blocks: list[int]) -> int:
+        ref = self.pool.ref_cnt
+        return sum(1 for b in blocks if ref[b] == 0)
+
+    def can_admit(self, req: Request, num_new_tokens: int, hit_blocks: list[int],
+                  num_hit_tokens: int, full_sequence_must_fit: bool,
+                  has_scheduled_reqs: bool) -> bool:
+        """The two gates of ``allocate_slots`` for a waiting/preempted request, no side effect."""
+        B = self.block_size
+        mml = self.max_model_len
+        free = self.pool.num_free_blocks
+        m = len(hit_blocks)
+        e = self.num_evictable(hit_blocks) if m else 0
+        w = (self.watermark_blocks
+             if has_scheduled_reqs and req.status in (WAITING, PREEMPTED) else 0)
+        if full_sequence_must_fit:
+            full = min(req.num_tokens, mml)
+            if max(-(-full // B) - m, 0) + e + w > free:
+                return False
+        need = max(-(-min(num_hit_tokens + num_new_tokens, mml) // B) - m, 0) + e
+        return need + w <= free
+
+    def allocate_slots_waiting(self, req: Request, num_new_tokens: int, hit_blocks: list[int],
+                               num_hit_tokens: int, full_sequence_must_fit: bool,
+                               has_scheduled_reqs: bool) -> bool:
+        """Admission of a request holding no blocks (R3.4): gates, touch, pop, hash."""
+        if not self.can_admit(req, num_new_tokens, hit_blocks, num_hit_tokens,
+                              full_sequence_must_fit, has_scheduled_reqs):
+            return False
+        pool = self.pool
+        B = self.block_size
+        m = len(hit_blocks)
+        total = min(num_hit_tokens + num_new_tokens, self.max_model_len)
+        need = max(-(-total // B) - m, 0)
+        if m:
+            pool.touch(hit_blocks)
+            req.blocks = hit_blocks + pool.get_new_blocks(need)
+        else:
+            req.blocks = pool.get_new_blocks(need)
+        req.num_cached_blocks = m
+        if self.enable_caching:
+            self.cache_blocks(req, min(num_hit_tokens + num_new_tokens, req.num_tokens))
+        return True
+
+    def allocate_slots_running(self, req: Request, num_new_tokens: int) -> bool:
+        """A running request's next chunk: blocks for ``c + n`` tokens, no watermark, no
+        full-sequence gate."""
+        B = self.block_size
+        c = req.num_computed_tokens
+        blocks = req.blocks
+        need = -(-min(c + num_new_tokens, self.max_model_len) // B) - len(blocks)
+        pool = self.pool
+        if need > 0:
+            if need > pool.num_free_blocks:
+                return False
+            if need == 1:
+                blocks.append(pool.pop_one())
+            else:
+                blocks.extend(pool.get_new_blocks(need))
+        if self.enable_caching:
+            self.cache_blocks(req, min(c + num_new_tokens, req.num_tokens))
+        return True
+
+    def cache_blocks(self, req: Request, num_tokens: int) -> None:
+        """Register the keys of the request's blocks that are full of known tokens."""
+        num_full = num_tokens // self.block_size
+        start = req.num_cached_blocks
+        if num_full <= start:
+            return
+        pool = self.pool
+        bh = pool.block_hash
+        blocks = req.blocks
+        for i in range(start, num_full):
+            b = blocks[i]
+            if bh[b] is None:
+                pool.cache_block(b, req.block_key(i))
+        req.num_cached_blocks = num_full
+
+    def free(self, req: Request) -> None:
+        """Release all of a request's blocks, last block first (R3.6)."""
+        blocks = req.blocks
+        if blocks:
+            blocks.reverse()
+            self.pool.free_blocks(blocks)
+        req.blocks = []
+        req.num_cached_blocks = 0
+
+    def record_prefix_cache_stats(self, req: Request, num_hit_tokens: int) -> None:
+        if not self.enable_caching:
+            return
+        if req.num_preemptions > 0:
+            self.preempted_queries += req.num_tokens
+            self.preempted_hits += num_hit_tokens
+        else:
+            self.prefix_queries += req.num_tokens
+            self.prefix_hits += num_hit_tokens
+
+    def usage(self) -> float:
+        return self.pool.get_usage()

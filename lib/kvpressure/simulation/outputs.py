@@ -1,0 +1,202 @@
+"""Simulation results: the steps table, per-request rows, ``summary.json``, ``steps.csv``,
+``requests.csv``, in the reference runs' column order and number formats."""
+
+from __future__ import annotations
+
+import json
+from array import array
+from pathlib import Path
+from typing import Any
+
+STEP_COLUMNS = (
+    "step", "arrivals", "num_running", "num_scheduled_reqs", "num_waiting", "num_waiting_new",
+    "num_waiting_preempted", "num_waiting_deferred", "kv_usage", "num_scheduled_tokens",
+    "num_prefill_tokens", "num_decode_tokens", "admitted_new", "resumed", "recomputed_tokens",
+    "preemptions", "finished", "num_running_after", "num_waiting_after", "kv_usage_after",
+    "prefix_cache_queries", "prefix_cache_hits",
+)
+TIME_STEP_COLUMNS = ("time_s", "step_duration_s")
+_FLOAT_COLUMNS = {"kv_usage", "kv_usage_after", "time_s", "step_duration_s"}
+
+REQUEST_COLUMNS = (
+    "id", "prompt_len", "output_len", "priority", "prefix_group", "submit_step",
+    "first_sched_step", "first_token_step", "finish_step", "preemptions", "recomputed_tokens",
+    "scheduled_tokens", "prefix_hit_tokens_at_admission",
+)
+TIME_REQUEST_COLUMNS = ("arrival_time_s", "first_token_time_s", "finish_time_s", "ttft_s",
+                        "itl_mean_s", "itl_max_s")
+
+
+class StepsTable:
+    """One row per engine iteration, stored by column (compact ``array``s)."""
+
+    def __init__(self, timed: bool) -> None:
+        self.timed = timed
+        names = STEP_COLUMNS + (TIME_STEP_COLUMNS if timed else ())
+        self.columns: dict[str, array] = {
+            n: array("d" if n in _FLOAT_COLUMNS else "q") for n in names}
+
+    def __len__(self) -> int:
+        return len(self.columns["step"])
+
+    def append(self, row: tuple) -> None:
+        for col, v in zip(self.columns.values(), row, strict=False):
+            col.append(v)
+
+    def extend_constant(self, name: str, value: float, count: int) -> None:
+        col = self.columns[name]
+        col.extend(array(col.typecode, [value]) * count)
+
+    def extend(self, name: str, values) -> None:
+        self.columns[name].extend(values)
+
+
+def _fmt(name: str) -> str:
+    if name in ("kv_usage", "kv_usage_after"):
+        return "%.6f"
+    if name in _FLOAT_COLUMNS:
+        return "%.9g"
+    return "%d"
+
+
+def _pctl(values: list[float], weights: list[int] | None, q: float) -> float:
+    """Inverted-CDF percentile (the smallest value whose cumulative weight reaches q); 0.0
+    without values (no request emitted a second token), so that summary.json stays JSON."""
+    if not values:
+        return 0.0
+    pairs = sorted(zip(values, weights or [1] * len(values), strict=True))
+    total = sum(w for _, w in pairs)
+    target = q * total
+    acc = 0
+    for v, w in pairs:
+        acc += w
+        if acc >= target:
+            return v
+    return pairs[-1][0]
+
+
+class SimResult:
+    """What ``simulate`` returns: the steps table, the requests, and the summary."""
+
+    def __init__(self, scenario, steps: StepsTable, requests: list, timing: dict[str, float],
+                 time_stats: dict[str, Any] | None = None, recorder=None) -> None:
+        self.scenario = scenario
+        self.steps = steps
+        self.requests = requests
+        self.timing = timing
+        self.time_stats = time_stats
+        self.recorder = recorder
+        self.summary = self._summary()
+
+    @property
+    def timed(self) -> bool:
+        return self.steps.timed
+
+    def _summary(self) -> dict[str, Any]:
+        c = self.steps.columns
+        sc = self.scenario
+        n = len(self.steps)
+        total = sum(c["num_scheduled_tokens"])
+        recomputed = sum(c["recomputed_tokens"])
+        reqs = self.requests
+        mode: dict[str, Any] = {"type": sc.mode}
+        if sc.mode == "closed":
+            mode["concurrency"] = sc.concurrency
+        s: dict[str, Any] = {
+            "workload": sc.name,
+            "mode": mode,
+            "settings": sc.settings.to_dict(),
+            "num_requests": len(reqs),
+            "total_prompt_tokens": sum(r.num_prompt_tokens for r in reqs),
+            "total_output_tokens": sum(r.num_output_tokens for r in reqs),
+            "steps": n,
+            "last_step": int(c["step"][-1]) if n else -1,
+            "preemptions": sum(c["preemptions"]),
+            "requests_preempted": sum(1 for r in reqs if r.num_preemptions > 0),
+            "recomputed_tokens": recomputed,
+            "total_scheduled_tokens": total,
+            "prefill_tokens": sum(c["num_prefill_tokens"]),
+            "decode_tokens": sum(c["num_decode_tokens"]),
+            "recompute_ratio": recomputed / total if total else 0.0,
+            "prefix_cache_queries": sum(c["prefix_cache_queries"]),
+            "prefix_cache_hits": sum(c["prefix_cache_hits"]),
+            "mean_running": sum(c["num_running"]) / n if n else 0.0,
+            "max_running": max(c["num_running"]) if n else 0,
+            "mean_kv_usage": sum(c["kv_usage"]) / n if n else 0.0,
+            "max_kv_usage": max(c["kv_usage"]) if n else 0.0,
+        }
+        if sc.annotations:
+            s["annotations"] = sorted(sc.annotations)
+        if self.time_stats is not None:
+            s.update(self.time_stats)
+        s["timing"] = dict(self.timing)
+        return s
+
+    # -- frames ---------------------------------------------------------------------------
+    def steps_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame({k: v.tolist() for k, v in self.steps.columns.items()})
+
+    def request_rows(self) -> list[tuple]:
+        rows = []
+        timed = self.timed
+        for r in self.requests:
+            row = (r.request_id, r.num_prompt_tokens, r.max_tokens, r.priority,
+                   r.prefix_group or "", r.submit_step, r.first_sched_step, r.first_token_step,
+                   r.finish_step, r.num_preemptions, r.recomputed_tokens, r.scheduled_tokens,
+                   r.prefix_hit_tokens_at_admission)
+            if timed:
+                ttft = r.first_token_time_s - r.submit_time_s
+                itl_mean = ((r.last_token_time_s - r.first_token_time_s) / r.num_itl
+                            if r.num_itl else float("nan"))
+                itl_max = r.itl_max_s if r.num_itl else float("nan")
+                row += (r.submit_time_s, r.first_token_time_s, r.finish_time_s, ttft,
+                        itl_mean, itl_max)
+            rows.append(row)
+        return rows
+
+    def request_columns(self) -> tuple[str, ...]:
+        return REQUEST_COLUMNS + (TIME_REQUEST_COLUMNS if self.timed else ())
+
+    def requests_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.request_rows(), columns=list(self.request_columns()))
+
+    # -- files ----------------------------------------------------------------------------
+    def steps_csv(self) -> str:
+        cols = self.steps.columns
+        names = list(cols)
+        fmt = ",".join(_fmt(n) for n in names) + "\n"
+        lines = [",".join(names) + "\n"]
+        lines.extend(fmt % row for row in zip(*cols.values(), strict=True))
+        return "".join(lines)
+
+    def requests_csv(self) -> str:
+        names = self.request_columns()
+        out = [",".join(names) + "\n"]
+        for row in self.request_rows():
+            cells = []
+            for v in row:
+                if isinstance(v, float):
+                    cells.append("" if v != v else "%.9g" % v)
+                else:
+                    cells.append(str(v))
+            out.append(",".join(cells) + "\n")
+        return "".join(out)
+
+    def write(self, out_dir: str | Path) -> None:
+        """``summary.json``, ``steps.csv``, ``requests.csv`` (and ``metrics.prom.jsonl``
+        when a recorder with a ``write(path)`` method was given)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        (out / "steps.csv").write_text(self.steps_csv())
+        (out / "requests.csv").write_text(self.requests_csv())
+        if self.recorder is not None and hasattr(self.recorder, "write"):
+            self.recorder.write(out / "metrics.prom.jsonl")
+
+
+def percentile(values: list[float], weights: list[int] | None, q: float) -> float:
+    return _pctl(values, weights, q)

@@ -1,0 +1,639 @@
+"""The Prometheus view of a simulated run: what vLLM 0.33.0's ``/metrics`` would have shown.
+
+``PromRecorder`` receives the engine's hooks and keeps the same counters, gauges and histograms
+as vLLM's ``PrometheusStatLogger``, moved at the moments vLLM moves them:
+
+* Engine events (QUEUED, SCHEDULED, PREEMPTED) travel with a request's *next output*; so
+  ``vllm:num_preemptions_total`` grows only when the preempted request emits again, and a
+  request's queue time uses its first QUEUED and first SCHEDULED timestamps.
+* Prompt accounting (``prompt_tokens``, ``prompt_tokens_by_source``, ``prompt_tokens_cached``)
+  is frozen at the first admission and counted once, with the request's first output.
+* Prefix-cache queries and hits count first admissions only (re-admissions after preemption
+  go to fields no exporter reads) and only with prefix caching on.
+* ``generation_tokens`` grows by the new tokens of every output; ``iteration_tokens_total``
+  takes one observation per step with at least one output: the prompt tokens computed for the
+  requests whose first output is in that step plus the tokens generated in it. Recompute is
+  invisible in every token counter, as on a real server.
+* Gauges hold the scheduler state after the step's outputs were applied.
+* Per-request histograms (E2E, queue, prefill, decode, inference, TPOT, prompt and generation
+  lengths, preemptions, KV tokens computed at prefill) are observed when the request finishes.
+
+Timestamps: a step's outputs carry the time the step ended; TTFT and E2E run from the
+request's arrival, ITL between consecutive outputs of one request.
+
+Scrapes are taken every ``scrape_interval_s`` of simulated time (at ``k * interval``, showing
+every event stamped at or before that instant) plus a final one when the run ends. Each is one
+line of ``metrics.prom.jsonl``: ``{"t": seconds, "text": "<Prometheus text format>"}``, written
+in the exposition format of ``prometheus_client.generate_latest`` (``_created`` samples as
+separate gauges, labels sorted, Go-style floats) so that any Prometheus parser reads it.
+HELP texts are our own words; names, types, labels and buckets are vLLM 0.33.0's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client.utils import floatToGoString
+
+# --- vLLM 0.33.0's bucket families (v1/metrics/buckets.py) --------------------------------------
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                               0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
+                               2560.0)
+INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                               1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+
+
+def request_tokens_buckets(max_model_len: int) -> tuple[int, ...]:
+    """1-2-5 series up to ``max_model_len`` (vLLM's ``request_tokens`` family)."""
+    out: list[int] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_model_len:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
+
+
+WAITING_REASONS = ("capacity", "deferred")
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+ADMISSION_REJECTION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+
+MODELLED_FAMILIES = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "vllm:num_requests_waiting_by_reason", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
+    "vllm:prompt_tokens", "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached",
+    "vllm:prompt_tokens_cached_by_source", "vllm:generation_tokens", "vllm:request_success",
+    "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+    "vllm:iteration_tokens_total", "vllm:request_max_num_generation_tokens",
+    "vllm:request_params_n", "vllm:request_params_max_tokens",
+    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds", "vllm:request_inference_time_seconds",
+    "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+    "vllm:request_num_preemptions", "vllm:request_prefill_kv_computed_tokens",
+    "vllm:cache_config_info",
+)
+"""Families whose values the simulation produces. The others are exported with the values a
+plain text-only server without connectors, multimodal input or MFU accounting shows (zeros,
+``engine_sleep_state{awake}`` = 1)."""
+
+
+class _Histogram:
+    """Cumulative-bucket histogram with prometheus_client's ``le`` rule (value <= bound)."""
+
+    __slots__ = ("bounds", "counts", "total", "n")
+
+    def __init__(self, bounds: Sequence[float]):
+        self.bounds = tuple(float(b) for b in bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def observe_repeated(self, value: float, times: int) -> None:
+        """``times`` observations of one value (added one by one, as a server would)."""
+        if times <= 0:
+            return
+        self.counts[bisect_left(self.bounds, value)] += times
+        total = self.total
+        for _ in range(times):
+            total += value
+        self.total = total
+        self.n += times
+
+    def observe_many(self, values: np.ndarray) -> None:
+        if values.size == 0:
+            return
+        idx = np.searchsorted(np.asarray(self.bounds), values, side="left")
+        for i, c in zip(*np.unique(idx, return_counts=True), strict=True):
+            self.counts[int(i)] += int(c)
+        total = self.total
+        for v in values.tolist():
+            total += v
+        self.total = total
+        self.n += int(values.size)
+
+
+class _RequestStats:
+    """What the frontend keeps per request (vLLM's ``RequestStateStats`` and friends)."""
+
+    __slots__ = (
+        "arrival", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts",
+        "num_generation_tokens", "num_preemptions", "pending_preemptions", "prompt_len",
+        "max_tokens", "cached_at_first_admission", "is_prefilling", "admitted",
+    )
+
+    def __init__(self, arrival: float, queued: float, prompt_len: int, max_tokens: int):
+        self.arrival = arrival
+        self.queued_ts = queued
+        self.scheduled_ts: float | None = None
+        self.first_token_ts = 0.0
+        self.last_token_ts = 0.0
+        self.num_generation_tokens = 0
+        self.num_preemptions = 0
+        self.pending_preemptions = 0
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.cached_at_first_admission = 0
+        self.is_prefilling = True
+        self.admitted = False
+
+
+def _req_id(req: Any) -> str:
+    return str(getattr(req, "request_id", None) or getattr(req, "id"))
+
+
+def _labels(pairs: Mapping[str, str]) -> str:
+    inner = ",".join(
+        '{}="{}"'.format(k, str(v).replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\""))
+        for k, v in sorted(pairs.items())
+    )
+    return "{" + inner + "}" if inner else ""
+
+
+class PromRecorder:
+    """Records a simulated run as vLLM 0.33.0's Prometheus exporter would see it.
+
+    ``cache_config`` holds the ``vllm:cache_config_info`` labels (at least ``num_gpu_blocks``,
+    ``block_size``, ``gpu_memory_utilization``, ``enable_prefix_caching``); prefix-cache
+    counters move only when ``enable_prefix_caching`` is true there.
+
+    ``time_origin_s`` is the engine clock's reading when the run starts (0 for timed runs; 1.0
+    for the fixed clock of step-level runs): scrapes fall at ``time_origin_s + k *
+    scrape_interval_s`` and their ``t`` is counted from it. ``epoch_s`` is added to the origin
+    for the ``_created`` samples (the wall-clock time the metrics were created).
+    """
+
+    def __init__(
+        self,
+        model_name: str = "simulated",
+        *,
+        scrape_interval_s: float = 5.0,
+        max_model_len: int = 8192,
+        cache_config: Mapping[str, Any] | None = None,
+        engine: str = "0",
+        epoch_s: float = 0.0,
+        time_origin_s: float = 0.0,
+    ) -> None:
+        if not scrape_interval_s > 0:
+            raise ValueError(f"scrape_interval_s must be > 0, got {scrape_interval_s!r}")
+        self.model_name = model_name
+        self.engine = str(engine)
+        self.scrape_interval_s = float(scrape_interval_s)
+        self.epoch_s = float(epoch_s)
+        self.time_origin_s = float(time_origin_s)
+        config = dict(cache_config or {})
+        self.enable_prefix_caching = bool(config.get("enable_prefix_caching", False))
+        self.cache_config = {
+            "block_size": 16,
+            "cache_dtype": "auto",
+            "enable_prefix_caching": False,
+            "gpu_memory_utilization": 0.92,
+            "num_gpu_blocks": None,
+            "num_gpu_blocks_override": None,
+            "prefix_caching_hash_algo": "sha256",
+            **config,
+        }
+        self.scrapes: list[dict[str, Any]] = []
+        self._next_scrape_k = 1
+        self._last_t = self.time_origin_s
+        self._closed = False
+        self._pending_leap: tuple[list[_RequestStats], np.ndarray] | None = None
+
+        # per-request frontend state
+        self._reqs: dict[str, _RequestStats] = {}
+        # the step being assembled
+        self._iter_has_output = False
+        self._iter_tokens = 0
+        self._step_queries = 0
+        self._step_hits = 0
+        # gauges
+        self.num_running = 0
+        self.num_waiting = 0
+        self.num_waiting_deferred = 0
+        self.kv_usage = 0.0
+        # counters
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.num_preemptions = 0
+        self.prompt_tokens = 0
+        self.prompt_local_compute = 0
+        self.prompt_local_cache_hit = 0
+        self.prompt_cached = 0
+        self.generation_tokens = 0
+        self.request_success = dict.fromkeys(FINISHED_REASONS, 0)
+        # histograms
+        tok = request_tokens_buckets(max_model_len)
+        self.h_prompt = _Histogram(tok)
+        self.h_generation = _Histogram(tok)
+        self.h_iteration = _Histogram(ITERATION_TOKENS_BUCKETS)
+        self.h_max_generation = _Histogram(tok)
+        self.h_n = _Histogram(REQUEST_PARAMS_N_BUCKETS)
+        self.h_max_tokens = _Histogram(tok)
+        self.h_ttft = _Histogram(TIME_TO_FIRST_TOKEN_BUCKETS)
+        self.h_itl = _Histogram(INTER_TOKEN_LATENCY_BUCKETS)
+        self.h_tpot = _Histogram(INTER_TOKEN_LATENCY_BUCKETS)
+        self.h_e2e = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.h_queue = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.h_inference = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.h_prefill = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.h_decode = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.h_preemptions = _Histogram(REQUEST_NUM_PREEMPTIONS_BUCKETS)
+        self.h_prefill_kv = _Histogram(tok)
+
+        self._base = {"engine": self.engine, "model_name": self.model_name}
+        self._base_str = _labels(self._base)
+
+    # --- scrape clock ------------------------------------------------------------------------
+    @property
+    def next_scrape_time(self) -> float:
+        """Engine-clock time of the next periodic scrape."""
+        return self.time_origin_s + self._next_scrape_k * self.scrape_interval_s
+
+    def _flush_before(self, t: float) -> None:
+        """Scrape every boundary strictly before ``t``: an event at ``t`` is not in them."""
+        self._apply_pending_leap()
+        while self.next_scrape_time < t:
+            self._scrape(self.next_scrape_time)
+            self._next_scrape_k += 1
+
+    def maybe_scrape(self, t: float) -> None:
+        """Called after a step's outputs (stamped ``t``) were applied: take every scrape due at
+        or before ``t``."""
+        self._apply_pending_leap()
+        while self.next_scrape_time <= t:
+            self._scrape(self.next_scrape_time)
+            self._next_scrape_k += 1
+        self._last_t = max(self._last_t, t)
+
+    def finish(self, t: float | None = None) -> None:
+        """The run ended at ``t``: take the due scrapes and a final one (once)."""
+        if self._closed:
+            return
+        t = self._last_t if t is None else t
+        self.maybe_scrape(t)
+        if not self.scrapes or self.scrapes[-1]["t"] < t - self.time_origin_s:
+            self._scrape(t)
+        self._closed = True
+
+    close = finish
+
+    # --- engine hooks --------------------------------------------------------------------------
+    def on_arrival(self, req: Any, t: float) -> None:
+        """The request reached the engine at ``t`` (its QUEUED event)."""
+        arrival = getattr(req, "arrival_time_s", None)
+        arrival = t if arrival is None or (isinstance(arrival, float) and math.isnan(arrival)) \
+            else float(arrival)
+        prompt = int(getattr(req, "num_prompt_tokens", None) or getattr(req, "prompt_len"))
+        max_tokens = int(getattr(req, "max_tokens", None) or getattr(req, "output_len"))
+        self._reqs[_req_id(req)] = _RequestStats(min(arrival, t), t, prompt, max_tokens)
+
+    def on_scheduled(
+        self, req: Any, t: float, num_tokens: int | None = None, hit_tokens: int | None = None,
+        first_admission: bool | None = None,
+    ) -> None:
+        """The request was admitted to RUNNING by the ``schedule()`` of the step starting at
+        ``t``. ``num_tokens`` (L) and ``hit_tokens`` (prefix-cache hit) default to the request's
+        ``num_tokens`` and ``prefix_hit_tokens_at_admission``."""
+        st = self._reqs[_req_id(req)]
+        if st.scheduled_ts is None:
+            st.scheduled_ts = t
+        if first_admission is None:
+            first_admission = not st.admitted and int(getattr(req, "num_preemptions", 0)) == 0
+        st.admitted = True
+        if not first_admission:
+            return
+        hit = int(hit_tokens if hit_tokens is not None
+                  else getattr(req, "prefix_hit_tokens_at_admission", 0) or 0)
+        st.cached_at_first_admission = hit
+        if self.enable_prefix_caching:
+            length = int(num_tokens if num_tokens is not None else req.num_tokens)
+            self._step_queries += length
+            self._step_hits += hit
+
+    def on_preempted(self, req: Any, t: float) -> None:
+        self._reqs[_req_id(req)].pending_preemptions += 1
+
+    def on_output(self, req: Any, t: float, new_tokens: int = 1, finished: bool = False) -> None:
+        """One output of one request, stamped ``t`` (the end of its step)."""
+        self._flush_before(t)
+        st = self._reqs[_req_id(req)]
+        self._iter_has_output = True
+        self.generation_tokens += new_tokens
+        self._iter_tokens += new_tokens
+        if st.pending_preemptions:
+            self.num_preemptions += st.pending_preemptions
+            st.num_preemptions += st.pending_preemptions
+            st.pending_preemptions = 0
+        if st.is_prefilling:
+            computed = st.prompt_len - st.cached_at_first_admission
+            self.prompt_tokens += st.prompt_len
+            self.prompt_local_compute += computed
+            self.prompt_local_cache_hit += st.cached_at_first_admission
+            self.prompt_cached += st.cached_at_first_admission
+            self._iter_tokens += computed
+            self.h_ttft.observe(t - st.arrival)
+            st.first_token_ts = t
+            st.is_prefilling = False
+        else:
+            self.h_itl.observe(t - st.last_token_ts)
+        st.last_token_ts = t
+        st.num_generation_tokens += new_tokens
+        if finished:
+            self._finish_request(req, st, t)
+
+    def on_decode_leap(self, reqs: Iterable[Any], times: Sequence[float] | np.ndarray) -> None:
+        """Each request in ``reqs`` emitted one token at each of ``times`` (consecutive pure
+        decode steps, in order; none of them finishes a request or admits one).
+
+        Held until the matching ``on_steps_end`` brings the per-step gauges, so that a scrape
+        falling inside the leap shows the state of the step before it."""
+        self._apply_pending_leap()
+        times = np.asarray(times, dtype=float)
+        if times.size:
+            self._pending_leap = ([self._reqs[_req_id(r)] for r in reqs], times)
+
+    def on_steps_end(self, times: Sequence[float], num_running: Sequence[int],
+                     num_waiting: Sequence[int], num_waiting_deferred: Sequence[int],
+                     kv_usage: Sequence[float], prefix_queries: Sequence[int],
+                     prefix_hits: Sequence[int]) -> None:
+        """``on_step_end`` for a run of leapt steps (one entry per step)."""
+        times = np.asarray(times, dtype=float)
+        pending = self._pending_leap
+        self._pending_leap = None
+        start = 0
+        while start < times.size:
+            self._flush_before(float(times[start]))
+            end = int(np.searchsorted(times, self.next_scrape_time, side="right"))
+            end = max(end, start + 1)
+            if pending is not None:
+                self._leap_segment(pending[0], times[start:end])
+            last = end - 1
+            self.num_running = int(num_running[last])
+            self.num_waiting = int(num_waiting[last])
+            self.num_waiting_deferred = int(num_waiting_deferred[last])
+            self.kv_usage = float(kv_usage[last])
+            start = end
+
+    def _apply_pending_leap(self) -> None:
+        """A leap whose ``on_steps_end`` never came: apply its tokens, split at scrapes."""
+        if self._pending_leap is None:
+            return
+        states, times = self._pending_leap
+        self._pending_leap = None
+        start = 0
+        while start < times.size:
+            self._flush_before(float(times[start]))
+            end = int(np.searchsorted(times, self.next_scrape_time, side="right"))
+            end = max(end, start + 1)
+            self._leap_segment(states, times[start:end])
+            start = end
+
+    def _leap_segment(self, states: list[_RequestStats], times: np.ndarray) -> None:
+        k = len(states)
+        if k == 0:
+            return
+        m = int(times.size)
+        self.generation_tokens += k * m
+        self.h_iteration.observe_repeated(float(k), m)
+        first = times[0]
+        gaps = np.diff(times)
+        for st in states:
+            if st.pending_preemptions:
+                self.num_preemptions += st.pending_preemptions
+                st.num_preemptions += st.pending_preemptions
+                st.pending_preemptions = 0
+            self.h_itl.observe(first - st.last_token_ts)
+            st.last_token_ts = float(times[-1])
+            st.num_generation_tokens += m
+        if gaps.size:
+            self.h_itl.observe_many(np.repeat(gaps, k))
+
+    def on_step_end(
+        self,
+        t: float,
+        num_running: int,
+        num_waiting: int,
+        num_waiting_deferred: int = 0,
+        kv_usage: float = 0.0,
+        prefix_queries: int | None = None,
+        prefix_hits: int | None = None,
+    ) -> None:
+        """The step's outputs were applied at ``t``: vLLM's SchedulerStats and IterationStats
+        for the step reach the exporter. ``prefix_queries``/``prefix_hits`` are the step's
+        totals over new *and* resumed admissions; the exporter counts only first admissions,
+        which the recorder tracks itself from ``on_scheduled``."""
+        self._flush_before(t)
+        if self._iter_has_output:
+            self.h_iteration.observe(self._iter_tokens)
+        self._iter_has_output = False
+        self._iter_tokens = 0
+        self.num_running = int(num_running)
+        self.num_waiting = int(num_waiting)
+        self.num_waiting_deferred = int(num_waiting_deferred)
+        self.kv_usage = float(kv_usage)
+        self.prefix_cache_queries += self._step_queries
+        self.prefix_cache_hits += self._step_hits
+        self._step_queries = 0
+        self._step_hits = 0
+
+    def _finish_request(self, req: Any, st: _RequestStats, t: float) -> None:
+        self.request_success["length"] += 1
+        scheduled = st.scheduled_ts if st.scheduled_ts is not None else st.queued_ts
+        decode_time = st.last_token_ts - st.first_token_ts
+        self.h_e2e.observe(t - st.arrival)
+        self.h_queue.observe(scheduled - st.queued_ts)
+        self.h_prefill.observe(st.first_token_ts - scheduled)
+        self.h_inference.observe(st.last_token_ts - scheduled)
+        self.h_decode.observe(decode_time)
+        self.h_preemptions.observe(st.num_preemptions)
+        self.h_prefill_kv.observe(st.prompt_len - max(st.cached_at_first_admission, 0))
+        self.h_prompt.observe(st.prompt_len)
+        self.h_generation.observe(st.num_generation_tokens)
+        n_out = st.num_generation_tokens - 1
+        self.h_tpot.observe(decode_time / n_out if n_out > 0 else 0)
+        self.h_max_generation.observe(st.num_generation_tokens)
+        self.h_n.observe(1)
+        if st.max_tokens:
+            self.h_max_tokens.observe(st.max_tokens)
+        del self._reqs[_req_id(req)]
+
+    # --- exposition ----------------------------------------------------------------------------
+    def _scrape(self, t: float) -> None:
+        self.scrapes.append({"t": float(t) - self.time_origin_s, "text": self.render()})
+
+    def render(self) -> str:
+        """The current state in the Prometheus text format."""
+        out: list[str] = []
+        base = self._base_str
+        created = floatToGoString(self.epoch_s + self.time_origin_s)
+
+        def family(name: str, kind: str, help_text: str, samples: list[tuple[str, str, float]],
+                   created_labels: list[str] | None = None) -> None:
+            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+            for sname, labels, value in samples:
+                out.append(f"{sname}{labels} {floatToGoString(value)}\n")
+            if created_labels is not None:
+                stem = name.removesuffix("_total") if kind == "counter" else name
+                cname = f"{stem}_created"
+                out.append(f"# HELP {cname} {help_text}\n# TYPE {cname} gauge\n")
+                for labels in created_labels:
+                    out.append(f"{cname}{labels} {created}\n")
+
+        def counter(name: str, help_text: str, values: Mapping[str, float] | float,
+                    label: str | None = None, base_labels: Mapping[str, str] | None = None
+                    ) -> None:
+            b = self._base if base_labels is None else base_labels
+            if label is None:
+                labels = [_labels(b)]
+                samples = [(f"{name}_total", labels[0], float(values))]
+            else:
+                labels = [_labels({**b, label: k}) for k in values]
+                samples = [(f"{name}_total", lab, float(v))
+                           for lab, v in zip(labels, values.values(), strict=True)]
+            family(f"{name}_total", "counter", help_text, samples, labels)
+
+        def gauge(name: str, help_text: str, value: float) -> None:
+            family(name, "gauge", help_text, [(name, base, float(value))])
+
+        def histogram(name: str, help_text: str, h: _Histogram) -> None:
+            samples = []
+            running = 0
+            for bound, c in zip((*h.bounds, math.inf), h.counts, strict=True):
+                running += c
+                le = floatToGoString(bound)
+                samples.append((f"{name}_bucket", _labels({**self._base, "le": le}), running))
+            samples.append((f"{name}_count", base, h.n))
+            samples.append((f"{name}_sum", base, h.total))
+            family(name, "histogram", help_text, samples, [base])
+
+        zero = 0.0
+        counter("vllm:estimated_flops_per_gpu", "Estimated floating-point operations per GPU "
+                "(MFU accounting; not modelled, stays 0).", zero)
+        counter("vllm:estimated_read_bytes_per_gpu", "Estimated bytes read per GPU (MFU "
+                "accounting; not modelled, stays 0).", zero)
+        counter("vllm:estimated_write_bytes_per_gpu", "Estimated bytes written per GPU (MFU "
+                "accounting; not modelled, stays 0).", zero)
+        gauge("vllm:num_requests_running", "Requests in the running list after the last step.",
+              self.num_running)
+        gauge("vllm:num_requests_waiting", "Requests waiting for admission (all reasons).",
+              self.num_waiting)
+        family("vllm:num_requests_waiting_by_reason", "gauge",
+               "Waiting requests split by reason: capacity (no room) or deferred (held by a "
+               "transient constraint); the two add up to vllm:num_requests_waiting.",
+               [("vllm:num_requests_waiting_by_reason", _labels({**self._base, "reason": r}), v)
+                for r, v in (("capacity", self.num_waiting - self.num_waiting_deferred),
+                             ("deferred", self.num_waiting_deferred))])
+        family("vllm:engine_sleep_state", "gauge",
+               "Sleep state of the engine (awake = 1 while serving).",
+               [("vllm:engine_sleep_state", _labels({**self._base, "sleep_state": s}),
+                 1.0 if s == "awake" else 0.0) for s in SLEEP_STATES])
+        gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+              self.kv_usage)
+        counter("vllm:prefix_cache_queries", "Tokens looked up in the prefix cache at first "
+                "admissions.", self.prefix_cache_queries)
+        counter("vllm:prefix_cache_hits", "Tokens found in the prefix cache at first "
+                "admissions.", self.prefix_cache_hits)
+        counter("vllm:external_prefix_cache_queries", "Tokens looked up through a KV connector "
+                "(none here).", zero)
+        counter("vllm:external_prefix_cache_hits", "Tokens found through a KV connector (none "
+                "here).", zero)
+        counter("vllm:mm_cache_queries", "Multimodal cache lookups (none here).", zero)
+        counter("vllm:mm_cache_hits", "Multimodal cache hits (none here).", zero)
+        counter("vllm:num_preemptions", "Preemptions, counted when the preempted request next "
+                "emits output.", self.num_preemptions)
+        counter("vllm:prompt_tokens", "Prompt tokens, counted once per request at its first "
+                "output.", self.prompt_tokens)
+        counter("vllm:prompt_tokens_by_source", "Prompt tokens by where their KV came from.",
+                {"local_compute": self.prompt_local_compute,
+                 "local_cache_hit": self.prompt_local_cache_hit,
+                 "external_kv_transfer": 0}, label="source")
+        counter("vllm:prompt_tokens_cached", "Prompt tokens served from a cache (local and "
+                "external).", self.prompt_cached)
+        counter("vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the tier that "
+                "held them, counted at admission.",
+                {s: (self.prefix_cache_hits if s == "device" else 0) for s in CACHE_HIT_SOURCES},
+                label="source")
+        counter("vllm:generation_tokens", "Tokens generated (one per output per request).",
+                self.generation_tokens)
+        counter("vllm:request_success", "Finished requests by finish reason.",
+                self.request_success, label="finished_reason")
+        counter("vllm:admission_rejections", "Requests the frontend refused at a queue limit "
+                "(none here).", dict.fromkeys(ADMISSION_REJECTION_REASONS, 0), label="reason",
+                base_labels={"model_name": self.model_name})
+        histogram("vllm:request_prompt_tokens", "Prompt length of finished requests.",
+                  self.h_prompt)
+        histogram("vllm:request_generation_tokens", "Generated tokens of finished requests.",
+                  self.h_generation)
+        histogram("vllm:iteration_tokens_total", "Tokens per step with output: prompt tokens of "
+                  "first outputs plus generated tokens.", self.h_iteration)
+        histogram("vllm:request_max_num_generation_tokens", "Largest generated length among a "
+                  "finished request's samples.", self.h_max_generation)
+        histogram("vllm:request_params_n", "The n sampling parameter of finished requests.",
+                  self.h_n)
+        histogram("vllm:request_params_max_tokens", "The max_tokens parameter of finished "
+                  "requests.", self.h_max_tokens)
+        histogram("vllm:time_to_first_token_seconds", "Seconds from arrival to first output.",
+                  self.h_ttft)
+        histogram("vllm:inter_token_latency_seconds", "Seconds between consecutive outputs of a "
+                  "request.", self.h_itl)
+        histogram("vllm:request_time_per_output_token_seconds", "Mean seconds per output token "
+                  "after the first, per finished request.", self.h_tpot)
+        histogram("vllm:e2e_request_latency_seconds", "Seconds from arrival to finish.",
+                  self.h_e2e)
+        histogram("vllm:request_queue_time_seconds", "Seconds from first queued to first "
+                  "scheduled.", self.h_queue)
+        histogram("vllm:request_inference_time_seconds", "Seconds from first scheduled to last "
+                  "token.", self.h_inference)
+        histogram("vllm:request_prefill_time_seconds", "Seconds from first scheduled to first "
+                  "token.", self.h_prefill)
+        histogram("vllm:request_decode_time_seconds", "Seconds from first to last token.",
+                  self.h_decode)
+        histogram("vllm:request_num_preemptions", "Preemptions per finished request.",
+                  self.h_preemptions)
+        histogram("vllm:request_prefill_kv_computed_tokens", "Prompt tokens computed at prefill "
+                  "(cache hits excluded), per finished request.", self.h_prefill_kv)
+        info = {str(k): _info_value(v) for k, v in self.cache_config.items()}
+        info["engine"] = self.engine
+        family("vllm:cache_config_info", "gauge", "KV-cache configuration of the engine.",
+               [("vllm:cache_config_info", _labels(info), 1.0)])
+        return "".join(out)
+
+    # --- output ----------------------------------------------------------------------------
+    def to_jsonl(self) -> str:
+        return "".join(json.dumps(s, separators=(", ", ": ")) + "\n" for s in self.scrapes)
+
+    def write(self, path: str | Path) -> Path:
+        """Write ``metrics.prom.jsonl`` (``path`` may be the file or its folder)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "metrics.prom.jsonl"
+        if not self._closed:
+            self.finish()
+        path.write_text(self.to_jsonl(), encoding="utf-8")
+        return path
+
+
+def _info_value(value: Any) -> str:
+    # vLLM renders config values with str(): True/False, None, 0.9
+    return "None" if value is None else str(value)

@@ -1,0 +1,138 @@
+"""One request as vLLM 0.33.0's scheduler sees it (``v1/request.py``), plus the counters the
+simulation reports about it."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class RequestStatus(IntEnum):
+    """vLLM's ``RequestStatus``: numbered from 1; finished when greater than PREEMPTED."""
+
+    WAITING = 1
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = 2
+    WAITING_FOR_REMOTE_KVS = 3
+    WAITING_FOR_STREAMING_REQ = 4
+    RUNNING = 5
+    PREEMPTED = 6
+    FINISHED_STOPPED = 7
+    FINISHED_LENGTH_CAPPED = 8
+    FINISHED_ABORTED = 9
+    FINISHED_IGNORED = 10
+    FINISHED_ERROR = 11
+    FINISHED_REPETITION = 12
+
+    @staticmethod
+    def is_finished(status: int) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+
+WAITING = RequestStatus.WAITING
+RUNNING = RequestStatus.RUNNING
+PREEMPTED = RequestStatus.PREEMPTED
+FINISHED_LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
+
+# Block keys stand in for vLLM's chained block hashes (spec E8). A key is an int: blocks that
+# lie wholly inside a prefix group's shared prefix get the group's key for that block index
+# (negative), every other block gets a key unique to (request, block index) (positive). Two
+# blocks share a key exactly when vLLM's chained sha256 hashes would be equal.
+_KEY_SHIFT = 32
+
+
+class Request:
+    """A request: vLLM's scheduling state plus what the outputs report about it.
+
+    ``arrival_time`` is the submission index, as the reference harness sets it; only the
+    PRIORITY policy reads it (victim choice and heap order).
+    """
+
+    __slots__ = (
+        "request_id", "position", "num_prompt_tokens", "max_tokens", "priority",
+        "prefix_group", "prefix_len", "arrival_step", "arrival_time_s",
+        "arrival_time", "status", "num_tokens", "num_computed_tokens", "num_output_tokens",
+        "num_preemptions", "blocks", "num_cached_blocks", "is_prefill_chunk", "hwm",
+        "key_base", "group_key_base", "num_shared_blocks",
+        "submit_step", "first_sched_step", "first_token_step", "finish_step",
+        "recomputed_tokens", "scheduled_tokens", "prefix_hit_tokens_at_admission",
+        "submit_time_s", "first_token_time_s", "finish_time_s", "last_token_time_s",
+        "itl_max_s", "num_itl",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_len: int,
+        output_len: int,
+        *,
+        position: int = 0,
+        priority: int = 0,
+        prefix_group: str | None = None,
+        prefix_len: int = 0,
+        group_index: int = -1,
+        block_size: int = 16,
+        arrival_step: int = 0,
+        arrival_time_s: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.position = position
+        self.num_prompt_tokens = prompt_len
+        self.max_tokens = output_len
+        self.priority = priority
+        self.prefix_group = prefix_group
+        self.prefix_len = prefix_len if prefix_group is not None else 0
+        self.arrival_step = arrival_step
+        self.arrival_time_s = arrival_time_s
+        self.key_base = (position + 1) << _KEY_SHIFT
+        if prefix_group is not None and group_index >= 0:
+            self.group_key_base = -((group_index + 1) << _KEY_SHIFT)
+            self.num_shared_blocks = self.prefix_len // block_size
+        else:
+            self.group_key_base = 0
+            self.num_shared_blocks = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the state of a request that was never submitted."""
+        self.arrival_time = -1
+        self.status = WAITING
+        self.num_tokens = self.num_prompt_tokens
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.num_preemptions = 0
+        self.blocks: list[int] = []
+        self.num_cached_blocks = 0
+        self.is_prefill_chunk = True
+        self.hwm = 0
+        self.submit_step = -1
+        self.first_sched_step = -1
+        self.first_token_step = -1
+        self.finish_step = -1
+        self.recomputed_tokens = 0
+        self.scheduled_tokens = 0
+        self.prefix_hit_tokens_at_admission = 0
+        self.submit_time_s = float("nan")
+        self.first_token_time_s = float("nan")
+        self.finish_time_s = float("nan")
+        self.last_token_time_s = float("nan")
+        self.itl_max_s = 0.0
+        self.num_itl = 0
+
+    def block_key(self, i: int) -> int:
+        """Key of block ``i`` (tokens ``[i*B, (i+1)*B)``), equal across requests exactly when
+        the chained token hashes would be."""
+        if i < self.num_shared_blocks:
+            return self.group_key_base - i - 1
+        return self.key_base + i
+
+    def is_finished(self) -> bool:
+        return self.status > PREEMPTED
+
+    def __lt__(self, other: Request) -> bool:
+        # vLLM's Request.__lt__: (priority, arrival_time, request_id).
+        return (self.priority, self.arrival_time, self.request_id) < (
+            other.priority, other.arrival_time, other.request_id)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={RequestStatus(self.status).name}, "
+                f"L={self.num_tokens}, c={self.num_computed_tokens}, "
+                f"out={self.num_output_tokens}/{self.max_tokens})")

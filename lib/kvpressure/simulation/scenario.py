@@ -1,0 +1,324 @@
+"""The step-level workload (interfaces.md §1): parsing, vLLM 0.33.0 defaults, validation.
+
+Everything invalid is refused here, before anything runs, with an ``InputError`` naming the
+field and the request id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvpressure.errors import InputError
+
+# vLLM 0.33.0's SchedulerConfig fallbacks (no usage context), config/scheduler.py.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_MAX_NUM_SEQS = 128
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass
+class SchedulerSettings:
+    """Engine arguments that drive the scheduler, with vLLM's names."""
+
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    policy: str = "fcfs"
+    long_prefill_token_threshold: int = 0
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
+    async_scheduling: bool = False
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    max_num_active_seqs: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SETTING_NAMES = tuple(f.name for f in dataclasses.fields(SchedulerSettings))
+_INT_SETTINGS = {"num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                 "long_prefill_token_threshold", "max_model_len", "max_num_active_seqs"}
+_BOOL_SETTINGS = {"enable_chunked_prefill", "enable_prefix_caching",
+                  "scheduler_reserve_full_isl", "async_scheduling"}
+_REQUEST_KEYS = {"id", "prompt_len", "output_len", "arrival_step", "arrival_time_s",
+                 "priority", "prefix_group", "prefix_len"}
+_TOP_KEYS = {"name", "description", "seed", "mode", "settings", "prefix_groups", "requests"}
+
+
+@dataclass
+class RequestSpec:
+    """One request of the workload, as written."""
+
+    id: str
+    prompt_len: int
+    output_len: int
+    arrival_step: int = 0
+    arrival_time_s: float | None = None
+    priority: int = 0
+    prefix_group: str | None = None
+    prefix_len: int = 0
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    seed: int | None
+    mode: str
+    concurrency: int | None
+    settings: SchedulerSettings
+    prefix_groups: dict[str, dict[str, Any]]
+    requests: list[RequestSpec]
+    annotations: dict[str, Any] = field(default_factory=dict)
+    source: str = "<dict>"
+
+    def with_settings(self, **overrides: Any) -> Scenario:
+        """A copy with some settings replaced (validated like ``--set``)."""
+        raw = {k: v for k, v in self.settings.to_dict().items()}
+        raw.update(overrides)
+        return _build(self.name, self.description, self.seed, self.mode, self.concurrency,
+                      raw, self.prefix_groups, self.requests, self.annotations, self.source,
+                      explicit=set(raw))
+
+
+def _where(source: str) -> str:
+    return f"{source}: " if source else ""
+
+
+def _int(value: Any, what: str, source: str, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise InputError(f"{_where(source)}{what} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise InputError(f"{_where(source)}{what} must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_setting_value(key: str, text: str) -> Any:
+    """A ``--set KEY=VALUE`` value: JSON literal when it parses, else the bare string."""
+    if key not in SETTING_NAMES:
+        raise InputError(f"--set: unknown setting {key!r} (known: {', '.join(SETTING_NAMES)})")
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def load_scenario(source: str | Path | dict | list,
+                  overrides: dict[str, Any] | None = None) -> Scenario:
+    """Read a workload from a JSON file path, a dict, or a bare list of requests."""
+    where = "<dict>"
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        where = str(path)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise InputError(f"{where}: no such scenario file") from None
+        except OSError as exc:
+            raise InputError(f"{where}: cannot read: {exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{where}: line {exc.lineno}: invalid JSON: {exc.msg}") from None
+    else:
+        data = source
+    if isinstance(data, list):
+        data = {"requests": data}
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: a scenario is a JSON object or a list of requests")
+    annotations = {k: v for k, v in data.items() if k not in _TOP_KEYS}
+    name = str(data.get("name") or (Path(where).stem.removesuffix(".scenario")
+                                    if where != "<dict>" else "scenario"))
+    description = str(data.get("description") or "")
+    seed = data.get("seed")
+    if seed is not None:
+        seed = _int(seed, "seed", where)
+    mode_raw = data.get("mode", {"type": "open"})
+    if isinstance(mode_raw, str):
+        mode_raw = {"type": mode_raw}
+    if not isinstance(mode_raw, dict):
+        raise InputError(f"{where}: mode must be an object like {{\"type\": \"open\"}}")
+    mode = mode_raw.get("type", "open")
+    if mode not in ("open", "closed"):
+        raise InputError(f"{where}: mode.type: unknown mode {mode!r} (open or closed)")
+    unknown_mode = set(mode_raw) - {"type", "concurrency"}
+    if unknown_mode:
+        raise InputError(f"{where}: mode: unknown key(s) {sorted(unknown_mode)}")
+    concurrency = None
+    if mode == "closed":
+        if "concurrency" not in mode_raw:
+            raise InputError(f"{where}: mode.concurrency is required for a closed loop")
+        concurrency = _int(mode_raw["concurrency"], "mode.concurrency", where, 1)
+    settings_raw = data.get("settings", {})
+    if not isinstance(settings_raw, dict):
+        raise InputError(f"{where}: settings must be an object")
+    settings_raw = dict(settings_raw)
+    if overrides:
+        settings_raw.update(overrides)
+    groups_raw = data.get("prefix_groups", {}) or {}
+    if not isinstance(groups_raw, dict):
+        raise InputError(f"{where}: prefix_groups must be an object name -> {{length}}")
+    groups: dict[str, dict[str, Any]] = {}
+    for gname, g in groups_raw.items():
+        if not isinstance(g, dict) or "length" not in g:
+            raise InputError(f"{where}: prefix_groups.{gname}: needs a 'length'")
+        groups[str(gname)] = {**g, "length": _int(g["length"], f"prefix_groups.{gname}.length",
+                                                  where, 0)}
+    reqs_raw = data.get("requests")
+    if not isinstance(reqs_raw, list) or not reqs_raw:
+        raise InputError(f"{where}: requests must be a non-empty list")
+    requests: list[RequestSpec] = []
+    for i, r in enumerate(reqs_raw):
+        if not isinstance(r, dict):
+            raise InputError(f"{where}: requests[{i}] must be an object")
+        rid = str(r.get("id", f"r{i}"))
+        ctx = f"request {rid!r} (requests[{i}])"
+        unknown = set(r) - _REQUEST_KEYS
+        if unknown:
+            raise InputError(f"{where}: {ctx}: unknown field(s) {sorted(unknown)}")
+        for key in ("prompt_len", "output_len"):
+            if key not in r:
+                raise InputError(f"{where}: {ctx}: missing field {key!r}")
+        prompt_len = _int(r["prompt_len"], f"{ctx}: prompt_len", where, 1)
+        output_len = _int(r["output_len"], f"{ctx}: output_len", where, 1)
+        arrival_step = _int(r.get("arrival_step", 0), f"{ctx}: arrival_step", where, 0)
+        arrival_time_s = r.get("arrival_time_s")
+        if arrival_time_s is not None:
+            if isinstance(arrival_time_s, bool) or not isinstance(arrival_time_s, (int, float)) \
+                    or arrival_time_s < 0 or arrival_time_s != arrival_time_s:
+                raise InputError(f"{where}: {ctx}: arrival_time_s must be a number >= 0")
+            arrival_time_s = float(arrival_time_s)
+        priority = _int(r.get("priority", 0), f"{ctx}: priority", where)
+        group = r.get("prefix_group")
+        prefix_len = 0
+        if group is not None:
+            group = str(group)
+            if group not in groups:
+                raise InputError(f"{where}: {ctx}: prefix_group: unknown prefix group {group!r}")
+            if "prefix_len" in r:
+                prefix_len = _int(r["prefix_len"], f"{ctx}: prefix_len", where, 0)
+                if prefix_len > prompt_len:
+                    raise InputError(f"{where}: {ctx}: prefix_len {prefix_len} exceeds "
+                                     f"prompt_len {prompt_len}")
+            else:
+                prefix_len = min(groups[group]["length"], prompt_len)
+        elif "prefix_len" in r:
+            raise InputError(f"{where}: {ctx}: prefix_len given without prefix_group")
+        requests.append(RequestSpec(rid, prompt_len, output_len, arrival_step, arrival_time_s,
+                                    priority, group, prefix_len))
+    return _build(name, description, seed, mode, concurrency, settings_raw, groups, requests,
+                  annotations, where, explicit=set(settings_raw))
+
+
+def _build(name, description, seed, mode, concurrency, settings_raw, groups, requests,
+           annotations, where, explicit) -> Scenario:
+    seen: set[str] = set()
+    for r in requests:
+        if r.id in seen:
+            raise InputError(f"{where}: request {r.id!r}: duplicate id")
+        seen.add(r.id)
+    settings = resolve_settings(settings_raw, requests, where)
+    mml = settings.max_model_len
+    B = settings.block_size
+    usable = settings.num_gpu_blocks - 1
+    for r in requests:
+        if r.prompt_len >= mml:
+            raise InputError(
+                f"{where}: request {r.id!r}: prompt_len {r.prompt_len} >= max_model_len {mml} "
+                "(vLLM's frontend rejects it)")
+        # The longest sequence that ever needs KV slots: the last sampled token is never
+        # written back, and max_model_len caps the sequence.
+        longest = min(r.prompt_len + r.output_len - 1, mml - 1)
+        if -(-longest // B) > usable:
+            raise InputError(
+                f"{where}: request {r.id!r}: cannot finish: {longest} tokens need "
+                f"{-(-longest // B)} blocks but the pool has only {usable} usable blocks "
+                f"(num_gpu_blocks {settings.num_gpu_blocks} minus the null block)")
+    return Scenario(name=name, description=description, seed=seed, mode=mode,
+                    concurrency=concurrency, settings=settings, prefix_groups=groups,
+                    requests=requests, annotations=annotations, source=where)
+
+
+def resolve_settings(raw: dict[str, Any], requests: list[RequestSpec],
+                     where: str = "") -> SchedulerSettings:
+    """Fill vLLM 0.33.0's defaults (spec §7) and apply its configuration checks."""
+    unknown = set(raw) - set(SETTING_NAMES)
+    if unknown:
+        raise InputError(f"{_where(where)}settings: unknown key(s) {sorted(unknown)} "
+                         f"(known: {', '.join(SETTING_NAMES)})")
+    vals: dict[str, Any] = {}
+    for k, v in raw.items():
+        if v is None and k in ("max_num_active_seqs", "max_model_len", "max_num_seqs",
+                               "max_num_batched_tokens", "async_scheduling"):
+            continue
+        if k in _INT_SETTINGS:
+            vals[k] = _int(v, f"settings.{k}", where, 0)
+        elif k in _BOOL_SETTINGS:
+            if not isinstance(v, bool):
+                raise InputError(f"{_where(where)}settings.{k} must be true or false, got {v!r}")
+            vals[k] = v
+        elif k == "watermark":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+                raise InputError(f"{_where(where)}settings.watermark must be in [0, 1), "
+                                 f"got {v!r}")
+            vals[k] = float(v)
+        elif k == "policy":
+            if v not in ("fcfs", "priority"):
+                raise InputError(f"{_where(where)}settings.policy: unknown policy {v!r} "
+                                 "(fcfs or priority)")
+            vals[k] = v
+    if "num_gpu_blocks" not in vals:
+        raise InputError(f"{_where(where)}settings.num_gpu_blocks is required")
+    if vals["num_gpu_blocks"] < 2:
+        raise InputError(f"{_where(where)}settings.num_gpu_blocks must be >= 2 "
+                         "(block 0 is the null block)")
+    if vals.get("async_scheduling"):
+        raise InputError(f"{_where(where)}settings.async_scheduling: true is not modelled; "
+                         "the simulation runs vLLM's synchronous loop (set it to false)")
+    if vals.get("block_size", 16) < 1:
+        raise InputError(f"{_where(where)}settings.block_size must be >= 1")
+    chunked = vals.get("enable_chunked_prefill", True)
+    longest = max((r.prompt_len + r.output_len for r in requests), default=0)
+    if "max_model_len" not in vals:
+        if not chunked and "max_num_batched_tokens" in vals:
+            vals["max_model_len"] = vals["max_num_batched_tokens"]
+        else:
+            vals["max_model_len"] = max(DEFAULT_MAX_MODEL_LEN, longest)
+    if "max_num_batched_tokens" not in vals:
+        mnbt = DEFAULT_MAX_NUM_BATCHED_TOKENS
+        if not chunked:
+            mnbt = max(mnbt, vals["max_model_len"])
+        vals["max_num_batched_tokens"] = mnbt
+    if "max_num_seqs" not in vals:
+        vals["max_num_seqs"] = min(DEFAULT_MAX_NUM_SEQS, vals["max_num_batched_tokens"])
+    for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        if vals[k] < 1:
+            raise InputError(f"{_where(where)}settings.{k} must be >= 1")
+    if vals.get("max_num_active_seqs") is not None and vals["max_num_active_seqs"] < 1:
+        raise InputError(f"{_where(where)}settings.max_num_active_seqs must be >= 1")
+    if vals["max_num_batched_tokens"] < vals["max_num_seqs"]:
+        raise InputError(
+            f"{_where(where)}settings.max_num_batched_tokens ({vals['max_num_batched_tokens']}) "
+            f"must be >= max_num_seqs ({vals['max_num_seqs']}) (vLLM's config check)")
+    if not chunked and vals["max_num_batched_tokens"] < vals["max_model_len"]:
+        raise InputError(
+            f"{_where(where)}settings.max_num_batched_tokens ({vals['max_num_batched_tokens']}) "
+            f"must be >= max_model_len ({vals['max_model_len']}) when chunked prefill is "
+            "disabled (vLLM's config check)")
+    vals.setdefault("async_scheduling", False)
+    return SchedulerSettings(**vals)

@@ -1,0 +1,295 @@
+"""One step of vLLM 0.33.0's V1 scheduler (``v1/core/sched/scheduler.py``), synchronous:
+``schedule()`` then ``update_from_output()`` with the reference harness's fake model output
+(one token for every request whose chunk reaches the end of its known tokens)."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from kvpressure.simulation.kv_cache_manager import KVCacheManager
+from kvpressure.simulation.request import (
+    FINISHED_LENGTH_CAPPED,
+    PREEMPTED,
+    RUNNING,
+    WAITING,
+    Request,
+)
+
+
+class SchedulerOutput:
+    """What one ``schedule()`` call decided, in scheduling order."""
+
+    __slots__ = ("scheduled", "admitted", "preempted", "num_scheduled_tokens",
+                 "num_prefill_tokens", "num_decode_tokens", "num_decode_seqs",
+                 "num_prefill_seqs", "admitted_new", "resumed", "recomputed_tokens",
+                 "prefix_cache_queries", "prefix_cache_hits", "sum_decode_ctx",
+                 "sum_prefill_attn", "sum_prefill_ctx", "chunks")
+
+    def __init__(self) -> None:
+        self.scheduled: dict[Request, int] = {}
+        self.admitted: list[Request] = []
+        self.preempted: list[Request] = []
+        self.num_scheduled_tokens = 0
+        self.num_prefill_tokens = 0
+        self.num_decode_tokens = 0
+        self.num_decode_seqs = 0
+        self.num_prefill_seqs = 0
+        self.admitted_new = 0
+        self.resumed = 0
+        self.recomputed_tokens = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.sum_decode_ctx = 0
+        self.sum_prefill_attn = 0.0
+        self.sum_prefill_ctx = 0
+        # (start, length, recomputed) of each prefill chunk, for pricing recompute.
+        self.chunks: list[tuple[int, int, int]] = []
+
+
+class WaitingQueue:
+    """FCFS deque or PRIORITY heap (R0.4); ``prepend`` is a heap push under PRIORITY."""
+
+    __slots__ = ("priority", "q", "num_preempted")
+
+    def __init__(self, priority: bool) -> None:
+        self.priority = priority
+        self.q: deque[Request] | list[tuple[int, int, Request]] = [] if priority else deque()
+        self.num_preempted = 0
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def add(self, req: Request) -> None:
+        if self.priority:
+            heapq.heappush(self.q, (req.priority, req.arrival_time, req))
+        else:
+            self.q.append(req)
+
+    def prepend(self, req: Request) -> None:
+        if self.priority:
+            heapq.heappush(self.q, (req.priority, req.arrival_time, req))
+        else:
+            self.q.appendleft(req)
+
+    def peek(self) -> Request:
+        return self.q[0][2] if self.priority else self.q[0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self.q)[2] if self.priority else self.q.popleft()
+
+    def requests(self) -> list[Request]:
+        """In queue order (heap order sorted under PRIORITY)."""
+        if self.priority:
+            return [t[2] for t in sorted(self.q)]
+        return list(self.q)
+
+
+class Scheduler:
+    """Queues, budgets and the two scheduling passes (spec §1-§2)."""
+
+    def __init__(self, settings) -> None:
+        s = settings
+        self.settings = s
+        self.block_size = s.block_size
+        self.max_model_len = s.max_model_len
+        self.max_num_scheduled_tokens = s.max_num_batched_tokens
+        self.max_num_active_seqs = s.max_num_active_seqs or s.max_num_seqs
+        self.long_prefill_token_threshold = s.long_prefill_token_threshold
+        self.chunked_prefill = s.enable_chunked_prefill
+        self.reserve_full_isl = s.scheduler_reserve_full_isl
+        self.priority_policy = s.policy == "priority"
+        self.kv = KVCacheManager(s.num_gpu_blocks, s.block_size, s.max_model_len,
+                                 s.enable_prefix_caching, s.watermark)
+        self.running: list[Request] = []
+        self.waiting = WaitingQueue(self.priority_policy)
+        # Waiting requests skipped by the admission scan or enqueued blocked (§4). Nothing
+        # in this model's scope is ever deferred, but the gauge is reported from this set.
+        self.deferred_waiting: set[Request] = set()
+        # Requests finished in update_from_output and not yet reported by schedule() (E4).
+        self.finished_req_ids: list[str] = []
+
+    # -- queue entry ----------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        req.status = WAITING
+        self.waiting.add(req)
+
+    def has_requests(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.finished_req_ids)
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # -- preemption -----------------------------------------------------------------------
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.status = PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.is_prefill_chunk = True
+        self.waiting.prepend(req)
+        self.waiting.num_preempted += 1
+
+    # -- one step -------------------------------------------------------------------------
+    def schedule(self, step: int) -> SchedulerOutput:
+        out = SchedulerOutput()
+        self.finished_req_ids = []
+        kv = self.kv
+        running = self.running
+        waiting = self.waiting
+        budget = self.max_num_scheduled_tokens
+        mml = self.max_model_len
+        T = self.long_prefill_token_threshold
+        if len(running) + len(waiting) <= 1:
+            T = 0
+        scheduled = out.scheduled
+        preempted = out.preempted
+        priority = self.priority_policy
+
+        # Pass 1: running requests in list order.
+        req_index = 0
+        while req_index < len(running) and budget > 0:
+            req = running[req_index]
+            c = req.num_computed_tokens
+            n = req.num_tokens - c
+            if 0 < T < n:
+                n = T
+            if n > budget:
+                n = budget
+            if n > mml - c - 1:
+                n = mml - c - 1
+            if n <= 0:
+                req_index += 1
+                continue
+            ok = True
+            while not kv.allocate_slots_running(req, n):
+                if priority:
+                    vi = 0
+                    best = (running[0].priority, running[0].arrival_time)
+                    for i in range(1, len(running)):
+                        r = running[i]
+                        key = (r.priority, r.arrival_time)
+                        if key > best:
+                            best = key
+                            vi = i
+                    victim = running.pop(vi)
+                    if vi < req_index:
+                        req_index -= 1
+                    granted = scheduled.pop(victim, None)
+                    if granted is not None:
+                        budget += granted
+                else:
+                    victim = running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    ok = False
+                    break
+            if not ok:
+                if priority:
+                    continue
+                break
+            scheduled[req] = n
+            budget -= n
+            req_index += 1
+
+        # Pass 2: waiting requests, only in a step that preempted nothing.
+        if not preempted:
+            max_active = self.max_num_active_seqs
+            chunked = self.chunked_prefill
+            full_isl = self.reserve_full_isl
+            while budget > 0 and len(waiting):
+                if len(running) >= max_active:
+                    break
+                req = waiting.peek()
+                hit_blocks, h = kv.get_computed_blocks(req)
+                L = req.num_tokens
+                n = L - h
+                if 0 < T < n:
+                    n = T
+                if n > budget:
+                    if not chunked:
+                        break
+                    n = budget
+                if not kv.allocate_slots_waiting(req, n, hit_blocks, h, full_isl,
+                                                 bool(running)):
+                    break
+                waiting.pop()
+                self.deferred_waiting.discard(req)
+                running.append(req)
+                if req.status == PREEMPTED:
+                    out.resumed += 1
+                    waiting.num_preempted -= 1
+                else:
+                    out.admitted_new += 1
+                    req.first_sched_step = step
+                    req.prefix_hit_tokens_at_admission = h
+                if kv.enable_caching:
+                    kv.record_prefix_cache_stats(req, h)
+                    out.prefix_cache_queries += L
+                    out.prefix_cache_hits += h
+                req.status = RUNNING
+                req.num_computed_tokens = h
+                scheduled[req] = n
+                out.admitted.append(req)
+                budget -= n
+
+        # _update_after_schedule: advance num_computed_tokens, account the chunks.
+        total = prefill = decode = recomputed = 0
+        for req, n in scheduled.items():
+            start = req.num_computed_tokens
+            end = start + n
+            total += n
+            if not req.is_prefill_chunk:
+                decode += 1
+                out.sum_decode_ctx += end
+            else:
+                prefill += n
+                out.num_prefill_seqs += 1
+                out.sum_prefill_attn += n * (start + n / 2)
+                out.sum_prefill_ctx += end
+                hwm = req.hwm
+                r = 0
+                if hwm > start:
+                    r = (end if end < hwm else hwm) - start
+                    recomputed += r
+                    req.recomputed_tokens += r
+                out.chunks.append((start, n, r))
+            if end > req.hwm:
+                req.hwm = end
+            req.num_computed_tokens = end
+            req.scheduled_tokens += n
+            req.is_prefill_chunk = end < req.num_tokens
+        out.num_scheduled_tokens = total
+        out.num_prefill_tokens = prefill
+        out.num_decode_tokens = decode
+        out.num_decode_seqs = decode
+        out.recomputed_tokens = recomputed
+        return out
+
+    def update_from_output(self, out: SchedulerOutput, step: int) -> list[Request]:
+        """Append the sampled tokens; finish and free requests in scheduling order (U1/U2).
+
+        Returns the requests that emitted a token, in scheduling order (finished ones have
+        a finished status)."""
+        emitted: list[Request] = []
+        any_finished = False
+        mml = self.max_model_len
+        kv = self.kv
+        for req in out.scheduled:
+            if req.is_prefill_chunk:
+                continue
+            req.num_tokens += 1
+            req.num_output_tokens += 1
+            if req.first_token_step < 0:
+                req.first_token_step = step
+            emitted.append(req)
+            if req.num_output_tokens >= req.max_tokens or req.num_tokens >= mml:
+                req.status = FINISHED_LENGTH_CAPPED
+                req.finish_step = step
+                kv.free(req)
+                self.finished_req_ids.append(req.request_id)
+                any_finished = True
+        if any_finished:
+            self.running = [r for r in self.running if r.status == RUNNING]
+        return emitted

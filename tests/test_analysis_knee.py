@@ -1,0 +1,162 @@
+"""Knee, peak, plateau and decline of throughput-vs-concurrency curves; the ``knee`` command."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvpressure.analysis.knee import find_knee
+from kvpressure.cli import main
+from kvpressure.errors import InputError
+
+
+def rise_then_fall(x: np.ndarray, knee: float, slope: float, fall: float) -> np.ndarray:
+    return np.where(x <= knee, slope * x, slope * knee - fall * (x - knee))
+
+
+def test_clean_curve_with_known_knee_and_decline():
+    x = np.array([16, 24, 32, 40, 48, 56, 64.0])
+    y = rise_then_fall(x, 32, 10.0, 3.0)  # peak 320 at 32, 224 at 64
+    k = find_knee(x, y)
+    assert k.knee_x == 32
+    assert (k.peak_x, k.peak_y) == (32, 320)
+    assert k.declines
+    # End of curve = mean of the last two levels (248 and 224) = 236: (320 - 236) / 320.
+    assert k.decline_pct == pytest.approx(100 * 84 / 320, abs=1e-3)
+    assert k.plateau == (32, 32)
+
+
+def test_saturating_curve_has_plateau_and_no_decline():
+    x = [8, 16, 32, 64, 128]
+    y = [80, 160, 320, 320, 320]
+    k = find_knee(x, y)
+    assert k.knee_x == 32
+    assert k.plateau == (32, 128)
+    assert not k.declines and k.decline_pct == 0
+
+
+def test_plateau_tolerance_widens_plateau():
+    x = [1, 2, 4, 8, 16, 32]
+    y = [10, 20, 40, 76, 80, 77]
+    # noise_sd=0: the tolerance alone sets the band (80 * 0.02 = 1.6; 80 * 0.05 = 4).
+    assert find_knee(x, y, plateau_tol=0.02, noise_sd=0).plateau == (16, 16)
+    assert find_knee(x, y, plateau_tol=0.05, noise_sd=0).plateau == (8, 32)
+
+
+def test_still_rising_curve_has_no_knee():
+    k = find_knee([1, 2, 4, 8, 16, 32], [10, 20, 40, 80, 160, 320])
+    assert k.knee_x is None and k.still_rising
+    assert k.peak_x == 32
+
+
+def test_noisy_curves_knee_within_one_level_in_95_of_100():
+    """100 seeded noisy versions (3% multiplicative noise) of curves with a known knee."""
+    rng = np.random.default_rng(20240601)
+    cases = [
+        (np.array([1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128.0]), 16, 0.0),
+        (np.array([8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128.0]), 48, 2.0),
+        (np.array([16, 24, 32, 40, 48, 56, 64.0]), 32, 3.0),
+    ]
+    for x, knee, fall in cases:
+        y0 = rise_then_fall(x, knee, 10.0, fall)
+        hits = 0
+        for _ in range(100):
+            y = y0 * (1 + rng.normal(0, 0.03, len(x)))
+            found = find_knee(x, y).knee_x
+            if found is not None and abs(
+                int(np.searchsorted(x, found)) - int(np.searchsorted(x, knee))
+            ) <= 1:
+                hits += 1
+        assert hits >= 95, (knee, hits)
+
+
+def test_flat_noisy_tail_rarely_called_a_decline():
+    rng = np.random.default_rng(7)
+    x = np.array([1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128.0])
+    y0 = np.minimum(x, 16) * 10
+    false = sum(find_knee(x, y0 * (1 + rng.normal(0, 0.03, len(x)))).declines for _ in range(100))
+    assert false <= 15
+
+
+def test_repeats_are_averaged_and_their_spread_is_the_noise():
+    x = [16, 16, 32, 32, 64, 64]
+    y = [100, 104, 180, 176, 150, 154]
+    k = find_knee(x, y)
+    assert [p["y"] for p in k.points] == [102, 178, 152]
+    assert all(p["n"] == 2 for p in k.points)
+    # Pooled sd of pairs differing by 4: sqrt(8) each.
+    assert k.noise_sd == pytest.approx(np.sqrt(8))
+    assert k.noise_source.startswith("spread of repeated")
+    assert k.declines and k.decline_pct == pytest.approx(100 * 26 / 178, abs=1e-3)
+
+
+def test_decline_within_repeat_noise_is_not_a_decline():
+    x = [16, 16, 32, 32, 64, 64]
+    y = [100, 104, 180, 160, 170, 150]  # means 102, 170, 160; sd of repeats ~14
+    assert not find_knee(x, y, min_decline_pct=2.0).declines
+
+
+def test_few_points_and_bad_input():
+    k = find_knee([8, 32], [100, 90])
+    assert k.knee_x == 8 and k.peak_x == 8
+    with pytest.raises(InputError, match="x has 3 values, y has 2"):
+        find_knee([1, 2, 3], [1, 2])
+    with pytest.raises(InputError):
+        find_knee([np.nan], [1.0])
+
+
+def test_result_is_jsonable():
+    d = find_knee([1, 2, 4, 8], [1.0, 2.0, 3.0, 3.0]).to_dict()
+    json.dumps(d)
+    assert set(find_knee([1, 2, 4, 8], [1.0, 2, 3, 3]).summary("g")) == {
+        "group", "knee_x", "peak_x", "peak_y", "plateau", "declines", "decline_pct", "points"}
+
+
+# ------------------------------------------------------------------ the command
+
+
+def test_cli_runs_csv_with_two_columns_and_groups(tmp_path, capsys):
+    p = tmp_path / "runs.csv"
+    x = [16, 24, 32, 40, 48, 56, 64]
+    frame = pd.DataFrame({
+        "variant": ["a"] * 7 + ["b"] * 7,
+        "concurrency": x + x,
+        "output_throughput": list(rise_then_fall(np.array(x, float), 32, 10, 3))
+        + list(rise_then_fall(np.array(x, float), 48, 10, 0)),
+    })
+    frame.to_csv(p, index=False)
+    assert main(["knee", str(p), "--group", "variant"]) == 0
+    lines = [json.loads(s) for s in capsys.readouterr().out.splitlines()]
+    assert [d["group"] for d in lines] == ["a", "b"]
+    assert lines[0]["knee_x"] == 32 and lines[0]["declines"] is True
+    assert lines[1]["knee_x"] == 48 and lines[1]["declines"] is False
+    assert list(lines[0]) == ["group", "knee_x", "peak_x", "peak_y", "plateau", "declines",
+                              "decline_pct", "points"]
+
+    frame[["concurrency", "output_throughput"]].iloc[:7].to_csv(p, index=False)
+    assert main(["knee", str(p)]) == 0
+    assert json.loads(capsys.readouterr().out)["group"] is None
+
+
+def test_cli_missing_column_names_column_and_file(tmp_path, capsys):
+    p = tmp_path / "runs.csv"
+    pd.DataFrame({"concurrency": [1, 2, 4], "throughput": [1, 2, 3]}).to_csv(p, index=False)
+    assert main(["knee", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "output_throughput" in err and "runs.csv" in err
+
+
+def test_cli_bench_folder(tmp_path, capsys):
+    for c, tput in [(1, 50.0), (4, 190.0), (16, 600.0), (32, 640.0), (64, 560.0)]:
+        (tmp_path / f"bench-c{c}.json").write_text(
+            json.dumps({"max_concurrency": c, "output_throughput": tput, "completed": 100,
+                        "duration": 10.0}))
+    assert main(["knee", str(tmp_path)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["peak_x"] == 32 and d["peak_y"] == 640
+    assert [p["x"] for p in d["points"]] == [1, 4, 16, 32, 64]
+    (tmp_path / "broken.json").write_text("{not json")
+    assert main(["knee", str(tmp_path)]) == 2

@@ -1,0 +1,167 @@
+"""The record's schema: complete records round-trip, incomplete ones are refused by field."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+
+from kvpressure.analysis.status import STATUSES
+from kvpressure.errors import InputError
+from kvpressure.record.io import load_record, validate_record, write_record
+from kvpressure.record.schema import Record
+
+SHA = "0" * 63 + "1"
+
+
+def _dist(desc: str, mean: float) -> dict:
+    return {"description": desc, "mean": mean, "p50": mean, "p95": mean * 1.5,
+            "max": mean * 2, "source": "requests.csv"}
+
+
+def valid_record() -> dict:
+    return {
+        "scheduler": {
+            "policy": "fcfs", "max_num_seqs": 256, "max_num_seqs_effective": 41.0,
+            "gpu_memory_utilization": 0.9, "preemption_mode": "recompute",
+            "num_gpu_blocks": 6000, "block_size": 16, "max_num_batched_tokens": 2048,
+        },
+        "counters": {
+            "window": {"run": "baseline/c64", "concurrency": 64, "start_s": 10.0, "end_s": 90.0},
+            "num_requests_running": 38.5, "num_requests_waiting": 25.5,
+            "waiting_capacity": 25.5, "waiting_deferred": 0.0,
+            "kv_cache_usage_perc": 0.99, "num_preemptions_total": 912.0,
+            "recomputed_tokens": 1.5e6, "recompute_ratio": 0.64,
+            "recomputed_tokens_range": [1.5e6, 1.5e6], "recompute_ratio_range": [0.64, 0.64],
+            "recompute_exact": True,
+        },
+        "workload": {
+            "model_name": "llama-3.1-70b", "concurrency": 64,
+            "concurrency_levels": [8, 16, 32, 64], "num_requests": 300,
+            "input_len_distribution": _dist("uniform 1024-4096", 2560.0),
+            "output_len_distribution": _dist("uniform 256-1024", 640.0),
+        },
+        "perf": {
+            "variant": "baseline",
+            "throughput_by_concurrency": [
+                {"concurrency": c, "output_throughput": y, "itl_mean_s": 0.05,
+                 "itl_p95_s": 0.09, "ttft_p95_s": 2.0, "preemptions": p,
+                 "recompute_ratio": r}
+                for c, y, p, r in ((8, 446.0, 0, 0.0), (16, 772.0, 0, 0.0),
+                                   (32, 922.0, 365, 0.43), (64, 709.0, 912, 0.64))
+            ],
+            "knee": {"knee_x": 32.0, "peak_x": 32.0, "peak_y": 922.0, "plateau": False,
+                     "declines": True, "decline_pct": 23.1},
+            "itl_mean": 0.05, "itl_p95": 0.09, "ttft_p95": 2.0,
+        },
+        "status": "bound by KV blocks",
+        "evidence": {
+            "checks": [{"name": "vllm:kv_cache_usage_perc stays near 1", "holds": True,
+                        "observed": "99% of the window at >= 0.95",
+                        "metric": "vllm:kv_cache_usage_perc"}],
+            "comparison": {"parameter": "max_num_seqs", "baseline": "baseline",
+                           "variants": ["max_num_seqs=32"], "knee_shift": 1.0,
+                           "beyond_noise": True, "summary": "the knee moved right"},
+            "interference": "no prefill interference",
+            "reasons": ["2: KV usage near full"],
+        },
+        "remedies": [{"parameter": "max_num_seqs", "change": "256 -> 32",
+                      "effect": "less preemption", "cost": "lower peak concurrency"}],
+        "provenance": {
+            "kit_version": "0.1.0", "vllm_behaviour_version": "0.33.0", "mode": "simulation",
+            "inputs": [{"path": "data/experiments/seed_case.yaml", "sha256": SHA}], "seed": 7,
+        },
+    }
+
+
+def test_schema_status_values_are_the_analysis_statuses():
+    allowed = set(Record.model_fields["status"].annotation.__args__)
+    assert allowed == set(STATUSES)
+
+
+def test_valid_record_round_trips_through_yaml(tmp_path):
+    data = valid_record()
+    path = write_record(data, tmp_path / "record.yaml")
+    text = path.read_text()
+    loaded = load_record(path)
+    assert loaded.model_dump(mode="json") == validate_record(data).model_dump(mode="json")
+    # Written twice, byte-identical: no timestamps or dict-order drift.
+    assert write_record(loaded, tmp_path / "again.yaml").read_text() == text
+    # The seed's section order is kept.
+    top = [line.split(":")[0] for line in text.splitlines() if line[:1].isalpha()]
+    assert top[:5] == ["scheduler", "counters", "workload", "perf", "status"]
+    assert yaml.safe_load(text)["scheduler"]["preemption_mode"] == "recompute"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("scheduler", "policy"), None, "scheduler.policy"),
+        (("scheduler", "policy"), "  ", "scheduler.policy"),
+        (("counters", "recompute_ratio"), 1.4, "counters.recompute_ratio"),
+        (("workload", "model_name"), "", "workload.model_name"),
+        (("perf", "throughput_by_concurrency"), [], "perf.throughput_by_concurrency"),
+        (("scheduler", "preemption_mode"), "swap", "scheduler.preemption_mode"),
+        (("status",), "probably KV", "status"),
+        (("provenance", "inputs", 0, "sha256"), "abc", "provenance.inputs[0].sha256"),
+        (("counters", "kv_cache_usage_perc"), float("nan"), "counters.kv_cache_usage_perc"),
+    ],
+)
+def test_empty_or_invalid_field_is_refused_naming_it(tmp_path, path, value, field):
+    data = valid_record()
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    if value is None:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    out = tmp_path / "record.yaml"
+    out.write_text("previous\n")
+    with pytest.raises(InputError, match=rf"field {re.escape(field)}:"):
+        write_record(data, out)
+    assert out.read_text() == "previous\n"  # nothing written over the earlier record
+
+
+def test_unknown_field_is_refused():
+    data = valid_record()
+    data["scheduler"]["max_num_seq"] = 32
+    with pytest.raises(InputError, match="field scheduler.max_num_seq"):
+        validate_record(data)
+
+
+def test_ratio_outside_its_range_is_refused():
+    data = valid_record()
+    data["counters"]["recompute_ratio_range"] = [0.1, 0.2]
+    with pytest.raises(InputError, match="recompute_ratio 0.64 lies outside"):
+        validate_record(data)
+
+
+def test_simulation_needs_seed_and_comparison_ingested_does_not():
+    data = valid_record()
+    data["provenance"]["seed"] = None
+    with pytest.raises(InputError, match="seed is required"):
+        validate_record(data)
+    sim = valid_record()
+    sim["evidence"]["comparison"] = None
+    with pytest.raises(InputError, match="evidence.comparison is required"):
+        validate_record(sim)
+    ingested = copy.deepcopy(sim)
+    ingested["provenance"].update(mode="ingested", seed=None)
+    assert validate_record(ingested).evidence.comparison is None
+
+
+def test_throughput_curve_must_be_ordered():
+    data = valid_record()
+    data["perf"]["throughput_by_concurrency"].reverse()
+    with pytest.raises(InputError, match="increasing and unique"):
+        validate_record(data)
+
+
+def test_load_record_names_yaml_line(tmp_path):
+    bad = tmp_path / "record.yaml"
+    bad.write_text("scheduler:\n  policy: [unclosed\n")
+    with pytest.raises(InputError, match=r"record.yaml, line \d+"):
+        load_record(bad)

@@ -1,0 +1,102 @@
+"""The block pool and KV-cache manager rules of spec §3, by hand."""
+
+from __future__ import annotations
+
+from test_sim_helpers import ManualLoop, settings
+
+from kvpressure.simulation.block_pool import BlockPool
+from kvpressure.simulation.kv_cache_manager import KVCacheManager
+from kvpressure.simulation.request import PREEMPTED, Request
+
+
+def test_null_block_is_taken_out_and_blocks_pop_in_id_order():
+    pool = BlockPool(6, True)
+    assert pool.free_queue() == [1, 2, 3, 4, 5] and pool.get_num_free_blocks() == 5
+    assert pool.get_new_blocks(2) == [1, 2]
+    assert pool.pop_one() == 3
+    assert pool.free_queue() == [4, 5]
+    assert abs(pool.get_usage() - 3 / 5) < 1e-12
+
+
+def test_free_puts_unhashed_blocks_at_the_head_and_hashed_at_the_tail_in_order():
+    pool = BlockPool(8, True)
+    blocks = pool.get_new_blocks(4)  # 1..4; 1 and 2 full and hashed
+    pool.cache_block(1, 101)
+    pool.cache_block(2, 102)
+    pool.free_blocks(list(reversed(blocks)))
+    # Visit order 4, 3, 2*, 1*: 4, 3 prepended (4 first), 2*, 1* appended.
+    assert pool.free_queue() == [4, 3, 5, 6, 7, 2, 1]
+
+
+def test_with_caching_off_every_freed_block_goes_to_the_head():
+    pool = BlockPool(6, False)
+    blocks = pool.get_new_blocks(3)
+    pool.free_blocks(list(reversed(blocks)))
+    assert pool.free_queue() == [3, 2, 1, 4, 5]
+
+
+def test_touch_unlinks_from_the_middle_and_pop_evicts_the_key():
+    pool = BlockPool(6, True)
+    b = pool.get_new_blocks(3)
+    pool.cache_block(b[0], 7)
+    pool.cache_block(b[1], 8)
+    pool.free_blocks(list(reversed(b)))  # [3, 4, 5, 2*, 1*]
+    pool.touch([2])
+    assert pool.free_queue() == [3, 4, 5, 1] and pool.ref_cnt[2] == 1
+    pool.get_new_blocks(3)
+    assert pool.get_cached_block(7) == 1
+    pool.pop_one()  # pops 1: its key leaves the map
+    assert pool.get_cached_block(7) is None and pool.block_hash[1] is None
+    assert pool.get_cached_block(8) == 2  # held, not evictable
+
+
+def test_first_stored_block_wins_and_survives_partial_eviction():
+    pool = BlockPool(6, True)
+    pool.get_new_blocks(2)
+    pool.cache_block(1, 5)
+    pool.cache_block(2, 5)
+    assert pool.get_cached_block(5) == 1
+    pool.free_blocks([1])
+    pool.get_new_blocks(4)  # pops 3, 4, 5, then 1 (evicted)
+    assert pool.get_cached_block(5) == 2
+
+
+def test_hit_is_capped_at_whole_blocks_below_the_last_token():
+    # A fully cached 32-token prompt (B=16) hits 16 tokens, not 31 (R3.9).
+    kv = KVCacheManager(10, 16, 8192, True)
+    a = Request("a", 32, 5, position=0, prefix_group="g", prefix_len=32, group_index=0)
+    b = Request("b", 32, 5, position=1, prefix_group="g", prefix_len=32, group_index=0)
+    assert kv.allocate_slots_waiting(a, 32, [], 0, True, False)
+    assert kv.get_computed_blocks(b) == (a.blocks[:1], 16)
+
+
+def test_watermark_counts_the_null_block_and_applies_only_beside_running_requests():
+    # N = 10, watermark 0.1 -> W = int(0.1 * 10) = 1 block.
+    kv = KVCacheManager(10, 16, 8192, False, watermark=0.1)
+    assert kv.watermark_blocks == 1
+    r = Request("r", 16 * 9, 1, position=0)
+    assert kv.can_admit(r, 144, [], 0, True, has_scheduled_reqs=False)
+    assert not kv.can_admit(r, 144, [], 0, True, has_scheduled_reqs=True)
+
+
+def test_full_sequence_gate_uses_current_length_not_max_tokens():
+    kv = KVCacheManager(4, 16, 8192, False)  # 3 usable blocks
+    r = Request("r", 40, 1000, position=0)
+    assert kv.can_admit(r, 40, [], 0, True, True)  # 3 blocks for 40 tokens
+    r.num_tokens = 49
+    assert not kv.can_admit(r, 16, [], 0, True, True)  # gate: 4 blocks > 3
+    assert kv.can_admit(r, 16, [], 0, False, True)  # chunk alone: 1 block
+
+
+def test_decode_takes_a_block_exactly_when_position_starts_one():
+    loop = ManualLoop(settings(num_gpu_blocks=20, enable_prefix_caching=False))
+    r = loop.add("r", 16, 20)
+    loop.run_step()  # prompt fills block 1 exactly; the first output is position 16
+    assert len(r.blocks) == 1
+    loop.run_step()  # writes position 16 -> a new block
+    assert len(r.blocks) == 2
+    for _ in range(15):
+        loop.run_step()  # positions 17..31 stay in block 2
+    assert len(r.blocks) == 2
+    loop.run_step()
+    assert len(r.blocks) == 3 and r.status != PREEMPTED

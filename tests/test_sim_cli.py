@@ -1,0 +1,66 @@
+"""``kvpressure simulate``: outputs, exit codes, --set, --force, --step-by-step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvpressure.cli import main
+
+DATA = Path(__file__).parent / "data" / "vllm-0.33-scheduler"
+LIGHT = DATA / "light_open_prefix_groups.scenario.json"
+
+
+def test_simulate_writes_the_reference_files(tmp_path):
+    out = tmp_path / "run"
+    assert main(["simulate", str(LIGHT), "--out", str(out)]) == 0
+    name = "light_open_prefix_groups"
+    assert (out / "steps.csv").read_text() == (DATA / f"{name}.steps.csv").read_text()
+    assert (out / "requests.csv").read_text() == (DATA / f"{name}.requests.csv").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prefix_cache_hits"] == 126976
+    assert set(summary["timing"]) == {"loop_wall_s", "steps_per_second"}
+
+
+def test_outputs_are_byte_identical_across_runs_and_paths(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["simulate", str(LIGHT), "--out", str(a)]) == 0
+    assert main(["simulate", str(LIGHT), "--out", str(b), "--step-by-step"]) == 0
+    for f in ("steps.csv", "requests.csv"):
+        assert (a / f).read_bytes() == (b / f).read_bytes()
+    sa = json.loads((a / "summary.json").read_text())
+    sb = json.loads((b / "summary.json").read_text())
+    sa.pop("timing"), sb.pop("timing")
+    assert sa == sb
+
+
+def test_existing_non_empty_folder_needs_force(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "x").write_text("keep")
+    assert main(["simulate", str(LIGHT), "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(["simulate", str(LIGHT), "--out", str(out), "--force"]) == 0
+
+
+def test_set_overrides_a_setting(tmp_path):
+    out = tmp_path / "run"
+    assert main(["simulate", str(LIGHT), "--out", str(out), "--set", "max_num_seqs=4",
+                 "--set", "enable_prefix_caching=false"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["max_num_seqs"] == 4
+    assert summary["max_running"] == 4
+    assert summary["prefix_cache_queries"] == 0
+
+
+def test_invalid_input_exits_2_naming_the_problem(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"settings": {"num_gpu_blocks": 10},
+                               "requests": [{"id": "x1", "prompt_len": 5, "output_len": 0}]}))
+    assert main(["simulate", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "x1" in err and "output_len" in err
+    assert main(["simulate", str(LIGHT), "--out", str(tmp_path / "p"),
+                 "--set", "nonsense=1"]) == 2
+    assert main(["simulate", str(tmp_path / "missing.json"), "--out",
+                 str(tmp_path / "q")]) == 2

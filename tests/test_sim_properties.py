@@ -1,0 +1,147 @@
+"""Invariants of the scheduler model on random small workloads, and the event-driven fast
+path giving exactly the step-by-step results (rows, requests, summary, recorder calls)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_sim_helpers import LinearCost, RecordingRecorder
+
+from kvpressure.simulation.engine import StepClock, _Engine, simulate
+from kvpressure.simulation.request import PREEMPTED, RUNNING, WAITING
+from kvpressure.simulation.scenario import load_scenario
+
+
+@st.composite
+def workloads(draw):
+    B = draw(st.sampled_from([4, 16, 32]))
+    n_blocks = draw(st.integers(6, 60))
+    chunked = draw(st.booleans())
+    max_num_seqs = draw(st.integers(1, 8))
+    n_req = draw(st.integers(1, 14))
+    groups = {"g0": {"length": draw(st.integers(0, 3)) * B + draw(st.sampled_from([0, 5]))},
+              "g1": {"length": 2 * B}}
+    cap = (n_blocks - 1) * B  # longest sequence that fits the pool
+    reqs = []
+    for i in range(n_req):
+        prompt = draw(st.integers(1, min(150, cap - 1)))
+        output = draw(st.integers(1, max(1, min(60, cap - prompt + 1))))
+        r = {"id": f"q{i}", "prompt_len": prompt, "output_len": output,
+             "arrival_step": draw(st.integers(0, 40)), "priority": draw(st.integers(0, 3))}
+        g = draw(st.sampled_from([None, "g0", "g1"]))
+        if g is not None:
+            r["prefix_group"] = g
+        reqs.append(r)
+    longest = max(r["prompt_len"] + r["output_len"] for r in reqs)
+    budget = draw(st.sampled_from([16, 40, 64, 256]))
+    s = {"num_gpu_blocks": n_blocks, "block_size": B, "max_num_seqs": max_num_seqs,
+         "enable_chunked_prefill": chunked,
+         "enable_prefix_caching": draw(st.booleans()),
+         "policy": draw(st.sampled_from(["fcfs", "priority"])),
+         "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 8, 24])),
+         "scheduler_reserve_full_isl": draw(st.booleans()),
+         "watermark": draw(st.sampled_from([0.0, 0.0, 0.05, 0.2])),
+         "max_model_len": longest + 1}
+    s["max_num_batched_tokens"] = max(budget, max_num_seqs) if chunked \
+        else max(budget, longest + 1)
+    mode = draw(st.sampled_from([{"type": "open"}, {"type": "closed", "concurrency": 3},
+                                 {"type": "closed", "concurrency": 8}]))
+    return {"name": "prop", "mode": mode, "settings": s, "prefix_groups": groups,
+            "requests": reqs}
+
+
+class _Checker(RecordingRecorder):
+    """Checks the scheduler state after every step of the step-by-step path."""
+
+    def on_step_end(self, t, num_running, num_waiting, *rest):
+        super().on_step_end(t, num_running, num_waiting, *rest)
+        sched = self.sched
+        pool = sched.kv.pool
+        free = pool.free_queue()
+        assert len(free) == pool.num_free_blocks
+        held: dict[int, int] = {}
+        for r in sched.running:
+            assert r.status == RUNNING
+            assert len(r.blocks) == -(-r.num_computed_tokens // sched.block_size)
+            for b in r.blocks:
+                held[b] = held.get(b, 0) + 1
+        assert not set(free) & set(held)
+        assert 0 not in held and 0 not in free
+        for b, refs in held.items():
+            assert pool.ref_cnt[b] == refs
+        # Free (cached ones included) + held + the null block = N.
+        assert len(free) + len(held) + 1 == pool.num_gpu_blocks
+        waiting = sched.waiting.requests()
+        assert not set(waiting) & set(sched.running)
+        for r in waiting:
+            assert r.status in (WAITING, PREEMPTED) and not r.blocks
+        assert len(sched.running) <= sched.settings.max_num_seqs
+        for key, entry in pool.cached.items():
+            for b in (entry if isinstance(entry, dict) else (entry,)):
+                assert pool.block_hash[b] == key
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_invariants_on_random_workloads(data):
+    sc = load_scenario(data)
+    rec = _Checker()
+    eng = _Engine(sc, None, rec, False, StepClock())
+    rec.sched = eng.sched
+    res = eng.run()
+    c = res.steps.columns
+    budget = sc.settings.max_num_batched_tokens
+    assert all(n <= budget for n in c["num_scheduled_tokens"])
+    assert all(n <= sc.settings.max_num_seqs for n in c["num_running"])
+    for r in res.requests:
+        assert r.num_output_tokens == r.max_tokens
+        assert r.is_finished()
+        assert r.recomputed_tokens <= r.scheduled_tokens
+        assert r.scheduled_tokens == (r.num_prompt_tokens + r.max_tokens - 1
+                                      - r.prefix_hit_tokens_at_admission + r.recomputed_tokens)
+        assert r.submit_step <= r.first_sched_step <= r.first_token_step <= r.finish_step
+        assert len(rec.token_times[r.request_id]) == r.max_tokens
+    assert sum(c["preemptions"]) == sum(r.num_preemptions for r in res.requests)
+    assert sum(c["finished"]) == len(res.requests)
+
+
+def _same(a, b):
+    assert a.steps_csv() == b.steps_csv()
+    assert a.requests_csv() == b.requests_csv()
+    sa = {k: v for k, v in a.summary.items() if k != "timing"}
+    sb = {k: v for k, v in b.summary.items() if k != "timing"}
+    assert sa == sb
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_event_driven_equals_step_by_step(data):
+    sc = load_scenario(data)
+    rec_a, rec_b = RecordingRecorder(), RecordingRecorder()
+    a = simulate(sc, recorder=rec_a, event_driven=False)
+    b = simulate(sc, recorder=rec_b, event_driven=True)
+    _same(a, b)
+    assert rec_a.aggregate() == rec_b.aggregate()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from([None, 0.05, 0.3]))
+def test_event_driven_equals_step_by_step_in_time(data, scrape):
+    # Time arrivals for the open loop: arrival_step as a time in units of 10 ms.
+    if data["mode"]["type"] == "open":
+        for r in data["requests"]:
+            r["arrival_time_s"] = r.pop("arrival_step") * 0.01
+    sc = load_scenario(data)
+    rec_a, rec_b = RecordingRecorder(scrape), RecordingRecorder(scrape)
+    a = simulate(sc, cost_model=LinearCost(), recorder=rec_a, event_driven=False)
+    b = simulate(sc, cost_model=LinearCost(), recorder=rec_b, event_driven=True)
+    assert a.steps_csv() == b.steps_csv()
+    assert a.requests_csv() == b.requests_csv()
+    for k, v in a.summary.items():
+        if k in ("timing",):
+            continue
+        if isinstance(v, float):
+            assert abs(v - b.summary[k]) <= 1e-9 * max(1.0, abs(v)), k
+        else:
+            assert v == b.summary[k], k
+    assert rec_a.aggregate() == rec_b.aggregate()
