@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from test_sim_helpers import ManualLoop, settings
+from hypothesis import given
+from hypothesis import settings as settings_h
+from hypothesis import strategies as st
 
-from kvpressure.simulation.block_pool import BlockPool
+from kvpressure.simulation.block_pool import BlockPool, StackBlockPool
 from kvpressure.simulation.kv_cache_manager import KVCacheManager
 from kvpressure.simulation.request import PREEMPTED, Request
+from test_sim_helpers import ManualLoop, settings
 
 
 def test_null_block_is_taken_out_and_blocks_pop_in_id_order():
@@ -100,3 +103,21 @@ def test_decode_takes_a_block_exactly_when_position_starts_one():
     assert len(r.blocks) == 2
     loop.run_step()
     assert len(r.blocks) == 3 and r.status != PREEMPTED
+
+
+@settings_h(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 5)), max_size=60))
+def test_stack_pool_without_caching_matches_the_linked_list(ops):
+    a, b = BlockPool(12, False), StackBlockPool(12)
+    held_a, held_b = [], []
+    for alloc, k in ops:
+        if alloc and a.num_free_blocks >= k:
+            held_a.append(a.get_new_blocks(k))
+            held_b.append(b.get_new_blocks(k))
+        elif not alloc and held_a:
+            i = k % len(held_a)
+            a.free_blocks(list(reversed(held_a.pop(i))))
+            b.free_blocks(list(reversed(held_b.pop(i))))
+        assert a.free_queue() == b.free_queue()
+        assert held_a == held_b
+        assert a.num_free_blocks == b.num_free_blocks

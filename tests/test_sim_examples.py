@@ -5,11 +5,10 @@ Steps here are numbered from 0 like the reference runs; the spec's "Step k" is s
 
 from __future__ import annotations
 
-from test_sim_helpers import ManualLoop, settings
-
 from kvpressure.simulation.engine import simulate
 from kvpressure.simulation.request import PREEMPTED, RUNNING
 from kvpressure.simulation.scenario import load_scenario
+from test_sim_helpers import ManualLoop, settings
 
 
 def _names(out) -> dict[str, int]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_sim_helpers import LinearCost, RecordingRecorder
 
 from kvpressure.simulation.engine import StepClock, _Engine, simulate
 from kvpressure.simulation.request import PREEMPTED, RUNNING, WAITING
 from kvpressure.simulation.scenario import load_scenario
+from test_sim_helpers import LinearCost, RecordingRecorder
 
 
 @st.composite

@@ -33,7 +33,16 @@ def check_series(series: pd.DataFrame, name: str = "series") -> pd.DataFrame:
     for col in ("t", "metric", "value"):
         if col not in series.columns:
             raise InputError(f"{name}: missing column '{col}'")
-    return series
+    # A series.csv read back with pandas turns empty label strings into NaN; the canonical
+    # form is "" (and a NaN key would drop the rows from label-grouped lookups).
+    # Ingestion stores run/metric/labels as categoricals; plain strings keep label parsing and
+    # comparisons simple.
+    if "labels" not in series.columns:
+        series = series.assign(labels="")
+    fix = {c: series[c].astype(object).where(series[c].notna(), "").astype(str)
+           for c in ("labels", "metric", "run") if c in series.columns
+           and (isinstance(series[c].dtype, pd.CategoricalDtype) or series[c].isna().any())}
+    return series.assign(**fix) if fix else series
 
 
 def select_run(series: pd.DataFrame, run: str | None) -> pd.DataFrame:

@@ -11,9 +11,11 @@ Both can be present. From simulated steps (timed): a step is an ITL spike when i
 decode tokens and lasts ``spike_factor`` times the median decode-only step or more; a spike is
 prefill interference when the step packs a long prefill (``long_prefill_tokens``, default half
 the largest step) with KV usage below ``kv_full``, and preemption-driven when KV is full and the
-step recomputes or preempts. The "share of ITL p95 explained" is the share of decode tokens in
-the slowest 5% (each decode token is weighted by the duration of the step that produced it)
-that fall in prefill-interference steps.
+step recomputes or preempts. Each decode token sees its step's duration as its ITL. Reported:
+the share of slow ITLs (spike steps) that are prefill interference, their share of all ITLs, and
+the share of the ITL p95/p99 excess over a decode-only step they explain (the quantile again with
+those steps at decode-only duration). Prefill interference is declared when it makes at least
+``min_spike_share`` of the slow ITLs and ``min_itl_share`` of all ITLs (enough to move p99).
 
 From series (real or simulated): each scrape interval is one window. An interval is a spike
 when its ITL p99 (from the histogram increase) is ``spike_factor`` times the run's median
@@ -71,7 +73,8 @@ def interference_from_steps(
     spike_factor: float = 1.5,
     long_prefill_tokens: int | None = None,
     kv_full: float = 0.95,
-    min_spike_share: float = 0.05,
+    min_spike_share: float = 0.1,
+    min_itl_share: float = 0.01,
     recompute_ratio: float = 0.05,
 ) -> InterferenceReport:
     """Prefill interference and preemption from timed simulation steps."""
@@ -81,7 +84,7 @@ def interference_from_steps(
                             "preemptions", "recomputed_tokens", "num_scheduled_tokens"), "steps")
     st = steps_in_window(steps, (t0, t1))
     thr = {"spike_factor": spike_factor, "kv_full": kv_full, "min_spike_share": min_spike_share,
-           "recompute_ratio": recompute_ratio}
+           "min_itl_share": min_itl_share, "recompute_ratio": recompute_ratio}
     out = InterferenceReport(source="steps", prefill_interference=None, preemption=None,
                              thresholds=thr)
     if st.empty:
@@ -105,21 +108,36 @@ def interference_from_steps(
     is_prefill = spike & (new_prefill >= long_prefill_tokens) & (kv < kv_full)
     is_preempt = spike & (kv >= kv_full) & ((rec > 0) | (pmt > 0))
 
-    # Slowest 5% of decode tokens (each token sees its step's duration as an ITL).
+    # Each decode token sees its step's duration as its ITL.
     has_dec = dec > 0
-    p95 = _weighted_quantile(dur[has_dec], dec[has_dec], 0.95) if has_dec.any() else float("nan")
-    tail = has_dec & (dur >= p95)
-    tail_tokens = dec[tail].sum()
-    share_prefill = float(dec[tail & is_prefill].sum() / tail_tokens) if tail_tokens else 0.0
-    share_preempt = float(dec[tail & is_preempt].sum() / tail_tokens) if tail_tokens else 0.0
-    mean_itl = float((dur * dec).sum() / dec.sum()) if dec.sum() else float("nan")
+    dsum = dec.sum()
+    slow_tokens = dec[spike].sum()
+    share_prefill = float(dec[is_prefill].sum() / slow_tokens) if slow_tokens else 0.0
+    share_preempt = float(dec[is_preempt].sum() / slow_tokens) if slow_tokens else 0.0
+    token_share = float(dec[is_prefill].sum() / dsum) if dsum else 0.0
+    mean_itl = float((dur * dec).sum() / dsum) if dsum else float("nan")
+
+    def q(d: np.ndarray, p: float) -> float:
+        return _weighted_quantile(d[has_dec], dec[has_dec], p) if has_dec.any() else float("nan")
+
+    # How much of the tail the prefill spikes make: the quantile again with those steps at the
+    # decode-only duration; the share of the excess over a decode step they account for.
+    calm = np.where(is_prefill, base, dur)
+    tail = {}
+    for name, p in (("p95", 0.95), ("p99", 0.99)):
+        with_, without = q(dur, p), q(calm, p)
+        excess = with_ - base
+        tail[name] = (with_, without, (with_ - without) / excess if excess > 0 else 0.0)
 
     out.prefill_evidence = {
-        "decode_step_s": base, "itl_mean_s": mean_itl, "itl_p95_s": p95,
+        "decode_step_s": base, "itl_mean_s": mean_itl,
+        "itl_p95_s": tail["p95"][0], "itl_p99_s": tail["p99"][0],
+        "itl_p99_without_prefill_spikes_s": tail["p99"][1],
+        "share_of_itl_p95_excess": tail["p95"][2], "share_of_itl_p99_excess": tail["p99"][2],
         "spike_steps": int(spike.sum()), "prefill_spike_steps": int(is_prefill.sum()),
         "prefill_spike_magnitude": float(np.median(dur[is_prefill]) / base)
         if is_prefill.any() and base > 0 else None,
-        "share_of_itl_p95_tail": share_prefill,
+        "share_of_slow_itl": share_prefill, "share_of_all_itl": token_share,
         "kv_usage_in_prefill_spikes": float(kv[is_prefill].mean()) if is_prefill.any() else None,
         "arrivals_in_prefill_spikes": int(st["arrivals"].to_numpy()[is_prefill].sum())
         if "arrivals" in st else None,
@@ -130,9 +148,11 @@ def interference_from_steps(
     out.preemption_evidence = {
         "preemptions": int(pmt.sum()), "recompute_ratio": ratio,
         "kv_usage_at_preemption": float(kv[pre_steps].mean()) if pre_steps.any() else None,
-        "preempt_spike_steps": int(is_preempt.sum()), "share_of_itl_p95_tail": share_preempt,
+        "preempt_spike_steps": int(is_preempt.sum()), "share_of_slow_itl": share_preempt,
     }
-    out.prefill_interference = bool(is_prefill.any() and share_prefill >= min_spike_share)
+    out.prefill_interference = bool(
+        is_prefill.any() and share_prefill >= min_spike_share and token_share >= min_itl_share
+    )
     out.preemption = bool(pmt.sum() > 0 and ratio >= recompute_ratio)
     return out
 
@@ -149,7 +169,7 @@ def interference_from_series(
     min_spike_share: float = 0.1,
 ) -> InterferenceReport:
     """The same judgement from scrape intervals of ``series``."""
-    S.check_series(series)
+    series = S.check_series(series)
     series = S.select_run(series, run)
     thr = {"spike_factor": spike_factor, "burst_factor": burst_factor, "kv_full": kv_full,
            "min_spike_share": min_spike_share}

@@ -15,12 +15,13 @@ the re-prefill that does the recompute, so preemption counts and recompute land 
 window. Recomputed tokens = Σ over preemptions of the victim's context minus what survives in the
 prefix cache. How big a victim's context is depends on the policy:
 
-* FCFS takes the tail of the running list: the most recently (re)admitted request, which has its
+* FCFS with full-sequence admission (``scheduler_reserve_full_isl``, vLLM 0.33.0's default)
+  takes the tail of the running list: the most recently (re)admitted request, which has its
   prompt computed and few output tokens. Its context is close to a prompt length, so the window's
   mean prompt (Δ``vllm:prompt_tokens_total`` / Δ``vllm:time_to_first_token_seconds_count``) plus
   half a block is the point estimate, and the spread of prompt lengths (from
   ``vllm:request_prompt_tokens``) over P victims gives the range (±z·sd·√P).
-* Otherwise (priority, or no prompt counters) the mean context held per running request while the
+* Otherwise (priority, admission by first chunk, or no prompt counters) the mean context held per running request while the
   pool is full, ``usage·(N−1)·B/running − B/2`` (N, B from ``vllm:cache_config_info``), is used.
 * With prefix caching on, a victim's full blocks may survive and come back as hits that no
   exporter shows, so the low end drops to the partial tail, (B−1)/2 per preemption.
@@ -40,6 +41,7 @@ import pandas as pd
 from kvpressure.analysis import _series as S
 from kvpressure.analysis._steps import is_timed, require_columns, steps_in_window
 from kvpressure.errors import InputError
+from kvpressure.ingestion.recompute_estimate import recompute_range
 
 PREEMPTIONS = "vllm:num_preemptions_total"
 RUNNING = "vllm:num_requests_running"
@@ -179,23 +181,6 @@ def _pool_shape(
     return n, b, pc
 
 
-def _resident_context(
-    series: pd.DataFrame, window: S.Window, n: int | None, b: int | None
-) -> float | None:
-    """Mean tokens held per running request while the pool is (nearly) full."""
-    if n is None or b is None:
-        return None
-    usage = S.in_window(S.metric_values(series, KV_USAGE, agg="mean"), window)
-    running = S.in_window(S.metric_values(series, RUNNING), window)
-    both = pd.concat([usage.rename("u"), running.rename("r")], axis=1).dropna()
-    both = both[both["r"] > 0]
-    if both.empty:
-        return None
-    full = both[both["u"] >= 0.9 * both["u"].max()]
-    ctx = full["u"] * (n - 1) * b / full["r"] - b / 2
-    return float(max(ctx.mean(), 0.0))
-
-
 def _prompt_stats(series: pd.DataFrame, window: S.Window) -> tuple[float | None, float | None]:
     """Mean prompt of requests whose first token fell in the window, and the prompt spread."""
     mean = None
@@ -228,14 +213,20 @@ def recompute_from_series(
     block_size: int | None = None,
     enable_prefix_caching: bool | None = None,
     policy: str = "fcfs",
+    scheduler_reserve_full_isl: bool | None = None,
     z: float = 2.0,
 ) -> RecomputeEstimate:
     """Estimated recomputed tokens and recompute ratio over ``(t0, t1]`` from counters.
 
     ``available`` is False (and every number None) when ``vllm:num_preemptions_total`` is
-    missing: missing is never read as zero.
+    missing: missing is never read as zero. ``scheduler_reserve_full_isl`` is the admission
+    rule (not exported): True (vLLM 0.33.0's default) admits a request only when its whole
+    prompt fits, so an FCFS victim has its prompt computed; False admits by first chunk, and
+    victims are often cut mid-prompt with far less computed (the simulation shows a few hundred
+    tokens against prompts of thousands), so only the wide D4 range holds; None (unknown) uses
+    the FCFS point inside the union of both ranges.
     """
-    S.check_series(series)
+    series = S.check_series(series)
     series = S.select_run(series, run)
     window = (t0, t1)
     p = S.counter_increase(S.metric_values(series, PREEMPTIONS), window)
@@ -246,7 +237,10 @@ def recompute_from_series(
         )
     n, b, prefix_caching = _pool_shape(series, num_gpu_blocks, block_size, enable_prefix_caching)
     b_eff = b if b is not None else 16
-    ctx_res = _resident_context(series, window, n, b)
+    d4 = recompute_range(series, t0, t1, num_gpu_blocks=n, block_size=b,
+                         prefix_caching=prefix_caching)
+    d4_ok = not math.isnan(d4["high"])
+    ctx_res = d4["params"].get("mean_victim_context_tokens")
     prompt_mean, prompt_sd = _prompt_stats(series, window)
 
     by_source = S.metric_values(series, PROMPT_BY_SOURCE, {"source": "local_compute"})
@@ -263,7 +257,12 @@ def recompute_from_series(
     if b is None:
         assumptions.append("block_size unknown (no vllm:cache_config_info): 16 assumed")
     sd = prompt_sd if prompt_sd is not None else 0.0
-    if policy == "fcfs" and prompt_mean is not None:
+    fcfs_prompt = policy == "fcfs" and prompt_mean is not None
+    if fcfs_prompt and scheduler_reserve_full_isl is False and d4_ok:
+        fcfs_prompt = False
+        assumptions.append("admission by first chunk (scheduler_reserve_full_isl off): victims "
+                           "may be cut mid-prompt, so the FCFS prompt rule does not apply")
+    if fcfs_prompt:
         victim = prompt_mean + b_eff / 2
         spread = z * sd * math.sqrt(p) if p > 0 else 0.0
         low, point, high = p * victim - spread, p * victim, p * victim + spread
@@ -274,23 +273,27 @@ def recompute_from_series(
             f"+ B/2; range +-{z:g} sd of prompt lengths over sqrt(P) victims"
         )
         if ctx_res is not None and ctx_res > victim:
-            # Re-preempted resumed requests carry output tokens too: allow up to the mean
-            # resident context for a share of them, bounded by the pessimistic D4 figure.
+            # A resumed request goes to the tail of the running list and is the next victim,
+            # now with output tokens too: allow a quarter of the victims the mean resident
+            # context (the D4 figure), never above D4's high end.
             high = max(high, min(p * ctx_res, high + 0.25 * p * (ctx_res - victim)))
-    elif ctx_res is not None:
+    elif d4_ok:
         victim = ctx_res
-        low, point, high = p * b_eff / 2, p * ctx_res, p * max(ctx_res, (prompt_mean or 0) + 2 * sd)
-        method = "mean context held per running request while the pool is full"
-        assumptions.append(
-            "victim context ~ usage*(N-1)*B/running - B/2 at high usage (victims may differ)"
-        )
+        low, point, high = d4["low"], d4["point"], d4["high"]
+        method = "mean context held per running request (spec D4, ingestion.recompute_range)"
+        assumptions.extend(d4["assumptions"])
     else:
         return RecomputeEstimate(
             window=window, available=False, preemptions=p,
             method="no data: neither prompt counters nor pool shape to size a victim's context",
+            assumptions=list(d4["assumptions"]),
             inputs={"num_gpu_blocks": n, "block_size": b},
         )
-    if prefix_caching:
+    if fcfs_prompt and scheduler_reserve_full_isl is None and d4_ok:
+        low, high = min(low, d4["low"]), max(high, d4["high"])
+        assumptions.append("admission rule unknown: the range spans the D4 range too "
+                           "(pass scheduler_reserve_full_isl to narrow it)")
+    if prefix_caching and fcfs_prompt:
         hits = S.counter_increase(S.metric_values(series, PREFIX_HITS), window)
         queries = S.counter_increase(S.metric_values(series, PREFIX_QUERIES), window)
         hit_rate = hits / queries if hits is not None and queries else 0.0
@@ -324,9 +327,10 @@ def recompute_from_series(
         assumptions=assumptions,
         inputs={
             "num_gpu_blocks": n, "block_size": b, "enable_prefix_caching": prefix_caching,
-            "policy": policy, "z": z, "prompt_mean": prompt_mean, "prompt_sd": prompt_sd,
+            "policy": policy, "z": z, "scheduler_reserve_full_isl": scheduler_reserve_full_isl, "prompt_mean": prompt_mean, "prompt_sd": prompt_sd,
             "resident_context": ctx_res, "prompt_tokens_increase": prompt_inc,
             "generation_tokens_increase": gen_inc,
+            "d4": {k: d4[k] for k in ("low", "point", "high", "ratio_low", "ratio_high")},
         },
     )
 
@@ -358,6 +362,7 @@ class EstimatorCase:
     series: pd.DataFrame
     policy: str = "fcfs"
     enable_prefix_caching: bool | None = None
+    scheduler_reserve_full_isl: bool | None = None
 
 
 @dataclass
@@ -370,6 +375,8 @@ class EstimatorValidation:
     median_rel_width: float | None
     median_abs_point_error: float | None
     z: float
+    d4_coverage: float | None = None
+    d4_median_rel_width: float | None = None
 
     def to_dict(self) -> dict:
         return to_jsonable(self)
@@ -406,7 +413,8 @@ def validate_recompute_estimator(
             exact = recompute_from_steps(case.steps, a, c)
             est = recompute_from_series(
                 case.series, a, c, policy=case.policy,
-                enable_prefix_caching=case.enable_prefix_caching, z=z,
+                enable_prefix_caching=case.enable_prefix_caching,
+                scheduler_reserve_full_isl=case.scheduler_reserve_full_isl, z=z,
             )
             if not est.available:
                 continue
@@ -419,6 +427,7 @@ def validate_recompute_estimator(
                 "preemptions_counted": est.preemptions, "preemptions_exact": exact.preemptions,
                 "low": lo, "point": est.recomputed_point, "high": hi,
                 "inside": bool(lo - 0.5 <= truth <= hi + 0.5),
+                "d4_low": est.inputs["d4"]["low"], "d4_high": est.inputs["d4"]["high"],
                 "ratio_exact": exact.recompute_ratio,
                 "ratio_low": est.ratio_low, "ratio_high": est.ratio_high,
                 "ratio_inside": (
@@ -442,4 +451,14 @@ def validate_recompute_estimator(
             if pos else None
         ),
         z=z,
+        d4_coverage=(sum(_inside(r["exact"], r["d4_low"], r["d4_high"]) for r in rows) / n
+                     if n else None),
+        d4_median_rel_width=(
+            float(np.median([(r["d4_high"] - r["d4_low"]) / r["exact"] for r in pos]))
+            if pos and all(not math.isnan(r["d4_high"]) for r in pos) else None
+        ),
     )
+
+
+def _inside(truth: float, lo: float, hi: float) -> bool:
+    return not (math.isnan(lo) or math.isnan(hi)) and lo - 0.5 <= truth <= hi + 0.5

@@ -287,7 +287,7 @@ def check_symptoms(
     th = thresholds or Thresholds()
     window = (t0, t1)
     if series is not None:
-        S.check_series(series)
+        series = S.check_series(series)
         series = S.select_run(series, run)
         if series.empty:
             series = None

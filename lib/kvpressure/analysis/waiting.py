@@ -124,7 +124,7 @@ def waiting_from_series(
     max_num_seqs: int | None = None,
 ) -> WaitingReport:
     """Waiting reasons and the silent form from the gauges of ``series``."""
-    S.check_series(series)
+    series = S.check_series(series)
     series = S.select_run(series, run)
     window = (t0, t1)
     running = S.in_window(S.metric_values(series, RUNNING), window)

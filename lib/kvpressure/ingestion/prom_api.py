@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 
 from kvpressure.errors import InputError
-from kvpressure.ingestion.prom_text import SKIP, RunSamples, add_scrape
+from kvpressure.ingestion.prom_text import RunSamples, add_scrape
 
 SELECTOR = '{__name__=~"vllm[:_].+"}'
 RAW_WINDOW_S = 600.0
@@ -214,7 +214,3 @@ def scrape_exporter(
     except httpx.HTTPError as exc:
         raise InputError(f"{url}: cannot scrape ({type(exc).__name__}: {exc})") from None
     return add_scrape(acc, t, resp.text, url, warnings)
-
-
-def ids_kept(acc: RunSamples) -> int:
-    return sum(1 for s in range(len(acc.series)) if s != SKIP)

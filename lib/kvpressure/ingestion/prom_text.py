@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.labels import format_labels
-from kvpressure.ingestion.names import TARGET_LABELS, canonical_name, unescape
+from kvpressure.ingestion.names import TARGET_LABELS, NameInfo, canonical_name, unescape
 
 SKIP = -1  # a series filtered out by ``families``
 CREATED = -2  # a ``_created`` sample: remembered, not a series
@@ -116,8 +116,10 @@ class RunSamples:
         info = canonical_name(raw_name, family_type)
         written_family = info.family
         self.seen_families.add(unescape(raw_name) if info.created else written_family)
-        if info.created:
+        if info.created and not self.keep_created:
             return CREATED
+        if info.created:
+            info = NameInfo(unescape(raw_name), info.family, "gauge", None)
         assert info.canonical is not None
         if info.mapped_from is not None:
             self.mapped[info.mapped_from] = info.canonical
@@ -263,8 +265,8 @@ class RunSamples:
         if cur_family is not None and (name == cur_family or name.startswith(cur_family + "_")):
             family_type = cur_type
         sid = self.series_id(name, labels, family_type)
-        if sid == CREATED:
-            info = canonical_name(name, family_type)
+        info = canonical_name(name, family_type)
+        if info.created:
             self.created.setdefault(info.family, value)
         if ts is None:
             if _same_value(tail, value):

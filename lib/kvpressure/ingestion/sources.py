@@ -62,11 +62,25 @@ def open_text(path: Path) -> io.TextIOBase:
 
 
 def _head(path: Path, size: int = 65536) -> str:
+    """The first ``size`` bytes as text; a cut gzip stream gives what it holds."""
+    chunks: list[bytes] = []
     try:
-        with open_text(path) as fh:
-            return fh.read(size)
-    except (OSError, EOFError) as exc:
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == _GZIP_MAGIC
+        opener = gzip.open if gz else open
+        with opener(path, "rb") as fh:
+            got = 0
+            while got < size:
+                chunk = fh.read(4096)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+    except EOFError:
+        pass
+    except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc})") from None
+    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def sniff_file(path: Path) -> str:

@@ -188,6 +188,9 @@ def _execute(
     output_path = run_dir / NOTEBOOKS_DIR / f"{notebook}.ipynb"
     if not input_path.is_file():
         raise FileNotFoundError(f"{input_path}: no such notebook")
+    known = parameter_names(input_path)
+    # Only the notebook's own parameters: papermill warns about every other name.
+    params = {k: v for k, v in parameters.items() if k in known}
     started = time.perf_counter()
     papermill.execute_notebook(
         _code_notebook(RESET_CODE.format(cwd=str(source_dir))), None,
@@ -197,7 +200,7 @@ def _execute(
         papermill.execute_notebook(
             str(input_path),
             str(output_path),
-            parameters={**parameters, "run_dir": str(run_dir)},
+            parameters={**params, "run_dir": str(run_dir)},
             kernel_name=KERNEL,
             km=km,
             progress_bar=False,
@@ -213,6 +216,24 @@ def _execute(
             notebook, None, None, type(exc).__name__, str(exc), "", output_path
         ) from None
     return NotebookRun(notebook, output_path, time.perf_counter() - started)
+
+
+def parameter_names(path: str | os.PathLike[str]) -> set[str]:
+    """Names assigned in a notebook's ``parameters`` cell."""
+    import ast
+
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            names: set[str] = set()
+            for node in ast.parse(cell.source).body:
+                targets = node.targets if isinstance(node, ast.Assign) else (
+                    [node.target] if isinstance(node, ast.AnnAssign) else [])
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+            return names
+    return set()
 
 
 def _waves(notebooks: Sequence[str]) -> list[list[str]]:

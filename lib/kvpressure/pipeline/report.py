@@ -22,6 +22,7 @@ from kvpressure.pipeline.notebooks import (
     NOTEBOOK_SOURCE_DIR,
     NOTEBOOKS,
     NotebookRun,
+    parameter_names,
     run_notebooks,
 )
 from kvpressure.pipeline.run_folder import RECORD_YAML, clear_generated, is_run_folder
@@ -53,7 +54,7 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
             value = text
-        out[key] = value if isinstance(value, str | int | float | bool | list) else text
+        out[key] = value if isinstance(value, str | int | float | bool | list | dict) else text
     return out
 
 
@@ -61,24 +62,8 @@ def notebook_parameters(
     notebooks: Sequence[str] = NOTEBOOKS, notebooks_dir: str | os.PathLike[str] | None = None
 ) -> dict[str, set[str]]:
     """Parameter names of each notebook's ``parameters`` cell."""
-    import nbformat
-
     source_dir = Path(notebooks_dir) if notebooks_dir else NOTEBOOK_SOURCE_DIR
-    out: dict[str, set[str]] = {}
-    for name in notebooks:
-        nb = nbformat.read(source_dir / f"{name}.ipynb", as_version=4)
-        names: set[str] = set()
-        for cell in nb.cells:
-            if "parameters" in cell.get("metadata", {}).get("tags", []):
-                import ast
-
-                for node in ast.parse(cell.source).body:
-                    targets = node.targets if isinstance(node, ast.Assign) else (
-                        [node.target] if isinstance(node, ast.AnnAssign) else [])
-                    names.update(t.id for t in targets if isinstance(t, ast.Name))
-                break
-        out[name] = names
-    return out
+    return {name: parameter_names(source_dir / f"{name}.ipynb") for name in notebooks}
 
 
 def _check_params(params: Mapping[str, Any], known: Mapping[str, set[str]]) -> None:

@@ -117,7 +117,9 @@ class ThroughputPoint(_Strict):
 
 
 class Knee(_Strict):
-    knee_x: Annotated[float, Field(allow_inf_nan=False)]
+    knee_x: Annotated[float, Field(allow_inf_nan=False)] | None = Field(
+        description="null when throughput still rises at the largest level"
+    )
     peak_x: Annotated[float, Field(allow_inf_nan=False)]
     peak_y: NonNegative
     plateau: bool

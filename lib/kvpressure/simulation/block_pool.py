@@ -180,3 +180,65 @@ class BlockPool:
     def get_usage(self) -> float:
         """``1 - free / (N - 1)``: cached blocks no request holds count as free."""
         return 1.0 - self.num_free_blocks / self.usage_denominator
+
+
+class StackBlockPool(BlockPool):
+    """The same pool when prefix caching is off, on a plain list.
+
+    Without caching no block carries a hash, so every freed block is prepended to the head
+    and every allocation pops the head: the free queue is then a stack whose top is the
+    head, and ``list.extend``/slicing replace the linked-list walks. Reference counts stay
+    exact (a block is never shared without caching).
+    """
+
+    __slots__ = ("stack",)
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = False) -> None:
+        if enable_caching:
+            raise ValueError("StackBlockPool models a pool without prefix caching")
+        n = num_gpu_blocks
+        self.num_gpu_blocks = n
+        self.enable_caching = False
+        self.stack = list(range(n - 1, 0, -1))
+        self.num_free_blocks = n - 1
+        self.ref_cnt = [0] * n
+        self.block_hash = [None] * n
+        self.cached = {}
+        self.usage_denominator = n - 1
+
+    def free_queue(self) -> list[int]:
+        return self.stack[::-1]
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        if num_blocks <= 0:
+            return []
+        stack = self.stack
+        out = stack[-num_blocks:]
+        del stack[-num_blocks:]
+        out.reverse()
+        ref = self.ref_cnt
+        for b in out:
+            ref[b] = 1
+        self.num_free_blocks -= num_blocks
+        return out
+
+    def pop_one(self) -> int:
+        b = self.stack.pop()
+        self.ref_cnt[b] = 1
+        self.num_free_blocks -= 1
+        return b
+
+    def touch(self, blocks: list[int]) -> None:  # no hits without caching
+        for b in blocks:
+            self.ref_cnt[b] += 1
+
+    def free_blocks(self, ordered_blocks: list[int]) -> None:
+        # Prepending [b_k, ..., b_1] keeps b_k at the head: push b_1 first, b_k last.
+        ref = self.ref_cnt
+        for b in ordered_blocks:
+            ref[b] = 0
+        self.stack.extend(reversed(ordered_blocks))
+        self.num_free_blocks += len(ordered_blocks)
+
+    def cache_block(self, b: int, key: int) -> None:
+        raise AssertionError("no block is hashed without prefix caching")

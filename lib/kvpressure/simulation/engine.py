@@ -48,7 +48,7 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.simulation.outputs import SimResult, StepsTable, percentile
-from kvpressure.simulation.request import PREEMPTED, Request
+from kvpressure.simulation.request import FINISHED_LENGTH_CAPPED, PREEMPTED, RUNNING, Request
 from kvpressure.simulation.scenario import Scenario
 from kvpressure.simulation.scheduler import Scheduler, SchedulerOutput
 from kvpressure.simulation.step_features import StepFeatures
@@ -251,6 +251,12 @@ class _Engine:
         kv = sched.kv
         step = self.step
         t0 = self._step_start()
+        if self.r_scheduled is not None:
+            r_sched = self.r_scheduled
+            sched.on_admit = lambda r: r_sched(r, t0)
+        if self.r_preempted is not None:
+            r_pre = self.r_preempted
+            sched.on_preempt = lambda r: r_pre(r, t0)
         out = sched.schedule(step)
         waiting = sched.waiting
         num_running = len(sched.running)
@@ -262,15 +268,11 @@ class _Engine:
         else:
             dur = 0.0
             t1 = self.clock.t0 + (step + 1) * self.clock.dt
-        if self.r_preempted is not None:
-            for r in out.preempted:
-                self.r_preempted(r, t0)
-        if self.r_scheduled is not None:
-            for r in out.admitted:
-                self.r_scheduled(r, t0)
         emitted = sched.update_from_output(out, step)
-        finished = 0
+        finished = len(out.finished)
         r_output = self.r_output
+        if not self.timed and r_output is None:
+            emitted = ()
         for r in emitted:
             if self.timed:
                 if r.num_output_tokens == 1:
@@ -285,7 +287,6 @@ class _Engine:
                 r.last_token_time_s = t1
             fin = r.status > PREEMPTED
             if fin:
-                finished += 1
                 r.finish_time_s = t1
             if r_output is not None:
                 r_output(r, t1, 1, fin)
@@ -343,8 +344,13 @@ class _Engine:
         R = len(running)
         if R == 0 or R > sched.max_num_scheduled_tokens:
             return False
+        if len(sched.waiting) and not self._admission_blocked(
+                R, sched.max_num_scheduled_tokens - R):
+            return False
         mml = sched.max_model_len
         K = 1 << 62
+        B = sched.block_size
+        groups: list[list[Request]] = [[] for _ in range(B)]
         for r in running:
             if r.is_prefill_chunk:
                 return False
@@ -354,20 +360,16 @@ class _Engine:
                 left = cap
             if left < K:
                 K = left
-        K -= 1  # the step of the first finish runs step by step
+            groups[-r.num_computed_tokens % B].append(r)
+        # The leap may end with the step of the first finish (its update frees blocks, so
+        # nothing after it can be leapt without a fresh look).
+        k_finish = K
         if not self.closed and not self.time_arrivals and self.next_idx < len(self.order):
             K = min(K, self.order[self.next_idx].arrival_step - self.step)
         if K < 2:
             return False
-        if len(sched.waiting) and not self._admission_blocked(
-                R, sched.max_num_scheduled_tokens - R):
-            return False
-        B = sched.block_size
         pool = sched.kv.pool
         free = pool.num_free_blocks
-        groups: list[list[Request]] = [[] for _ in range(B)]
-        for r in running:
-            groups[(-r.num_computed_tokens) % B].append(r)
         counts = [len(g) for g in groups]
         # Free blocks after each step; stop before the first step that cannot be served.
         free_after: list[int] = []
@@ -426,6 +428,7 @@ class _Engine:
                 if ends is not None:
                     durations = durations[:K]
                     ends = ends[:K]
+        finishing = K == k_finish
         # Pop the crossing blocks in step order, running order within a step.
         pop = pool.pop_one
         for j in range(K):
@@ -433,6 +436,9 @@ class _Engine:
                 r.blocks.append(pop())
         kv = sched.kv
         caching = kv.enable_caching
+        running = list(running)
+        finished: list[Request] = []
+        mml = sched.max_model_len
         for r in running:
             c = r.num_computed_tokens + K
             r.num_computed_tokens = c
@@ -442,6 +448,17 @@ class _Engine:
             r.hwm = c
             if caching:
                 kv.cache_blocks(r, c)
+            if finishing and (r.num_output_tokens >= r.max_tokens or r.num_tokens >= mml):
+                finished.append(r)
+        if finished:
+            # The last leapt step's update_from_output: free in scheduling order (U2).
+            for r in finished:
+                r.status = FINISHED_LENGTH_CAPPED
+                r.finish_step = self.step + K - 1
+                kv.free(r)
+                sched.finished_req_ids.append(r.request_id)
+            sched.running = [r for r in running if r.status == RUNNING]
+            self.unfinished -= len(finished)
         # Rows.
         steps = self.steps
         step0 = self.step
@@ -459,12 +476,19 @@ class _Engine:
                         ("num_waiting_deferred", D), ("num_scheduled_tokens", R),
                         ("num_prefill_tokens", 0), ("num_decode_tokens", R),
                         ("admitted_new", 0), ("resumed", 0), ("recomputed_tokens", 0),
-                        ("preemptions", 0), ("finished", 0), ("num_running_after", R),
-                        ("num_waiting_after", W), ("prefix_cache_queries", 0),
+                        ("preemptions", 0), ("num_waiting_after", W),
+                        ("prefix_cache_queries", 0),
                         ("prefix_cache_hits", 0)):
             steps.extend_constant(name, v, K)
+        F = len(finished)
+        steps.extend_constant("finished", 0, K - 1)
+        steps.columns["finished"].append(F)
+        steps.extend_constant("num_running_after", R, K - 1)
+        steps.columns["num_running_after"].append(R - F)
         steps.extend("kv_usage", usage)
-        steps.extend("kv_usage_after", usage)
+        usage_last = pool.get_usage() if F else usage[-1]
+        steps.extend("kv_usage_after", usage[:-1])
+        steps.columns["kv_usage_after"].append(usage_last)
         if self.timed:
             np = self.np
             starts = np.concatenate(([t_start], ends[:-1]))
@@ -486,6 +510,8 @@ class _Engine:
                 if m > r.itl_max_s:
                     r.itl_max_s = m
                 r.last_token_time_s = t_end
+            for r in finished:
+                r.finish_time_s = t_end
             self.itl_values.extend(inner.tolist())
             self.itl_weights.extend([R] * (K - 1))
             self.t = t_end
@@ -494,16 +520,28 @@ class _Engine:
             t0 = self.clock.t0
             times = [t0 + (step0 + j + 1) * dt for j in range(K)]
             t_end = times[-1]
-        if self.r_leap is not None:
-            self.r_leap(list(running), times)
-        if self.r_steps_end is not None:
-            zeros = [0] * K
-            self.r_steps_end(times, [R] * K, [W] * K, [D] * K, usage, zeros, zeros)
-        elif self.r_step_end is not None:
-            for j in range(K):
-                self.r_step_end(float(times[j]), R, W, D, usage[j], 0, 0)
-        if self.r_scrape is not None:
-            self.r_scrape(float(t_end))
+        # Recorder: the leapt steps in aggregate; a last step with finishes as a plain step.
+        Kl = K - 1 if F else K
+        if Kl:
+            if self.r_leap is not None:
+                self.r_leap(running, times[:Kl])
+            if self.r_steps_end is not None:
+                zeros = [0] * Kl
+                self.r_steps_end(times[:Kl], [R] * Kl, [W] * Kl, [D] * Kl, usage[:Kl], zeros,
+                                 zeros)
+            elif self.r_step_end is not None:
+                for j in range(Kl):
+                    self.r_step_end(float(times[j]), R, W, D, usage[j], 0, 0)
+            if self.r_scrape is not None:
+                self.r_scrape(float(times[Kl - 1]))
+        if F:
+            if self.r_output is not None:
+                for r in running:
+                    self.r_output(r, float(t_end), 1, r.status > PREEMPTED)
+            if self.r_step_end is not None:
+                self.r_step_end(float(t_end), R - F, W, D, usage_last, 0, 0)
+            if self.r_scrape is not None:
+                self.r_scrape(float(t_end))
         self.step = step0 + K
         return True
 

@@ -3,7 +3,7 @@ with ``FullAttentionManager``): prefix-cache lookup, ``allocate_slots``, ``free`
 
 from __future__ import annotations
 
-from kvpressure.simulation.block_pool import BlockPool
+from kvpressure.simulation.block_pool import BlockPool, StackBlockPool
 from kvpressure.simulation.request import PREEMPTED, WAITING, Request
 
 
@@ -16,7 +16,8 @@ class KVCacheManager:
 
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool, watermark: float = 0.0) -> None:
-        self.pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.pool = (BlockPool(num_gpu_blocks, True) if enable_caching
+                     else StackBlockPool(num_gpu_blocks))
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching

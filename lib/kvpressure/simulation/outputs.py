@@ -180,7 +180,7 @@ class SimResult:
             cells = []
             for v in row:
                 if isinstance(v, float):
-                    cells.append("" if v != v else "%.9g" % v)
+                    cells.append("" if v != v else f"{v:.9g}")
                 else:
                     cells.append(str(v))
             out.append(",".join(cells) + "\n")

@@ -160,7 +160,10 @@ class _RequestStats:
 
 
 def _req_id(req: Any) -> str:
-    return str(getattr(req, "request_id", None) or getattr(req, "id"))
+    try:
+        return req.request_id
+    except AttributeError:
+        return str(req.id)
 
 
 def _labels(pairs: Mapping[str, str]) -> str:
@@ -216,6 +219,7 @@ class PromRecorder:
         }
         self.scrapes: list[dict[str, Any]] = []
         self._next_scrape_k = 1
+        self._boundary = self.time_origin_s + self.scrape_interval_s
         self._last_t = self.time_origin_s
         self._closed = False
         self._pending_leap: tuple[list[_RequestStats], np.ndarray] | None = None
@@ -268,23 +272,29 @@ class PromRecorder:
     @property
     def next_scrape_time(self) -> float:
         """Engine-clock time of the next periodic scrape."""
-        return self.time_origin_s + self._next_scrape_k * self.scrape_interval_s
+        return self._boundary
+
+    def _advance_boundary(self) -> None:
+        self._next_scrape_k += 1
+        # k * interval, not a running sum: no drift over thousands of scrapes
+        self._boundary = self.time_origin_s + self._next_scrape_k * self.scrape_interval_s
 
     def _flush_before(self, t: float) -> None:
         """Scrape every boundary strictly before ``t``: an event at ``t`` is not in them."""
         self._apply_pending_leap()
-        while self.next_scrape_time < t:
-            self._scrape(self.next_scrape_time)
-            self._next_scrape_k += 1
+        while self._boundary < t:
+            self._scrape(self._boundary)
+            self._advance_boundary()
 
     def maybe_scrape(self, t: float) -> None:
         """Called after a step's outputs (stamped ``t``) were applied: take every scrape due at
         or before ``t``."""
         self._apply_pending_leap()
-        while self.next_scrape_time <= t:
-            self._scrape(self.next_scrape_time)
-            self._next_scrape_k += 1
-        self._last_t = max(self._last_t, t)
+        while self._boundary <= t:
+            self._scrape(self._boundary)
+            self._advance_boundary()
+        if t > self._last_t:
+            self._last_t = t
 
     def finish(self, t: float | None = None) -> None:
         """The run ended at ``t``: take the due scrapes and a final one (once)."""
@@ -336,7 +346,8 @@ class PromRecorder:
 
     def on_output(self, req: Any, t: float, new_tokens: int = 1, finished: bool = False) -> None:
         """One output of one request, stamped ``t`` (the end of its step)."""
-        self._flush_before(t)
+        if t > self._boundary or self._pending_leap is not None:
+            self._flush_before(t)
         st = self._reqs[_req_id(req)]
         self._iter_has_output = True
         self.generation_tokens += new_tokens
@@ -356,7 +367,12 @@ class PromRecorder:
             st.first_token_ts = t
             st.is_prefilling = False
         else:
-            self.h_itl.observe(t - st.last_token_ts)
+            # the hottest line of a run: one inter-token latency per decode output
+            h = self.h_itl
+            v = t - st.last_token_ts
+            h.counts[bisect_left(h.bounds, v)] += 1
+            h.total += v
+            h.n += 1
         st.last_token_ts = t
         st.num_generation_tokens += new_tokens
         if finished:

@@ -24,7 +24,7 @@ class SchedulerOutput:
                  "num_prefill_tokens", "num_decode_tokens", "num_decode_seqs",
                  "num_prefill_seqs", "admitted_new", "resumed", "recomputed_tokens",
                  "prefix_cache_queries", "prefix_cache_hits", "sum_decode_ctx",
-                 "sum_prefill_attn", "sum_prefill_ctx", "chunks")
+                 "sum_prefill_attn", "sum_prefill_ctx", "chunks", "emitted", "finished")
 
     def __init__(self) -> None:
         self.scheduled: dict[Request, int] = {}
@@ -45,6 +45,9 @@ class SchedulerOutput:
         self.sum_prefill_ctx = 0
         # (start, length, recomputed) of each prefill chunk, for pricing recompute.
         self.chunks: list[tuple[int, int, int]] = []
+        # Requests that sampled a token this step / reached their last one, in order.
+        self.emitted: list[Request] = []
+        self.finished: list[Request] = []
 
 
 class WaitingQueue:
@@ -108,6 +111,10 @@ class Scheduler:
         self.deferred_waiting: set[Request] = set()
         # Requests finished in update_from_output and not yet reported by schedule() (E4).
         self.finished_req_ids: list[str] = []
+        # Optional callbacks ``f(req)`` at each admission / preemption, called at the moment
+        # it happens inside schedule() (the engine stamps them with the step's start).
+        self.on_admit = None
+        self.on_preempt = None
 
     # -- queue entry ----------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -146,11 +153,33 @@ class Scheduler:
         preempted = out.preempted
         priority = self.priority_policy
 
+        B = self.block_size
+        pool = kv.pool
+        caching = kv.enable_caching
+
         # Pass 1: running requests in list order.
         req_index = 0
         while req_index < len(running) and budget > 0:
             req = running[req_index]
             c = req.num_computed_tokens
+            if not req.is_prefill_chunk:
+                # Decoding (c = L - 1): n = 1 whatever T and the budget; a block is needed
+                # only when position c starts one. Same decisions as the general path below.
+                if c % B:
+                    pass
+                elif pool.num_free_blocks:
+                    req.blocks.append(pool.pop_one())
+                else:
+                    n = 1
+                    req = None
+                if req is not None:
+                    if caching and (c + 1) % B == 0:
+                        kv.cache_blocks(req, c + 1)
+                    scheduled[req] = 1
+                    budget -= 1
+                    req_index += 1
+                    continue
+                req = running[req_index]
             n = req.num_tokens - c
             if 0 < T < n:
                 n = T
@@ -182,6 +211,8 @@ class Scheduler:
                     victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
+                if self.on_preempt is not None:
+                    self.on_preempt(victim)
                 if victim is req:
                     ok = False
                     break
@@ -233,16 +264,36 @@ class Scheduler:
                 scheduled[req] = n
                 out.admitted.append(req)
                 budget -= n
+                if self.on_admit is not None:
+                    self.on_admit(req)
 
-        # _update_after_schedule: advance num_computed_tokens, account the chunks.
+        # _update_after_schedule: advance num_computed_tokens, account the chunks. The fake
+        # model output (one token per request whose chunk reaches L) is appended here too:
+        # nothing between schedule() and update_from_output() reads it, and one pass over
+        # the batch is cheaper than two. Freeing waits for update_from_output().
         total = prefill = decode = recomputed = 0
+        sum_decode_ctx = 0
+        emitted = out.emitted
+        finished = out.finished
         for req, n in scheduled.items():
             start = req.num_computed_tokens
             end = start + n
             total += n
             if not req.is_prefill_chunk:
+                # A decode token is never below the high-water mark (it writes position L-1).
                 decode += 1
-                out.sum_decode_ctx += end
+                sum_decode_ctx += end
+                req.num_computed_tokens = end
+                req.hwm = end
+                req.scheduled_tokens += 1
+                L = end + 1
+                req.num_tokens = L
+                o = req.num_output_tokens + 1
+                req.num_output_tokens = o
+                emitted.append(req)
+                if o >= req.max_tokens or L >= mml:
+                    finished.append(req)
+                continue
             else:
                 prefill += n
                 out.num_prefill_seqs += 1
@@ -259,7 +310,19 @@ class Scheduler:
                 req.hwm = end
             req.num_computed_tokens = end
             req.scheduled_tokens += n
-            req.is_prefill_chunk = end < req.num_tokens
+            if end < req.num_tokens:
+                continue
+            req.is_prefill_chunk = False
+            L = end + 1
+            req.num_tokens = L
+            o = req.num_output_tokens + 1
+            req.num_output_tokens = o
+            if o == 1:
+                req.first_token_step = step
+            emitted.append(req)
+            if o >= req.max_tokens or L >= mml:
+                finished.append(req)
+        out.sum_decode_ctx = sum_decode_ctx
         out.num_scheduled_tokens = total
         out.num_prefill_tokens = prefill
         out.num_decode_tokens = decode
@@ -268,28 +331,18 @@ class Scheduler:
         return out
 
     def update_from_output(self, out: SchedulerOutput, step: int) -> list[Request]:
-        """Append the sampled tokens; finish and free requests in scheduling order (U1/U2).
+        """Finish and free the requests whose token reached ``max_tokens`` or
+        ``max_model_len``, in scheduling order (U1/U2); the tokens themselves were appended
+        at the end of ``schedule()``.
 
         Returns the requests that emitted a token, in scheduling order (finished ones have
         a finished status)."""
-        emitted: list[Request] = []
-        any_finished = False
-        mml = self.max_model_len
-        kv = self.kv
-        for req in out.scheduled:
-            if req.is_prefill_chunk:
-                continue
-            req.num_tokens += 1
-            req.num_output_tokens += 1
-            if req.first_token_step < 0:
-                req.first_token_step = step
-            emitted.append(req)
-            if req.num_output_tokens >= req.max_tokens or req.num_tokens >= mml:
+        if out.finished:
+            kv = self.kv
+            for req in out.finished:
                 req.status = FINISHED_LENGTH_CAPPED
                 req.finish_step = step
                 kv.free(req)
                 self.finished_req_ids.append(req.request_id)
-                any_finished = True
-        if any_finished:
             self.running = [r for r in self.running if r.status == RUNNING]
-        return emitted
+        return out.emitted

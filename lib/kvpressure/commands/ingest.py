@@ -1,0 +1,84 @@
+"""``kvpressure ingest SOURCE... --out DIR``: real metrics into series.csv / runs.csv."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from kvpressure.errors import InputError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "sources",
+        nargs="+",
+        metavar="SOURCE",
+        help="Prometheus text dump, folder of dumps, JSONL scrape log, query_range JSON, "
+        "Prometheus server URL (with --start/--end), /metrics URL, or vllm bench JSON",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="output folder")
+    parser.add_argument("--run", help="run name for all sources (default: one per source)")
+    parser.add_argument("--start", help="server range start: unix s, ISO 8601 or now-1h")
+    parser.add_argument("--end", help="server range end: unix s, ISO 8601 or now")
+    parser.add_argument(
+        "--step",
+        type=float,
+        help="evaluate the server every STEP s (query_range); default: raw scraped samples",
+    )
+    parser.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout, s")
+    parser.add_argument(
+        "--metrics",
+        default="all",
+        help="all (default), core (the families the analysis reads), or comma-separated names",
+    )
+    parser.add_argument(
+        "--counter-origin",
+        choices=("auto", "zero", "first"),
+        default="auto",
+        help="zero: counters were 0 when the log began; first: count from the first sample",
+    )
+    parser.add_argument("--num-gpu-blocks", type=int, help="N, if vllm:cache_config_info lacks it")
+    parser.add_argument("--block-size", type=int, help="B, if vllm:cache_config_info lacks it")
+    parser.add_argument("--keep-created", action="store_true", help="keep _created samples")
+    parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpressure.ingestion.api import ingest
+
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise InputError(f"--out {out}: folder is not empty (use --force to write into it)")
+    result = ingest(
+        args.sources,
+        run=args.run,
+        start=args.start,
+        end=args.end,
+        step=args.step,
+        timeout=args.timeout,
+        metrics=args.metrics,
+        counter_origin=args.counter_origin,
+        keep_created=args.keep_created,
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=args.block_size,
+    )
+    written = result.write(out)
+    summary = {
+        "out": str(out),
+        "files": [p.name for p in written],
+        "series_rows": int(len(result.series)),
+        "runs_rows": int(len(result.runs)),
+        "runs": {
+            name: {
+                "generation": info.get("generation"),
+                "metrics_missing": info.get("metrics_missing"),
+            }
+            for name, info in result.report["runs"].items()
+        },
+        "warnings": len(result.report["warnings"]),
+    }
+    print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,58 @@
+"""``kvpressure sweep EXPERIMENT --out DIR``: simulate every concurrency level and variant."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from kvpressure.errors import InputError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", help="experiment YAML (or the name of a built-in one)")
+    parser.add_argument("--out", required=True, help="output folder (points/ and runs.csv)")
+    parser.add_argument("--variants", nargs="+", metavar="NAME",
+                        help="run only these variants (baseline, max_num_seqs=32, ...)")
+    parser.add_argument("--no-compare", action="store_true",
+                        help="run the baseline only, not the comparison's variants")
+    parser.add_argument("--remedies", action="store_true",
+                        help="also run the experiment's remedies as variants")
+    parser.add_argument("--concurrency", nargs="+", type=float, metavar="C",
+                        help="levels to run instead of the experiment's (request rates for "
+                             "an open-loop experiment)")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--force", action="store_true",
+                        help="write into an existing non-empty output folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpressure.pipeline.sweep import run_sweep, stderr_progress
+    from kvpressure.simulation.experiment import load_experiment
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
+        raise InputError(f"--out {out}: exists and is not empty (use --force to overwrite)")
+    if args.jobs < 1:
+        raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
+    exp = load_experiment(args.experiment)
+    levels = None
+    if args.concurrency:
+        levels = ([int(c) for c in args.concurrency] if exp.mode == "closed"
+                  else list(args.concurrency))
+        if exp.mode == "closed" and any(c != int(c) or c < 1 for c in args.concurrency):
+            raise InputError("--concurrency: levels must be integers >= 1")
+    started = time.perf_counter()
+    print(f"sweep {exp.name}: {exp.mode} loop, levels {levels or exp.levels}", file=sys.stderr)
+    runs = run_sweep(exp, out, variants=args.variants, concurrencies=levels,
+                     progress=stderr_progress, jobs=args.jobs, include_remedies=args.remedies,
+                     compare=not args.no_compare)
+    print(f"{len(runs)} points in {time.perf_counter() - started:.1f} s -> {out / 'runs.csv'}",
+          file=sys.stderr)
+    level_col = "concurrency" if exp.mode == "closed" else "request_rate"
+    for variant, group in runs.groupby("variant", sort=False):
+        curve = ", ".join(f"{lvl:g}: {tput:.0f}" for lvl, tput in
+                          zip(group[level_col], group["output_throughput"], strict=True))
+        print(f"{variant}: output tok/s by {level_col}: {curve}")
+    return 0

@@ -1,0 +1,492 @@
+"""Stage 01: fill the run folder with the canonical tables, from a simulated sweep or from data.
+
+Simulation (the default): the experiment's sweep (every concurrency level of every comparison
+variant) is simulated into ``points/<variant>/c<C>/`` and ``runs.csv``; the focus point's
+Prometheus view (``metrics.prom.jsonl``) is ingested into ``series.csv``, the same way a real
+server's scrapes are.
+
+Ingested data: each source is read with :func:`kvpressure.ingestion.api.ingest`. A source
+folder laid out as ``<variant>/c<C>/metrics.prom.jsonl`` (what a sweep writes) becomes one run
+per point, with its variant and concurrency taken from the path.
+
+Either way ``analysis/collect.json`` records what was read, the focus point and its window.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvpressure.errors import InputError
+from kvpressure.pipeline.run_folder import (
+    EXPERIMENT_COPY,
+    INGEST_JSON,
+    POINTS_DIR,
+    RUNS_CSV,
+    SERIES_CSV,
+    SOURCES_FILE,
+    as_sources,
+    display_path,
+    has_stage,
+    read_stage,
+    sha256_file,
+    write_stage,
+)
+
+BASELINE = "baseline"
+_LEVEL = re.compile(r"^(?:c|concurrency[-_=]?)(\d+)$")
+_SCRAPE_FILES = ("metrics.prom.jsonl", "metrics.prom.jsonl.gz")
+
+
+@dataclass
+class Tables:
+    """What stage 01 left in the run folder, read back."""
+
+    info: dict[str, Any]
+    runs: pd.DataFrame
+    series: pd.DataFrame
+    steps: pd.DataFrame | None
+    requests: pd.DataFrame | None
+
+    @property
+    def baseline_runs(self) -> pd.DataFrame:
+        base = self.info["baseline_variant"]
+        part = self.runs[self.runs["variant"].astype(str) == base]
+        return part.sort_values("concurrency").reset_index(drop=True)
+
+    @property
+    def window(self) -> tuple[float | None, float | None]:
+        focus = self.info["focus"]
+        return focus["t0"], focus["t1"]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- focus and window
+def focus_level(baseline_runs: pd.DataFrame, requested: int | None = None) -> tuple[int, str]:
+    """The concurrency whose counters the investigation reads, and why that one.
+
+    ``requested`` wins when it is a swept level; otherwise the first level past the knee of the
+    baseline curve (the last level when the knee is the last level or there is none).
+    """
+    from kvpressure.analysis.knee import find_knee
+
+    levels = sorted(int(c) for c in pd.to_numeric(baseline_runs["concurrency"]).dropna().unique())
+    if not levels:
+        raise InputError("runs: no concurrency levels to focus on")
+    if requested:
+        if int(requested) not in levels:
+            raise InputError(
+                f"focus_concurrency {requested}: not a swept level; levels are "
+                f"{', '.join(map(str, levels))}"
+            )
+        return int(requested), "given as a parameter"
+    if len(levels) < 3:
+        return levels[-1], "the largest level (too few levels for a knee)"
+    knee = find_knee(baseline_runs["concurrency"], baseline_runs["output_throughput"])
+    if knee.knee_x is None:
+        return levels[-1], "the largest level (throughput still rising: no knee in range)"
+    past = [c for c in levels if c > knee.knee_x]
+    if not past:
+        return levels[-1], f"the largest level (the knee, {knee.knee_x:g}, is the last level)"
+    return past[0], f"the first level past the knee at concurrency {knee.knee_x:g}"
+
+
+def steady_window(requests: pd.DataFrame | None, series: pd.DataFrame) -> tuple[float, float]:
+    """The span where the closed loop still holds its full concurrency.
+
+    After the last request is submitted the number in flight only drains, which would dilute
+    every gauge; the window ends at that submission (or the last scrape without requests.csv).
+    """
+    t = pd.to_numeric(series["t"], errors="coerce").dropna()
+    if t.empty:
+        raise InputError("series: no samples to take a window from")
+    t0, t_last = float(t.min()), float(t.max())
+    t1 = t_last
+    if requests is not None and "arrival_time_s" in requests:
+        last_submit = float(pd.to_numeric(requests["arrival_time_s"], errors="coerce").max())
+        scrapes = sorted(float(x) for x in t.unique())
+        # Snap to the first scrape at or after the last submission: windows end on samples.
+        after = [x for x in scrapes if x >= last_submit]
+        if after and after[0] > t0:
+            t1 = after[0]
+    return t0, t1
+
+
+# --------------------------------------------------------------------------- simulation
+def _run_sweep(experiment: Any, run_dir: Path, jobs: int, progress: Callable[[str], None]
+               ) -> pd.DataFrame:
+    try:
+        from kvpressure.pipeline.sweep import run_sweep
+    except ImportError:  # TEMPORARY until sweep.py lands
+        return _tmp_sweep(experiment, run_dir, progress)
+
+    params = inspect.signature(run_sweep).parameters
+    kwargs: dict[str, Any] = {}
+    if "jobs" in params:
+        kwargs["jobs"] = jobs
+    if "progress" in params:
+        kwargs["progress"] = progress
+    return run_sweep(experiment, run_dir, **kwargs)
+
+
+def _tmp_sweep(exp: Any, run_dir: Path, progress: Callable[[str], None]) -> pd.DataFrame:
+    from kvpressure.simulation.engine import simulate
+
+    rows = []
+    variants = exp.variants()
+    for v, ov in variants.items():
+        for c in exp.concurrencies:
+            p = exp.point(concurrency=c, overrides=ov, variant=v)
+            r = simulate(p.scenario, cost_model=p.cost_model, recorder=p.recorder)
+            out = _point_dir(run_dir, v, c)
+            r.write(out)
+            s = r.summary
+            rows.append({"run": f"{v}/c{c}", "variant": v, "concurrency": c,
+                         "request_rate": math.nan, "num_requests": s["num_requests"],
+                         "duration_s": s["duration_s"],
+                         "request_throughput": s["request_throughput"],
+                         "output_throughput": s["output_throughput"],
+                         "total_token_throughput": s["total_token_throughput"],
+                         "ttft_mean_s": s["ttft_mean_s"], "ttft_p95_s": s["ttft_p95_s"],
+                         "itl_mean_s": s["itl_mean_s"], "itl_p95_s": s["itl_p95_s"],
+                         "itl_p99_s": s["itl_p95_s"], "e2e_mean_s": s["e2e_mean_s"],
+                         "preemptions": s["preemptions"],
+                         "recomputed_tokens": s["recomputed_tokens"],
+                         "recompute_ratio": s["recompute_ratio"],
+                         "recompute_ratio_low": s["recompute_ratio"],
+                         "recompute_ratio_high": s["recompute_ratio"],
+                         "mean_running": s["mean_running"], "max_running": s["max_running"],
+                         "mean_kv_usage": s["mean_kv_usage"], "source": "simulation",
+                         "max_num_seqs": p.settings["max_num_seqs"]})
+            progress(f"sweep {v} c{c}: {s['output_throughput']:.0f} tok/s")
+    runs = pd.DataFrame(rows)
+    runs.to_csv(run_dir / RUNS_CSV, index=False)
+    return runs
+
+
+def _describe_length(spec: Any) -> str:
+    if spec is None:
+        return "from the trace"
+    data = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
+    kind = data.pop("type", None) or data.pop("kind", None) or type(spec).__name__
+    args = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in data.items() if v is not None)
+    return f"{kind} ({args})" if args else str(kind)
+
+
+def _length_stats(values: pd.Series, description: str, source: str) -> dict[str, Any]:
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    return {
+        "description": description, "mean": float(v.mean()), "p50": float(v.quantile(0.5)),
+        "p95": float(v.quantile(0.95)), "max": float(v.max()), "source": source,
+    }
+
+
+def _point_dir(run_dir: Path, variant: str, concurrency: int) -> Path:
+    return run_dir / POINTS_DIR / variant / f"c{concurrency}"
+
+
+def _collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: int,
+                        jobs: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    from kvpressure.ingestion.api import ingest
+    from kvpressure.simulation.experiment import load_experiment
+
+    exp = load_experiment(experiment_path)
+    if exp.mode != "closed":
+        raise InputError(f"{experiment_path}: the investigation sweeps closed-loop concurrency "
+                         "levels; this experiment gives request rates")
+    src = Path(exp.path) if exp.path else Path(experiment_path)
+    shutil.copyfile(src, run_dir / EXPERIMENT_COPY)
+    runs = _run_sweep(exp, run_dir, jobs, progress)
+    if not (run_dir / RUNS_CSV).is_file():
+        runs.to_csv(run_dir / RUNS_CSV, index=False)
+    runs = pd.read_csv(run_dir / RUNS_CSV)
+    variants = [str(v) for v in pd.unique(runs["variant"])]
+    base = BASELINE if BASELINE in variants else variants[0]
+    focus_variant = exp.config.focus.variant if exp.config.focus.variant in variants else base
+    base_runs = runs[runs["variant"].astype(str) == focus_variant]
+    requested = focus_concurrency or exp.config.focus.concurrency
+    level, why = focus_level(base_runs, requested)
+    point = _point_dir(run_dir, focus_variant, level)
+    scrape = next((point / n for n in _SCRAPE_FILES if (point / n).is_file()), None)
+    if scrape is None:
+        raise InputError(f"{point}: the sweep wrote no metrics.prom.jsonl for the focus point")
+    run_name = f"{focus_variant}/c{level}"
+    ingested = ingest([scrape], run=run_name)
+    ingested.series.to_csv(run_dir / SERIES_CSV, index=False)
+    (run_dir / INGEST_JSON).write_text(
+        json.dumps(_ingest_report(ingested.report), indent=2, sort_keys=True) + "\n")
+    requests = pd.read_csv(point / "requests.csv")
+    t0, t1 = steady_window(requests, ingested.series)
+    settings = exp.settings()
+    cmp = exp.config.comparison
+    spec = exp.config.workload
+    return {
+        "mode": "simulation",
+        "name": exp.name,
+        "description": exp.description,
+        "inputs": [{"path": display_path(src), "sha256": sha256_file(src)}],
+        "seed": int(spec.seed),
+        "model_name": exp.model_name,
+        "baseline_variant": base,
+        "variants": variants,
+        "variant_settings": {v: _variant_settings(exp, v) for v in variants},
+        "comparison_parameter": cmp.parameter if cmp else None,
+        "concurrency_levels": sorted(int(c) for c in base_runs["concurrency"].unique()),
+        "settings": settings,
+        "num_requests": int(len(requests)),
+        "input_len_distribution": _length_stats(
+            requests["prompt_len"], _describe_length(spec.input_len), "requests.csv (exact)"),
+        "output_len_distribution": _length_stats(
+            requests["output_len"], _describe_length(spec.output_len), "requests.csv (exact)"),
+        "focus": {"variant": focus_variant, "concurrency": level, "run": run_name,
+                  "why": why, "t0": t0, "t1": t1,
+                  "point_dir": str(point.relative_to(run_dir))},
+    }
+
+
+def _variant_settings(exp: Any, variant: str) -> dict[str, Any]:
+    overrides = exp.variants(include_remedies=True).get(variant, {})
+    return exp.settings(overrides)
+
+
+def _ingest_report(report: Mapping[str, Any]) -> dict[str, Any]:
+    from kvpressure.ingestion.api import _jsonable
+
+    return _jsonable(dict(report))
+
+
+# --------------------------------------------------------------------------- ingested data
+def _point_of(path: Path) -> tuple[str, int | None]:
+    """(variant, concurrency) from a path like ``.../<variant>/c64/metrics.prom.jsonl``."""
+    parts = path.parts
+    for i in range(len(parts) - 1, -1, -1):
+        m = _LEVEL.match(parts[i])
+        if m:
+            variant = parts[i - 1] if i > 0 else BASELINE
+            return variant, int(m.group(1))
+    return BASELINE, None
+
+
+def _scrape_files(source: Path) -> list[Path]:
+    if source.is_file():
+        return [source]
+    found = sorted(p for n in _SCRAPE_FILES for p in source.rglob(n))
+    return found
+
+
+def _parse_variant(name: str) -> dict[str, Any]:
+    import yaml
+
+    out = {}
+    for part in name.split(","):
+        key, sep, value = part.partition("=")
+        if sep:
+            out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
+                      engine_args: Mapping[str, Any], model_name: str) -> dict[str, Any]:
+    from kvpressure.ingestion.api import ingest
+
+    files: list[tuple[Path, str, int | None]] = []
+    others: list[str] = []
+    for s in sources:
+        path = Path(s)
+        scrapes = _scrape_files(path) if path.is_dir() else []
+        if scrapes and any(_point_of(p)[1] is not None for p in scrapes):
+            files.extend((p, *_point_of(p)) for p in scrapes)
+        else:
+            others.append(s)
+    (run_dir / SOURCES_FILE).write_text(json.dumps({"sources": sources}, indent=2) + "\n")
+    inputs = []
+    rows = []
+    focus_series: dict[str, pd.DataFrame] = {}
+    reports: dict[str, Any] = {}
+    for path, variant, level in files:
+        run_name = f"{variant}/c{level}"
+        res = ingest([path], run=run_name, metrics="core")
+        row = res.runs.iloc[0].to_dict()
+        row.update(run=run_name, variant=variant, concurrency=level)
+        rows.append(row)
+        focus_series[run_name] = res.series
+        reports[run_name] = res.report
+        inputs.append({"path": display_path(path), "sha256": sha256_file(path)})
+    if others:
+        res = ingest(others)
+        for _, r in res.runs.iterrows():
+            rows.append(r.to_dict())
+        for run_name in pd.unique(res.series["run"]) if len(res.series) else []:
+            focus_series[str(run_name)] = res.series[res.series["run"] == run_name]
+        reports["other"] = res.report
+        for s in others:
+            for p in ([Path(s)] if Path(s).is_file() else sorted(Path(s).rglob("*"))):
+                if p.is_file():
+                    inputs.append({"path": display_path(p), "sha256": sha256_file(p)})
+    if not rows:
+        raise InputError(f"{', '.join(sources)}: no measured run found")
+    runs = pd.DataFrame(rows)
+    runs["variant"] = runs["variant"].fillna(BASELINE).replace({"default": BASELINE})
+    runs = runs.sort_values(["variant", "concurrency"], kind="stable").reset_index(drop=True)
+    runs.to_csv(run_dir / RUNS_CSV, index=False)
+    variants = [str(v) for v in pd.unique(runs["variant"])]
+    base = BASELINE if BASELINE in variants else variants[0]
+    base_runs = runs[runs["variant"] == base]
+    if base_runs["concurrency"].isna().all():
+        raise InputError(
+            f"{', '.join(sources)}: no concurrency levels found; lay scrapes out as "
+            "<variant>/c<concurrency>/metrics.prom.jsonl or give vllm bench results"
+        )
+    level, why = focus_level(base_runs.dropna(subset=["concurrency"]), focus_concurrency)
+    run_name = str(base_runs.loc[base_runs["concurrency"] == level, "run"].iloc[0])
+    series = focus_series.get(run_name)
+    if series is None or series.empty:
+        raise InputError(f"run {run_name}: no scrapes to read the counters from")
+    series.to_csv(run_dir / SERIES_CSV, index=False)
+    (run_dir / INGEST_JSON).write_text(
+        json.dumps(_ingest_report({"runs": reports}), indent=2, sort_keys=True) + "\n")
+    t0, t1 = steady_window(None, series)
+    geometry = _cache_config(series)
+    settings = {**geometry, **dict(engine_args)}
+    variant_settings = {}
+    for v in variants:
+        variant_settings[v] = {**settings, **_parse_variant(v)} if v != base else dict(settings)
+    params = sorted({k for v in variants if v != base for k in _parse_variant(v)})
+    return {
+        "mode": "ingested",
+        "name": run_dir.name,
+        "description": "ingested metrics",
+        "inputs": inputs,
+        "seed": None,
+        "model_name": model_name or _model_name(series) or "unknown model",
+        "baseline_variant": base,
+        "variants": variants,
+        "variant_settings": variant_settings,
+        "comparison_parameter": params[0] if len(params) == 1 else None,
+        "concurrency_levels": sorted(int(c) for c in base_runs["concurrency"].dropna().unique()),
+        "settings": settings,
+        "num_requests": _finite_int(base_runs.loc[base_runs["run"] == run_name, "num_requests"]),
+        "input_len_distribution": _length_from_histogram(
+            series, "vllm:request_prompt_tokens", t0, t1),
+        "output_len_distribution": _length_from_histogram(
+            series, "vllm:request_generation_tokens", t0, t1),
+        "focus": {"variant": base, "concurrency": level, "run": run_name, "why": why,
+                  "t0": t0, "t1": t1, "point_dir": None},
+    }
+
+
+def _finite_int(values: pd.Series) -> int | None:
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    return int(round(float(v.iloc[0]))) if len(v) else None
+
+
+def _cache_config(series: pd.DataFrame) -> dict[str, Any]:
+    from kvpressure.ingestion.labels import parse_labels
+
+    rows = series[series["metric"] == "vllm:cache_config_info"]
+    if rows.empty:
+        return {}
+    labels = parse_labels(str(rows["labels"].iloc[-1]))
+    out: dict[str, Any] = {}
+    for key, cast in (("num_gpu_blocks", int), ("block_size", int),
+                      ("gpu_memory_utilization", float)):
+        try:
+            out[key] = cast(float(labels[key]))
+        except (KeyError, ValueError):
+            pass
+    return out
+
+
+def _model_name(series: pd.DataFrame) -> str | None:
+    from kvpressure.ingestion.labels import parse_labels
+
+    for text in pd.unique(series["labels"].astype(str))[:50]:
+        name = parse_labels(text).get("model_name")
+        if name:
+            return name
+    return None
+
+
+def _length_from_histogram(series: pd.DataFrame, base: str, t0: float, t1: float
+                           ) -> dict[str, Any]:
+    from kvpressure.ingestion.counters import histogram_mean, histogram_quantile
+
+    def q(x: float) -> float:
+        return histogram_quantile(series, base, x, None, t1, origin="zero")
+
+    mean = histogram_mean(series, base, None, t1, origin="zero")
+    stats = {"mean": mean, "p50": q(0.5), "p95": q(0.95), "max": q(1.0)}
+    if any(not isinstance(v, float) or math.isnan(v) for v in stats.values()):
+        return {"description": f"not measured ({base} missing)", "mean": None, "p50": None,
+                "p95": None, "max": None, "source": base}
+    return {"description": f"from the {base} histogram", **stats,
+            "source": f"{base} (bucket-interpolated)"}
+
+
+# --------------------------------------------------------------------------- entry points
+def collect(
+    run_dir: str | os.PathLike[str],
+    experiment: str | os.PathLike[str] = "",
+    source: Any = "",
+    *,
+    focus_concurrency: int = 0,
+    engine_args: Mapping[str, Any] | None = None,
+    model_name: str = "",
+    jobs: int = 1,
+    progress: Callable[[str], None] | None = _stderr,
+) -> dict[str, Any]:
+    """Stage 01: write the canonical tables and ``analysis/collect.json``; returns the latter."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sources = as_sources(source)
+    say = progress or (lambda _m: None)
+    if sources:
+        info = _collect_ingested(run_dir, sources, focus_concurrency, engine_args or {},
+                                 model_name)
+    else:
+        if not experiment:
+            raise InputError("collect: give an experiment file or a source")
+        info = _collect_simulation(run_dir, os.fspath(experiment), focus_concurrency,
+                                   max(1, int(jobs)), say)
+    write_stage(run_dir, "collect", info)
+    return read_stage(run_dir, "collect")
+
+
+def ensure_collected(
+    run_dir: str | os.PathLike[str], experiment: str | os.PathLike[str] = "", source: Any = ""
+) -> dict[str, Any]:
+    """Stage 01's results; runs stage 01 first when the run folder does not have them yet,
+    so any notebook can be opened and run on its own."""
+    if not has_stage(run_dir, "collect") or not (Path(run_dir) / RUNS_CSV).is_file():
+        return collect(run_dir, experiment, source)
+    return read_stage(run_dir, "collect")
+
+
+def load_tables(run_dir: str | os.PathLike[str]) -> Tables:
+    """Stage 01's tables: runs, the focus point's series (and steps, requests when simulated)."""
+    run_dir = Path(run_dir)
+    info = read_stage(run_dir, "collect")
+    runs = pd.read_csv(run_dir / RUNS_CSV)
+    series = pd.read_csv(run_dir / SERIES_CSV, dtype={"labels": str, "run": str, "metric": str})
+    series["labels"] = series["labels"].fillna("")
+    steps = requests = None
+    point_dir = info["focus"].get("point_dir")
+    if point_dir:
+        steps = pd.read_csv(run_dir / point_dir / "steps.csv")
+        requests = pd.read_csv(run_dir / point_dir / "requests.csv")
+    return Tables(info, runs, series, steps, requests)

@@ -1,0 +1,293 @@
+"""Stages 02-06: call the analysis on stage 01's tables and shape what each notebook shows.
+
+Each ``*_stage`` function returns a :class:`StageOutput`: ``result`` (the JSON the notebook
+writes to ``analysis/<stage>.json``) and ``frames`` (tidy tables for its figures). The notebooks
+only plot, print and assert; the judgement lives in :mod:`kvpressure.analysis`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvpressure.pipeline.collect import Tables
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+BY_REASON = "vllm:num_requests_waiting_by_reason"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+
+CURVE_COLUMNS = ("concurrency", "output_throughput", "itl_mean_s", "itl_p95_s", "ttft_p95_s",
+                 "preemptions", "recompute_ratio", "recompute_ratio_low", "recompute_ratio_high",
+                 "mean_running", "mean_kv_usage")
+
+
+@dataclass
+class StageOutput:
+    result: dict[str, Any]
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def _num(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) or math.isinf(v) else v
+
+
+def _gauge(series: pd.DataFrame, metric: str, run: str, labels: str | None = None) -> pd.Series:
+    from kvpressure.ingestion.counters import select
+
+    parts = select(series, metric, labels, run=run)
+    if not parts:
+        return pd.Series(dtype=float)
+    frame = pd.concat(parts.values(), axis=1)
+    return frame.mean(axis=1) if metric == KV_USAGE else frame.sum(axis=1)
+
+
+# --------------------------------------------------------------------------- 02 recompute
+def timeline(tables: Tables) -> pd.DataFrame:
+    """Running, waiting (by reason) and KV usage at each scrape of the focus point (long form)."""
+    run = tables.info["focus"]["run"]
+    s = tables.series
+    cols = {
+        "running": _gauge(s, RUNNING, run),
+        "waiting": _gauge(s, WAITING, run),
+        "waiting: capacity": _gauge(s, BY_REASON, run, "reason=capacity"),
+        "waiting: deferred": _gauge(s, BY_REASON, run, "reason=deferred"),
+        "kv_cache_usage_perc": _gauge(s, KV_USAGE, run),
+    }
+    wide = pd.DataFrame({k: v for k, v in cols.items() if not v.empty})
+    wide.index.name = "t"
+    return wide.reset_index().melt(id_vars="t", var_name="metric", value_name="value")
+
+
+def preemption_intervals(tables: Tables) -> pd.DataFrame:
+    """Preemptions in each scrape interval: differences of the cumulative counter."""
+    from kvpressure.ingestion.counters import interval_increases, select
+
+    run = tables.info["focus"]["run"]
+    parts = select(tables.series, PREEMPTIONS, None, run=run)
+    if not parts:
+        return pd.DataFrame(columns=["t", "preemptions"])
+    total = pd.concat(parts.values(), axis=1).sum(axis=1).sort_index()
+    t = total.index.to_numpy(float)
+    inc = interval_increases(t, total.to_numpy(float))
+    return pd.DataFrame({"t": t[1:], "preemptions": inc})
+
+
+def recompute_stage(tables: Tables) -> StageOutput:
+    """Counters over the focus window, the waiting split, and recompute (exact or a range)."""
+    from kvpressure.analysis.recompute import recompute_from_series, recompute_from_steps
+    from kvpressure.analysis.waiting import waiting_from_series
+
+    info = tables.info
+    focus = info["focus"]
+    t0, t1 = tables.window
+    settings = info["settings"]
+    mns = settings.get("max_num_seqs")
+    waiting = waiting_from_series(tables.series, t0, t1, max_num_seqs=mns)
+    if tables.steps is not None:
+        rec = recompute_from_steps(tables.steps, t0, t1)
+        recomputed = float(rec.recomputed_tokens)
+        low = high = recomputed
+        ratio = rec.recompute_ratio or 0.0
+        ratio_low = ratio_high = ratio
+        preemptions = float(rec.preemptions)
+        exact = True
+        detail = rec.to_dict()
+    else:
+        est = recompute_from_series(
+            tables.series, t0, t1, run=focus["run"],
+            num_gpu_blocks=settings.get("num_gpu_blocks"), block_size=settings.get("block_size"),
+            enable_prefix_caching=settings.get("enable_prefix_caching"),
+        )
+        recomputed = _num(est.recomputed_point)
+        low, high = _num(est.recomputed_low), _num(est.recomputed_high)
+        ratio, ratio_low, ratio_high = (_num(est.recompute_ratio), _num(est.ratio_low),
+                                        _num(est.ratio_high))
+        preemptions = _num(est.preemptions)
+        exact = False
+        detail = est.to_dict()
+    wr = waiting.to_dict()
+    result = {
+        "window": {"run": focus["run"], "concurrency": focus["concurrency"], "t0": t0, "t1": t1},
+        "max_num_seqs": mns,
+        "running_mean": wr.get("mean_running"),
+        "running_max": wr.get("max_running"),
+        "waiting_mean": wr.get("mean_waiting"),
+        "waiting_capacity_mean": wr.get("mean_capacity"),
+        "waiting_deferred_mean": wr.get("mean_deferred"),
+        "frac_waiting": wr.get("frac_waiting"),
+        "frac_silent": wr.get("frac_silent"),
+        "kv_usage_mean": _kv_mean(tables.series, focus["run"], t0, t1),
+        "preemptions": preemptions,
+        "recomputed_tokens": recomputed,
+        "recomputed_tokens_low": low,
+        "recomputed_tokens_high": high,
+        "recompute_ratio": ratio,
+        "recompute_ratio_low": ratio_low,
+        "recompute_ratio_high": ratio_high,
+        "exact": exact,
+        "recompute_time_share": detail.get("recompute_time_share"),
+        "waiting": wr,
+        "recompute": detail,
+    }
+    by_level = tables.baseline_runs[[c for c in ("concurrency", "preemptions",
+                                                  "recomputed_tokens", "recompute_ratio",
+                                                  "recompute_ratio_low", "recompute_ratio_high")
+                                     if c in tables.baseline_runs]]
+    frames = {"timeline": timeline(tables), "preemptions": preemption_intervals(tables),
+              "by_concurrency": by_level.reset_index(drop=True)}
+    return StageOutput(result, frames)
+
+
+def _kv_mean(series: pd.DataFrame, run: str, t0: float | None, t1: float | None) -> float | None:
+    from kvpressure.ingestion.counters import gauge_mean
+
+    return _num(gauge_mean(series, KV_USAGE, t0, t1, run=run))
+
+
+# --------------------------------------------------------------------------- 03 knee
+def curve(runs: pd.DataFrame) -> pd.DataFrame:
+    cols = [c for c in ("variant", *CURVE_COLUMNS) if c in runs.columns]
+    out = runs[cols].copy()
+    return out.sort_values([c for c in ("variant", "concurrency") if c in out]).reset_index(
+        drop=True)
+
+
+def knee_stage(tables: Tables) -> StageOutput:
+    """Knee, peak and decline of the baseline curve; latencies at every level."""
+    from kvpressure.analysis.knee import find_knee
+
+    base = tables.baseline_runs
+    knee = find_knee(base["concurrency"], base["output_throughput"])
+    focus = tables.info["focus"]
+    at = base[base["concurrency"] == focus["concurrency"]].iloc[0]
+    points = curve(base)
+    result = {
+        "variant": tables.info["baseline_variant"],
+        "knee": knee.to_dict(),
+        "curve": points.drop(columns=["variant"], errors="ignore").to_dict(orient="records"),
+        "focus_concurrency": focus["concurrency"],
+        "itl_mean_s": _num(at.get("itl_mean_s")),
+        "itl_p95_s": _num(at.get("itl_p95_s")),
+        "ttft_p95_s": _num(at.get("ttft_p95_s")),
+    }
+    return StageOutput(result, {"curve": points})
+
+
+# --------------------------------------------------------------------------- 04 compare
+def comparison_runs(tables: Tables) -> tuple[pd.DataFrame, dict[str, dict]]:
+    """Baseline and the variants that differ from it only in the comparison's parameter."""
+    info = tables.info
+    param = info.get("comparison_parameter")
+    base = info["baseline_variant"]
+    settings = info["variant_settings"]
+    keep = [base]
+    for name in info["variants"]:
+        if name == base or name not in settings:
+            continue
+        diff = {k for k in set(settings[name]) | set(settings[base])
+                if settings[name].get(k) != settings[base].get(k)}
+        if param is not None and diff == {param}:
+            keep.append(name)
+    runs = tables.runs[tables.runs["variant"].astype(str).isin(keep)]
+    return runs.reset_index(drop=True), {k: settings[k] for k in keep}
+
+
+def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
+    """The single-variable comparison: each variant's knee and whether it moved beyond noise."""
+    from kvpressure.analysis.compare import compare_variants
+
+    runs, settings = comparison_runs(tables)
+    param = tables.info.get("comparison_parameter")
+    if param is None or len(settings) < 2:
+        result = {"available": False, "parameter": param,
+                  "summary": "no single-variable comparison in the data (one variant only)"}
+        return StageOutput(result, {"curves": curve(runs)})
+    cmp = compare_variants(runs, settings, parameter=param,
+                           baseline=tables.info["baseline_variant"], seed=seed)
+    d = cmp.to_dict()
+    base_curve = next(v for v in cmp.variants if v.variant == cmp.baseline)
+    phrases = []
+    for s in cmp.shifts:
+        k0 = "past the range" if s["knee_x"] is None else f"{s['knee_x']:g}"
+        kb = "past the range" if base_curve.knee_x is None else f"{base_curve.knee_x:g}"
+        verdict = "beyond noise" if s["beyond_noise"] else "within noise"
+        gain = s.get("peak_gain_pct")
+        gain_txt = "" if gain is None or (isinstance(gain, float) and math.isnan(gain)) else (
+            f", peak throughput {gain:+.0f}%")
+        phrases.append(
+            f"{param} {s['baseline_value']} -> {s['value']}: knee {kb} -> {k0} "
+            f"(shift {s['shift']:+g}, {verdict}{gain_txt})"
+        )
+    moved = cmp.knee_moves_right and cmp.beyond_noise
+    summary = "; ".join(phrases) + (
+        f". The knee moves right beyond noise when {param} changes: the curve was bound by "
+        "KV blocks." if moved else f". The knee does not move right beyond noise when {param}"
+        " changes.")
+    d.update(available=True, summary=summary, moved_right_beyond_noise=moved,
+             variant_names=[v.variant for v in cmp.variants if v.variant != cmp.baseline])
+    return StageOutput(d, {"curves": curve(runs)})
+
+
+def comparison_from_dict(d: dict[str, Any]) -> Any:
+    """The analysis' Comparison back from compare.json (None when there was none)."""
+    from kvpressure.analysis.compare import Comparison, VariantCurve
+
+    if not d.get("available"):
+        return None
+    fields = set(Comparison.__dataclass_fields__)
+    kw = {k: v for k, v in d.items() if k in fields}
+    kw["variants"] = [VariantCurve(**{**v, "knee_range": tuple(v["knee_range"])})
+                      for v in d["variants"]]
+    return Comparison(**kw)
+
+
+# --------------------------------------------------------------------------- 05 interference
+def interference_stage(tables: Tables) -> StageOutput:
+    """Prefill interference vs preemption at the focus point, with a per-step (or interval) view."""
+    from kvpressure.analysis.interference import interference_from_series, interference_from_steps
+
+    t0, t1 = tables.window
+    if tables.steps is not None and "time_s" in tables.steps:
+        rep = interference_from_steps(tables.steps, t0, t1)
+        st = tables.steps
+        st = st[(st["time_s"] > (t0 or -np.inf)) & (st["time_s"] <= (t1 or np.inf))]
+        view = pd.DataFrame({
+            "t": st["time_s"].to_numpy(float),
+            "step_ms": 1000 * st["step_duration_s"].to_numpy(float),
+            "prefill_tokens": st["num_prefill_tokens"].to_numpy(float),
+            "decode_tokens": st["num_decode_tokens"].to_numpy(float),
+            "preempting": (st["preemptions"].to_numpy(float) > 0)
+            | (st["recomputed_tokens"].to_numpy(float) > 0),
+            "kv_usage": st["kv_usage"].to_numpy(float),
+        })
+        view = view[view["decode_tokens"] > 0]
+        long = rep.thresholds.get("long_prefill_tokens") or view["prefill_tokens"].max()
+        view["kind"] = np.where(view["preempting"], "preemption / recompute",
+                                np.where(view["prefill_tokens"] >= long, "long prefill",
+                                         "other"))
+    else:
+        rep = interference_from_series(tables.series, t0, t1, run=tables.info["focus"]["run"])
+        view = pd.DataFrame(columns=["t", "step_ms", "prefill_tokens", "kind"])
+    d = rep.to_dict()
+    pi, pre = rep.prefill_interference, rep.preemption
+    words = {True: "present", False: "absent", None: "not measurable"}
+    d["summary"] = (f"prefill interference {words[pi]}; preemption-driven slow steps "
+                    f"{words[pre]} (from {rep.source})")
+    return StageOutput(d, {"steps": view})
+
+
+def interference_from_dict(d: dict[str, Any]) -> Any:
+    from kvpressure.analysis.interference import InterferenceReport
+
+    fields = set(InterferenceReport.__dataclass_fields__)
+    return InterferenceReport(**{k: v for k, v in d.items() if k in fields})

@@ -1,0 +1,240 @@
+"""Sweeps: every variant of an experiment at every concurrency level (or request rate).
+
+Each point is simulated event-driven with the experiment's cost model and a Prometheus
+recorder, and written to ``out_dir/points/<variant>/c<concurrency>/`` (``summary.json``,
+``steps.csv``, ``requests.csv``, ``metrics.prom.jsonl``); open-loop points go to
+``r<rate>``. ``runs.csv`` collects one row per point with the ``runs`` columns of
+``interfaces.md`` section 3 plus the engine arguments in force. Points run in worker
+processes; rows and files do not depend on the number of workers or on completion order.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpressure.errors import InputError
+from kvpressure.simulation.experiment import ENGINE_ARGS, Experiment, load_experiment
+
+RUNS_COLUMNS = (
+    "run", "variant", "concurrency", "request_rate", "num_requests", "duration_s",
+    "request_throughput", "output_throughput", "total_token_throughput", "ttft_mean_s",
+    "ttft_p95_s", "itl_mean_s", "itl_p95_s", "itl_p99_s", "e2e_mean_s", "preemptions",
+    "recomputed_tokens", "recompute_ratio", "recompute_ratio_low", "recompute_ratio_high",
+    "mean_running", "max_running", "mean_kv_usage", "source",
+)
+EXTRA_COLUMNS = (
+    "requests_preempted", "total_scheduled_tokens", "prefill_tokens", "decode_tokens",
+    "steps", "max_kv_usage", "recompute_time_s", "recompute_time_share", "refused_requests",
+)
+SETTING_COLUMNS = tuple(ENGINE_ARGS)
+
+
+@dataclass(frozen=True)
+class _Task:
+    index: int
+    variant: str
+    overrides: dict[str, Any]
+    concurrency: int | None
+    request_rate: float | None
+    folder: str
+
+
+def point_folder(variant: str, concurrency: int | None = None,
+                 request_rate: float | None = None) -> str:
+    """``points/<variant>/c<concurrency>`` (closed loop) or ``points/<variant>/r<rate>``."""
+    level = f"c{concurrency}" if concurrency is not None else f"r{request_rate:g}"
+    return f"points/{variant}/{level}"
+
+
+def _run_point(experiment: Experiment, task: _Task, out_dir: str) -> dict[str, Any]:
+    """Simulate one point, write its folder, return its ``runs`` row (in a worker)."""
+    from kvpressure.simulation.engine import simulate
+
+    point = experiment.point(concurrency=task.concurrency, request_rate=task.request_rate,
+                             overrides=task.overrides, variant=task.variant)
+    result = simulate(point.scenario, cost_model=point.cost_model, recorder=point.recorder,
+                      event_driven=True)
+    folder = Path(out_dir) / task.folder
+    result.write(folder)
+    s = result.summary
+    ratio = float(s["recompute_ratio"])
+    duration = float(s.get("duration_s") or 0.0)
+    recompute_time = float(s.get("recompute_time_s") or 0.0)
+    row: dict[str, Any] = {
+        "run": f"{experiment.name}/{task.variant}/{Path(task.folder).name}",
+        "variant": task.variant,
+        "concurrency": task.concurrency,
+        "request_rate": task.request_rate,
+        "num_requests": s["num_requests"],
+        "duration_s": duration,
+        "request_throughput": s.get("request_throughput"),
+        "output_throughput": s.get("output_throughput"),
+        "total_token_throughput": s.get("total_token_throughput"),
+        "ttft_mean_s": s.get("ttft_mean_s"),
+        "ttft_p95_s": s.get("ttft_p95_s"),
+        "itl_mean_s": s.get("itl_mean_s"),
+        "itl_p95_s": s.get("itl_p95_s"),
+        "itl_p99_s": s.get("itl_p99_s"),
+        "e2e_mean_s": s.get("e2e_mean_s"),
+        "preemptions": s["preemptions"],
+        "recomputed_tokens": s["recomputed_tokens"],
+        "recompute_ratio": ratio,
+        # the simulation knows every recomputed token: the range collapses to the value
+        "recompute_ratio_low": ratio,
+        "recompute_ratio_high": ratio,
+        "mean_running": s["mean_running"],
+        "max_running": s["max_running"],
+        "mean_kv_usage": s["mean_kv_usage"],
+        "source": "simulation",
+        "requests_preempted": s["requests_preempted"],
+        "total_scheduled_tokens": s["total_scheduled_tokens"],
+        "prefill_tokens": s["prefill_tokens"],
+        "decode_tokens": s["decode_tokens"],
+        "steps": s["steps"],
+        "max_kv_usage": s["max_kv_usage"],
+        "recompute_time_s": recompute_time,
+        "recompute_time_share": recompute_time / duration if duration > 0 else 0.0,
+        "refused_requests": int(point.scenario.annotations.get("refused_requests", 0) or 0),
+    }
+    for key in SETTING_COLUMNS:
+        row[key] = point.settings.get(key)
+    return row
+
+
+def _tasks(experiment: Experiment, variants: Mapping[str, Mapping[str, Any]],
+           levels: Sequence[float]) -> list[_Task]:
+    closed = experiment.mode == "closed"
+    out = []
+    for name, overrides in variants.items():
+        for level in levels:
+            c = int(level) if closed else None
+            r = None if closed else float(level)
+            out.append(_Task(len(out), name, dict(overrides), c, r, point_folder(name, c, r)))
+    return out
+
+
+def resolve_variants(experiment: Experiment,
+                     variants: Iterable[str] | Mapping[str, Mapping[str, Any]] | None = None,
+                     include_remedies: bool = False, compare: bool = True
+                     ) -> dict[str, dict[str, Any]]:
+    """The variants to run: all of the experiment's (baseline first), a subset by name, or an
+    explicit ``{name: overrides}`` mapping. ``compare=False`` keeps only the baseline."""
+    known = experiment.variants(include_remedies=True)
+    if variants is None:
+        chosen = experiment.variants(include_remedies=include_remedies)
+    elif isinstance(variants, Mapping):
+        chosen = {str(k): dict(v) for k, v in variants.items()}
+    else:
+        chosen = {}
+        for name in variants:
+            if name not in known:
+                raise InputError(f"variant {name!r}: not in experiment {experiment.name!r}; "
+                                 f"known: {', '.join(known)}")
+            chosen[name] = known[name]
+    if not compare:
+        chosen = {k: v for k, v in chosen.items() if k == "baseline"} or {"baseline": {}}
+    for name in chosen:
+        if not name or "/" in name or name.startswith("."):
+            raise InputError(f"variant name {name!r} cannot name a folder")
+    return chosen
+
+
+def run_sweep(
+    experiment: Experiment | str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    variants: Iterable[str] | Mapping[str, Mapping[str, Any]] | None = None,
+    concurrencies: Sequence[float] | None = None,
+    executor: Executor | None = None,
+    progress: Callable[[str], None] | None = None,
+    *,
+    jobs: int | None = None,
+    include_remedies: bool = False,
+    compare: bool = True,
+) -> Any:
+    """Simulate every (variant, level) point; write the point folders and ``runs.csv``.
+
+    ``concurrencies`` are the levels to run (request rates for an open-loop experiment);
+    default: the experiment's. ``executor`` runs the points (default: a process pool of
+    ``jobs`` workers, 2 unless given; ``jobs=1`` runs in this process). ``progress`` receives
+    one line per finished point. Returns the ``runs`` DataFrame (also in ``out_dir/runs.csv``),
+    rows ordered by variant (baseline first) then level.
+    """
+    import pandas as pd
+
+    exp = experiment if isinstance(experiment, Experiment) else load_experiment(experiment)
+    chosen = resolve_variants(exp, variants, include_remedies=include_remedies,
+                              compare=compare)
+    levels = sorted(concurrencies) if concurrencies is not None else exp.levels
+    if not levels:
+        raise InputError(f"experiment {exp.name!r}: no concurrency levels to run")
+    # Validate every variant's engine arguments and pool before starting any worker.
+    for name, overrides in chosen.items():
+        try:
+            exp.settings(overrides)
+        except InputError as exc:
+            raise InputError(f"variant {name!r}: {exc}") from None
+    exp.requests if exp.mode == "closed" else None  # noqa: B018 - generate once, ship to workers
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = _tasks(exp, chosen, levels)
+    rows: list[dict[str, Any] | None] = [None] * len(tasks)
+    started = time.perf_counter()
+
+    def report(task: _Task, row: dict[str, Any], done: int) -> None:
+        if progress is None:
+            return
+        level = (f"concurrency {task.concurrency}" if task.concurrency is not None
+                 else f"request rate {task.request_rate:g}/s")
+        progress(f"[{done}/{len(tasks)}] {task.variant} {level}: "
+                 f"{row['output_throughput']:.0f} output tok/s, {row['preemptions']} "
+                 f"preemptions, recompute ratio {row['recompute_ratio']:.3f} "
+                 f"({time.perf_counter() - started:.1f} s)")
+
+    n_jobs = jobs if jobs is not None else min(2, os.cpu_count() or 1)
+    if executor is None and (n_jobs <= 1 or len(tasks) == 1):
+        for done, task in enumerate(tasks, start=1):
+            rows[task.index] = _run_point(exp, task, str(out))
+            report(task, rows[task.index], done)
+    else:
+        own = executor is None
+        pool = executor if executor is not None else ProcessPoolExecutor(max_workers=n_jobs)
+        try:
+            futures = {pool.submit(_run_point, exp, task, str(out)): task for task in tasks}
+            from concurrent.futures import as_completed
+
+            for done, fut in enumerate(as_completed(futures), start=1):
+                task = futures[fut]
+                rows[task.index] = fut.result()
+                report(task, rows[task.index], done)
+        finally:
+            if own:
+                pool.shutdown(wait=True, cancel_futures=True)
+    columns = [*RUNS_COLUMNS, *EXTRA_COLUMNS, *SETTING_COLUMNS]
+    frame = pd.DataFrame(rows, columns=columns)
+    write_runs(frame, out)
+    return frame
+
+
+def write_runs(frame: Any, out_dir: str | os.PathLike[str]) -> Path:
+    """``runs.csv`` (and ``runs.parquet`` when pyarrow is installed)."""
+    out = Path(out_dir)
+    path = out / "runs.csv"
+    frame.to_csv(path, index=False, lineterminator="\n")
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        frame.to_parquet(out / "runs.parquet", index=False)
+    return path
+
+
+def stderr_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,174 @@
+"""Stage 06: the symptom checklist, the status and the remedies, from the earlier stages' files.
+
+Remedies are simulated on the same request set when the investigation is a simulation (each
+remedy is one more sweep of the baseline's levels); on ingested data the workflow's table of
+remedies and costs is given without numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvpressure.pipeline.collect import Tables
+from kvpressure.pipeline.run_folder import read_stage
+from kvpressure.pipeline.stages import StageOutput, comparison_from_dict, interference_from_dict
+
+# The workflow's remedy table (effect, cost), for data the kit cannot re-run.
+STATIC_REMEDIES: dict[str, tuple[str, str, str, str]] = {
+    "lower_max_num_seqs": ("max_num_seqs", "lower", "fewer resident sequences, less KV pressure "
+                           "and preemption", "lower peak concurrency"),
+    "lower_max_model_len": ("max_model_len", "lower", "smaller per-sequence footprint, less "
+                            "pool pressure", "smaller context window"),
+    "raise_gpu_memory_utilization": ("gpu_memory_utilization", "raise", "larger KV pool, more "
+                                     "sequences fit, less preemption", "squeezes activations "
+                                     "and workspace; can still fail when the prefill peak rises"),
+    "lower_max_num_batched_tokens": ("max_num_batched_tokens", "lower", "flattens the prefill "
+                                     "peak, leaves budget for KV", "lower per-batch throughput"),
+}
+
+
+def symptoms_frame(checklist: Any) -> pd.DataFrame:
+    rows = []
+    for s in checklist.symptoms:
+        ev = {k: v for k, v in s.evidence.items() if not isinstance(v, dict | list)}
+        rows.append({"symptom": s.name, "verdict": s.verdict,
+                     "evidence": ", ".join(f"{k}={_short(v)}" for k, v in list(ev.items())[:4])})
+    return pd.DataFrame(rows)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _simulate_levels(experiment_path: str, levels: list[int]):
+    """``overrides -> runs`` over the baseline's levels, for the remedies' what-if."""
+    from kvpressure.simulation.engine import simulate
+    from kvpressure.simulation.experiment import load_experiment
+
+    exp = load_experiment(experiment_path)
+
+    def run(overrides: dict) -> pd.DataFrame:
+        rows = []
+        for c in levels:
+            p = exp.point(concurrency=c, overrides=overrides)
+            s = simulate(p.scenario, cost_model=p.cost_model).summary
+            rows.append({"concurrency": c, "output_throughput": s.get("output_throughput"),
+                         "recompute_ratio": s["recompute_ratio"],
+                         "ttft_p95_s": s.get("ttft_p95_s"), "itl_p95_s": s.get("itl_p95_s"),
+                         "itl_mean_s": s.get("itl_mean_s"), "max_running": s["max_running"],
+                         "mean_running": s["mean_running"]})
+        return pd.DataFrame(rows)
+
+    return run
+
+
+def _remedy_rows(report: dict[str, Any], settings: dict[str, Any]) -> list[dict[str, str]]:
+    rows = []
+    for o in report["outcomes"]:
+        if not o["applicable"]:
+            continue
+        param, new = next(iter(o["overrides"].items()))
+        g, c = o["gain"], o["cost"]
+        effect = []
+        if g.get("throughput_at_target_pct") is not None:
+            effect.append(f"throughput at concurrency {report['target_concurrency']:g} "
+                          f"{g['throughput_at_target_pct']:+.0f}%")
+        if g.get("recompute_ratio_at_target") is not None:
+            effect.append(f"recompute ratio {g['recompute_ratio_before']:.1%} -> "
+                          f"{g['recompute_ratio_at_target']:.1%}")
+        if g.get("peak_pct") is not None:
+            effect.append(f"peak {g['peak_pct']:+.0f}%")
+        cost = []
+        if c.get("peak_concurrency_lost"):
+            cost.append(f"{c['peak_concurrency_lost']:.0f} fewer sequences at once")
+        if c.get("context_window_lost_tokens"):
+            cost.append(f"context window {c['context_window_lost_tokens']:,} tokens shorter")
+        for key, label in (("ttft_p95_change_pct", "TTFT p95"), ("itl_p95_change_pct", "ITL p95")):
+            if c.get(key) is not None and not math.isnan(c[key]):
+                cost.append(f"{label} {c[key]:+.0f}%")
+        if c.get("precondition"):
+            cost.append(c["precondition"])
+        rows.append({
+            "parameter": param,
+            "change": f"{settings.get(param)} -> {new}",
+            "effect": "; ".join(effect) or "simulated: no change at the target",
+            "cost": "; ".join(cost) or "none measured",
+            "remedy": o["remedy"],
+        })
+    return rows
+
+
+def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
+                 simulate_remedies: bool = True) -> StageOutput:
+    """Symptoms, status and remedies; ``result`` is what ``analysis/record.json`` holds."""
+    from kvpressure.analysis.remedies import evaluate_remedies
+    from kvpressure.analysis.status import KV_BOUND, NOT_ESTABLISHED, SEQ_BOUND, decide_status
+    from kvpressure.analysis.symptoms import check_symptoms
+
+    info = tables.info
+    settings = info["settings"]
+    t0, t1 = tables.window
+    base = tables.baseline_runs
+    checklist = check_symptoms(
+        tables.series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info["focus"]["run"],
+        max_num_seqs=settings.get("max_num_seqs"),
+    )
+    comparison = comparison_from_dict(read_stage(run_dir, "compare"))
+    interference = interference_from_dict(read_stage(run_dir, "interference"))
+    max_seq = None
+    if tables.requests is not None:
+        max_seq = int((tables.requests["prompt_len"] + tables.requests["output_len"]).max())
+    pool = None
+    if settings.get("num_gpu_blocks") and settings.get("block_size"):
+        pool = int(settings["num_gpu_blocks"]) * int(settings["block_size"])
+    status = decide_status(checklist, comparison=comparison, interference=interference,
+                           max_sequence_tokens=max_seq, pool_tokens=pool,
+                           max_model_len=settings.get("max_model_len"))
+    focus_c = info["focus"]["concurrency"]
+    remedies: dict[str, Any]
+    if info["mode"] == "simulation" and simulate_remedies and status.status == KV_BOUND:
+        experiment = str(Path(run_dir) / "experiment.yaml")
+        exp_path = next((i["path"] for i in info["inputs"]), experiment)
+        from kvpressure.paths import REPO_ROOT
+
+        candidate = Path(exp_path) if Path(exp_path).is_absolute() else REPO_ROOT / exp_path
+        report = evaluate_remedies(
+            base, _simulate_levels(str(candidate), info["concurrency_levels"]),
+            settings=settings, target_concurrency=focus_c, max_sequence_tokens=max_seq,
+        ).to_dict()
+        rows = _remedy_rows(report, settings)
+        remedies = {"simulated": True, "try_first": report["try_first"], "why": report["why"],
+                    "rows": rows, "report": report}
+    elif status.status != NOT_ESTABLISHED:
+        order = list(STATIC_REMEDIES)
+        if status.status == SEQ_BOUND:  # one sequence is the problem: shrink it first
+            order.remove("lower_max_model_len")
+            order.insert(0, "lower_max_model_len")
+        rows = [{"parameter": p, "change": f"{d} (from {settings.get(p, 'unknown')})",
+                 "effect": e, "cost": c, "remedy": name}
+                for name in order for (p, d, e, c) in [STATIC_REMEDIES[name]]]
+        remedies = {"simulated": False, "try_first": order[0],
+                    "why": "the workflow's order: first make concurrency or per-sequence size fit "
+                           "the pool, only then grow the pool (not simulated: "
+                           + ("ingested data cannot be re-run)" if info["mode"] != "simulation"
+                              else "remedy simulation was switched off)"),
+                    "rows": rows}
+    else:
+        remedies = {"simulated": False, "try_first": None,
+                    "why": "no KV-pressure remedy is called for by this status", "rows": []}
+    result = {
+        "symptoms": checklist.to_dict(),
+        "status": status.to_dict(),
+        "remedies": remedies,
+    }
+    frames = {"symptoms": symptoms_frame(checklist),
+              "remedies": pd.DataFrame(remedies["rows"],
+                                       columns=["parameter", "change", "effect", "cost"])}
+    return StageOutput(result, frames)

@@ -1,0 +1,143 @@
+"""Build the record from a run folder's stage results (``analysis/*.json``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
+from kvpressure.errors import InputError
+from kvpressure.pipeline.run_folder import read_stage
+from kvpressure.record.io import validate_record
+from kvpressure.record.schema import Record
+
+
+def _required(value: Any, what: str) -> Any:
+    if value is None:
+        raise InputError(f"record: {what} is not known (no stage measured it)")
+    return value
+
+
+def _length(d: dict[str, Any], what: str) -> dict[str, Any]:
+    if d.get("mean") is None:
+        raise InputError(f"record: workload.{what}: {d.get('description', 'not measured')}")
+    return {k: d[k] for k in ("description", "mean", "p50", "p95", "max", "source")}
+
+
+def _checks(symptoms: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for s in symptoms["symptoms"]:
+        ev = s.get("evidence", {})
+        shown = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in ev.items() if not isinstance(v, dict | list) and k != "source"
+        )
+        metric = {
+            "curve_falls": "output_throughput by concurrency",
+            "waiting_persists": "vllm:num_requests_waiting",
+            "running_below_max_num_seqs": "vllm:num_requests_running",
+            "kv_usage_near_full": "vllm:kv_cache_usage_perc",
+            "preemption_recompute": "vllm:num_preemptions_total",
+            "itl_jitter": "vllm:inter_token_latency_seconds",
+        }.get(s["id"], s["id"])
+        out.append({"name": s["name"], "holds": s["verdict"] == "present",
+                    "observed": f"{s['verdict']}: {shown}" if shown else s["verdict"],
+                    "metric": metric})
+    return out
+
+
+def build_record(run_dir: str | os.PathLike[str]) -> Record:
+    """The record of the investigation in ``run_dir`` (validated; InputError naming a field)."""
+    run_dir = Path(run_dir)
+    collect = read_stage(run_dir, "collect")
+    rec = read_stage(run_dir, "recompute")
+    knee = read_stage(run_dir, "knee")
+    compare = read_stage(run_dir, "compare")
+    interference = read_stage(run_dir, "interference")
+    verdict = read_stage(run_dir, "record")
+    s = collect["settings"]
+    focus = collect["focus"]
+    k = knee["knee"]
+    comparison = None
+    if compare.get("available"):
+        shift = max((x["shift"] for x in compare["shifts"]), default=0.0)
+        comparison = {
+            "parameter": compare["parameter"], "baseline": compare["baseline"],
+            "variants": compare["variant_names"], "knee_shift": shift,
+            "beyond_noise": bool(compare["moved_right_beyond_noise"]),
+            "summary": compare["summary"],
+        }
+    status = verdict["status"]
+    reasons = [status["rule"], *status.get("findings", [])]
+    data = {
+        "scheduler": {
+            "policy": s.get("scheduling_policy") or s.get("policy"),
+            "max_num_seqs": s.get("max_num_seqs"),
+            "max_num_seqs_effective": rec["running_max"],
+            "gpu_memory_utilization": s.get("gpu_memory_utilization"),
+            "preemption_mode": "recompute",
+            "num_gpu_blocks": s.get("num_gpu_blocks"),
+            "block_size": s.get("block_size"),
+            "max_num_batched_tokens": s.get("max_num_batched_tokens"),
+        },
+        "counters": {
+            "window": {"run": focus["run"], "concurrency": focus["concurrency"],
+                       "start_s": focus["t0"], "end_s": focus["t1"]},
+            "num_requests_running": rec["running_mean"],
+            "num_requests_waiting": rec["waiting_mean"],
+            "waiting_capacity": rec["waiting_capacity_mean"],
+            "waiting_deferred": rec["waiting_deferred_mean"],
+            "kv_cache_usage_perc": rec["kv_usage_mean"],
+            "num_preemptions_total": rec["preemptions"],
+            "recomputed_tokens": rec["recomputed_tokens"],
+            "recompute_ratio": rec["recompute_ratio"],
+            "recomputed_tokens_range": [rec["recomputed_tokens_low"],
+                                        rec["recomputed_tokens_high"]],
+            "recompute_ratio_range": [rec["recompute_ratio_low"], rec["recompute_ratio_high"]],
+            "recompute_exact": rec["exact"],
+        },
+        "workload": {
+            "model_name": collect["model_name"],
+            "concurrency": focus["concurrency"],
+            "concurrency_levels": collect["concurrency_levels"],
+            "num_requests": collect["num_requests"],
+            "input_len_distribution": _length(collect["input_len_distribution"],
+                                              "input_len_distribution"),
+            "output_len_distribution": _length(collect["output_len_distribution"],
+                                               "output_len_distribution"),
+        },
+        "perf": {
+            "variant": knee["variant"],
+            "throughput_by_concurrency": [
+                {"concurrency": int(p["concurrency"]), "output_throughput": p["output_throughput"],
+                 "itl_mean_s": p.get("itl_mean_s"), "itl_p95_s": p.get("itl_p95_s"),
+                 "ttft_p95_s": p.get("ttft_p95_s"), "preemptions": p.get("preemptions"),
+                 "recompute_ratio": p.get("recompute_ratio")}
+                for p in knee["curve"]
+            ],
+            "knee": {key: k[key] for key in ("knee_x", "peak_x", "peak_y", "declines",
+                                             "decline_pct")} | {
+                "plateau": k["plateau"][1] > k["plateau"][0]},
+            "itl_mean": knee["itl_mean_s"],
+            "itl_p95": knee["itl_p95_s"],
+            "ttft_p95": knee["ttft_p95_s"],
+        },
+        "status": status["status"],
+        "evidence": {
+            "checks": _checks(verdict["symptoms"]),
+            "comparison": comparison,
+            "interference": interference["summary"],
+            "reasons": reasons,
+        },
+        "remedies": [{key: r[key] for key in ("parameter", "change", "effect", "cost")}
+                     for r in verdict["remedies"]["rows"]],
+        "provenance": {
+            "kit_version": __version__,
+            "vllm_behaviour_version": VLLM_BEHAVIOUR_VERSION,
+            "mode": collect["mode"],
+            "inputs": collect["inputs"],
+            "seed": collect["seed"],
+        },
+    }
+    return validate_record(data, where=f"{run_dir / 'record.yaml'}")
