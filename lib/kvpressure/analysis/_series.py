@@ -20,6 +20,7 @@ from kvpressure.ingestion.counters import (
     increase,
     window_increase,
 )
+from kvpressure.ingestion.labels import parse_labels
 
 SERIES_COLUMNS = ("run", "t", "metric", "labels", "value")
 
@@ -60,18 +61,6 @@ def select_run(series: pd.DataFrame, run: str | None) -> pd.DataFrame:
     out = series[series["run"].astype(str) == str(run)]
     if out.empty:
         raise InputError(f"series: no rows for run '{run}'")
-    return out
-
-
-def parse_labels(labels: object) -> dict[str, str]:
-    """``"k=v,k=v"`` -> dict (empty for NaN or "")."""
-    if not isinstance(labels, str) or not labels:
-        return {}
-    out: dict[str, str] = {}
-    for part in labels.split(","):
-        if "=" in part:
-            k, v = part.split("=", 1)
-            out[k.strip()] = v.strip().strip('"')
     return out
 
 
@@ -146,16 +135,6 @@ def counter_increase(s: pd.Series, window: Window = (None, None)) -> float | Non
         return None
     inc = increase(s.index.to_numpy(dtype=float), s.to_numpy(dtype=float), *window)
     return None if math.isnan(inc) else inc
-
-
-def counter_deltas(s: pd.Series) -> pd.Series:
-    """Per-interval increases (reset-aware), indexed by the end of each interval."""
-    if len(s) < 2:
-        return pd.Series(dtype=float)
-    vals = s.to_numpy(dtype=float)
-    d = np.diff(vals)
-    inc = np.where(d >= 0, d, vals[1:])
-    return pd.Series(inc, index=s.index[1:])
 
 
 def time_weights(idx: np.ndarray) -> np.ndarray:

@@ -100,7 +100,7 @@ def sniff_file(path: Path) -> str:
         if isinstance(obj, dict):
             if "text" in obj and any(k in obj for k in ("t", "time", "timestamp")):
                 return "prom_jsonl"
-            if "status" in obj and "data" in obj:
+            if obj.get("status") in ("success", "error") and ("data" in obj or "error" in obj):
                 return "query_range"
             if len(_BENCH_KEYS & obj.keys()) >= 2:
                 return "bench"
@@ -112,7 +112,7 @@ def sniff_file(path: Path) -> str:
         except (json.JSONDecodeError, OSError, EOFError):
             return "json_broken"
         if isinstance(obj, dict):
-            if "status" in obj and "data" in obj:
+            if obj.get("status") in ("success", "error") and ("data" in obj or "error" in obj):
                 return "query_range"
             if len(_BENCH_KEYS & obj.keys()) >= 2:
                 return "bench"

@@ -14,7 +14,6 @@ Either way ``analysis/collect.json`` records what was read, the focus point and 
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -129,53 +128,9 @@ def steady_window(requests: pd.DataFrame | None, series: pd.DataFrame) -> tuple[
 # --------------------------------------------------------------------------- simulation
 def _run_sweep(experiment: Any, run_dir: Path, jobs: int, progress: Callable[[str], None]
                ) -> pd.DataFrame:
-    try:
-        from kvpressure.pipeline.sweep import run_sweep
-    except ImportError:  # TEMPORARY until sweep.py lands
-        return _tmp_sweep(experiment, run_dir, progress)
+    from kvpressure.pipeline.sweep import run_sweep
 
-    params = inspect.signature(run_sweep).parameters
-    kwargs: dict[str, Any] = {}
-    if "jobs" in params:
-        kwargs["jobs"] = jobs
-    if "progress" in params:
-        kwargs["progress"] = progress
-    return run_sweep(experiment, run_dir, **kwargs)
-
-
-def _tmp_sweep(exp: Any, run_dir: Path, progress: Callable[[str], None]) -> pd.DataFrame:
-    from kvpressure.simulation.engine import simulate
-
-    rows = []
-    variants = exp.variants()
-    for v, ov in variants.items():
-        for c in exp.concurrencies:
-            p = exp.point(concurrency=c, overrides=ov, variant=v)
-            r = simulate(p.scenario, cost_model=p.cost_model, recorder=p.recorder)
-            out = _point_dir(run_dir, v, c)
-            r.write(out)
-            s = r.summary
-            rows.append({"run": f"{v}/c{c}", "variant": v, "concurrency": c,
-                         "request_rate": math.nan, "num_requests": s["num_requests"],
-                         "duration_s": s["duration_s"],
-                         "request_throughput": s["request_throughput"],
-                         "output_throughput": s["output_throughput"],
-                         "total_token_throughput": s["total_token_throughput"],
-                         "ttft_mean_s": s["ttft_mean_s"], "ttft_p95_s": s["ttft_p95_s"],
-                         "itl_mean_s": s["itl_mean_s"], "itl_p95_s": s["itl_p95_s"],
-                         "itl_p99_s": s["itl_p95_s"], "e2e_mean_s": s["e2e_mean_s"],
-                         "preemptions": s["preemptions"],
-                         "recomputed_tokens": s["recomputed_tokens"],
-                         "recompute_ratio": s["recompute_ratio"],
-                         "recompute_ratio_low": s["recompute_ratio"],
-                         "recompute_ratio_high": s["recompute_ratio"],
-                         "mean_running": s["mean_running"], "max_running": s["max_running"],
-                         "mean_kv_usage": s["mean_kv_usage"], "source": "simulation",
-                         "max_num_seqs": p.settings["max_num_seqs"]})
-            progress(f"sweep {v} c{c}: {s['output_throughput']:.0f} tok/s")
-    runs = pd.DataFrame(rows)
-    runs.to_csv(run_dir / RUNS_CSV, index=False)
-    return runs
+    return run_sweep(experiment, run_dir, progress=progress, jobs=jobs)
 
 
 def _describe_length(spec: Any) -> str:
@@ -246,6 +201,7 @@ def _collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: 
         "variants": variants,
         "variant_settings": {v: _variant_settings(exp, v) for v in variants},
         "comparison_parameter": cmp.parameter if cmp else None,
+        "comparison_variants": [v for v in exp.variants() if v != BASELINE and v in variants],
         "concurrency_levels": sorted(int(c) for c in base_runs["concurrency"].unique()),
         "settings": settings,
         "num_requests": int(len(requests)),
@@ -378,6 +334,7 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "variants": variants,
         "variant_settings": variant_settings,
         "comparison_parameter": params[0] if len(params) == 1 else None,
+        "comparison_variants": [v for v in variants if v != base] if len(params) == 1 else [],
         "concurrency_levels": sorted(int(c) for c in base_runs["concurrency"].dropna().unique()),
         "settings": settings,
         "num_requests": _finite_int(base_runs.loc[base_runs["run"] == run_name, "num_requests"]),

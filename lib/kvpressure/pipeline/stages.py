@@ -185,21 +185,19 @@ def knee_stage(tables: Tables) -> StageOutput:
 
 # --------------------------------------------------------------------------- 04 compare
 def comparison_runs(tables: Tables) -> tuple[pd.DataFrame, dict[str, dict]]:
-    """Baseline and the variants that differ from it only in the comparison's parameter."""
+    """Baseline and the comparison's variants, each with the one setting that was changed.
+
+    Only the compared parameter is handed to the comparison: a change of ``max_num_seqs`` also
+    re-sizes the KV pool (vLLM profiles activations for it), which is part of that one change.
+    """
     info = tables.info
     param = info.get("comparison_parameter")
     base = info["baseline_variant"]
     settings = info["variant_settings"]
-    keep = [base]
-    for name in info["variants"]:
-        if name == base or name not in settings:
-            continue
-        diff = {k for k in set(settings[name]) | set(settings[base])
-                if settings[name].get(k) != settings[base].get(k)}
-        if param is not None and diff == {param}:
-            keep.append(name)
+    keep = [base, *[v for v in info.get("comparison_variants", []) if v in settings]]
     runs = tables.runs[tables.runs["variant"].astype(str).isin(keep)]
-    return runs.reset_index(drop=True), {k: settings[k] for k in keep}
+    chosen = {k: {param: settings[k].get(param)} for k in keep} if param else {}
+    return runs.reset_index(drop=True), chosen
 
 
 def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:

@@ -180,7 +180,8 @@ def run_sweep(
             exp.settings(overrides)
         except InputError as exc:
             raise InputError(f"variant {name!r}: {exc}") from None
-    exp.requests if exp.mode == "closed" else None  # noqa: B018 - generate once, ship to workers
+    if exp.mode == "closed":
+        _ = exp.requests  # generated once here, shipped to the workers with the experiment
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tasks = _tasks(exp, chosen, levels)

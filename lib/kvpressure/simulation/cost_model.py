@@ -273,10 +273,13 @@ class StepCostModel:
         """Fit the coefficients to measured step times (non-negative least squares).
 
         ``steps`` holds one row per step with the ``FEATURE_FIELDS`` and ``time_column``.
-        Decode-only rows fit ``[1, sequences, bytes moved, all-reduce volume]`` -> ``T0, t_seq,
-        1/(eta_m*BW), comm_scale``; rows with prefill then fit the remaining time on
-        ``[F_lin, F_attn]`` -> ``1/(eta_f*peak), 1/(eta_a*peak)``. Without decode-only rows all
-        terms are fitted on the prefill rows at once (with ``eta_m`` kept).
+        Decode-only rows fit ``[1, sequences, bytes moved]`` -> ``T0, t_seq, 1/(eta_m*BW)``;
+        rows with prefill then fit the remaining time on ``[F_lin, F_attn]`` ->
+        ``1/(eta_f*peak), 1/(eta_a*peak)``. Without decode-only rows all four are fitted on the
+        prefill rows at once (``eta_m`` kept). The all-reduce term stays as modelled from the
+        measured collective bandwidth: from step times alone its volume, proportional to the
+        step's tokens, cannot be told apart from ``t_seq`` in decode steps (tokens = sequences)
+        nor from the GEMM term in prefill steps (both linear in tokens).
         """
         from scipy.optimize import nnls
 
@@ -311,34 +314,24 @@ class StepCostModel:
         def inv(coef: float, scale: float) -> float:
             return math.inf if coef <= 0 else 1.0 / (coef * scale)
 
+        known = comm_fixed + c.comm_scale * comm_var  # the all-reduce term, kept as modelled
         if decode.sum() >= 3:
-            a = np.column_stack([ones, seqs, terms["bytes_moved"], comm_var])[decode]
-            x, _ = nnls(a, (y - comm_fixed)[decode])
-            t0, t_seq, c_m, k_comm = x
+            a = np.column_stack([ones, seqs, terms["bytes_moved"]])[decode]
+            x, _ = nnls(a, (y - known)[decode])
+            t0, t_seq, c_m = x
             changes.update(t0=t0, t_seq=t_seq, eta_m=inv(c_m, c.hbm_bandwidth))
-            if tp > 1:
-                changes["comm_scale"] = k_comm
             rest = ~decode
             if rest.sum() >= 2:
-                resid = y - comm_fixed - k_comm * comm_var - t0 - t_seq * seqs
+                resid = y - known - t0 - t_seq * seqs
                 a = np.column_stack([terms["flops_linear"], terms["flops_attention"]])[rest]
                 x, _ = nnls(a, resid[rest])
-                changes.update(
-                    eta_f=inv(x[0], c.peak_flops), eta_a=inv(x[1], c.peak_flops)
-                )
+                changes.update(eta_f=inv(x[0], c.peak_flops), eta_a=inv(x[1], c.peak_flops))
         else:
-            a = np.column_stack(
-                [ones, seqs, terms["flops_linear"], terms["flops_attention"], comm_var]
-            )
-            x, _ = nnls(a, y - comm_fixed)
+            a = np.column_stack([ones, seqs, terms["flops_linear"], terms["flops_attention"]])
+            x, _ = nnls(a, y - known)
             changes.update(
-                t0=x[0],
-                t_seq=x[1],
-                eta_f=inv(x[2], c.peak_flops),
-                eta_a=inv(x[3], c.peak_flops),
+                t0=x[0], t_seq=x[1], eta_f=inv(x[2], c.peak_flops), eta_a=inv(x[3], c.peak_flops)
             )
-            if tp > 1:
-                changes["comm_scale"] = x[4]
         changes = {k: float(v) for k, v in changes.items()}
         # The piecewise fit is additive per regime; keep overlap so each regime's dominant
         # term carries it (the other term is small there by construction).

@@ -243,9 +243,7 @@ class Experiment:
         # Fail early on unknown profiles and impossible pools, naming the file.
         where = str(path) if path else "experiment"
         try:
-            self.hardware
-            self.model
-            self.cost_model
+            _ = (self.hardware, self.model, self.cost_model)
         except InputError as exc:
             raise InputError(f"{where}: {exc}") from None
 

@@ -314,8 +314,8 @@ class PromRecorder:
         arrival = getattr(req, "arrival_time_s", None)
         arrival = t if arrival is None or (isinstance(arrival, float) and math.isnan(arrival)) \
             else float(arrival)
-        prompt = int(getattr(req, "num_prompt_tokens", None) or getattr(req, "prompt_len"))
-        max_tokens = int(getattr(req, "max_tokens", None) or getattr(req, "output_len"))
+        prompt = int(getattr(req, "num_prompt_tokens", None) or req.prompt_len)
+        max_tokens = int(getattr(req, "max_tokens", None) or req.output_len)
         self._reqs[_req_id(req)] = _RequestStats(min(arrival, t), t, prompt, max_tokens)
 
     def on_scheduled(
