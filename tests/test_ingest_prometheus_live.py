@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from prometheus_server import prometheus_server, replay_exporter, require_prometheus
 
 from kvpressure.ingestion.api import ingest
+from prometheus_server import prometheus_server, replay_exporter, require_prometheus
 
 pytestmark = pytest.mark.prometheus
 
@@ -118,3 +118,16 @@ def test_missing_binary_skips_locally_but_fails_in_ci(monkeypatch: pytest.Monkey
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception):
         ps.require_prometheus()
+
+
+def test_live_exporter_url_is_scraped_once_in_plain_text() -> None:
+    texts = _texts()[:1]
+    direct_text = texts[0]
+    with replay_exporter(texts) as (target, collector):
+        result = ingest([f"http://{target}/metrics"], run="now")
+    assert len(collector.served) == 1
+    s = result.series
+    # Plain text keeps vLLM's colons: nothing to map.
+    assert result.report["runs"]["now"]["mapped_names"] == {}
+    line = next(x for x in direct_text.splitlines() if x.startswith("vllm:num_preemptions_total"))
+    assert _values(s, "vllm:num_preemptions_total", "") == [float(line.rpartition(" ")[2])]

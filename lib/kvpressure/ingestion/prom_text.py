@@ -15,8 +15,12 @@ the size of the text.
 from __future__ import annotations
 
 import math
+import operator
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -36,6 +40,18 @@ class SeriesInfo:
     family: str
     kind: str
     labels: dict[str, str]
+
+
+@dataclass(frozen=True)
+class _Template:
+    """The line layout of a scrape: every line's text before its last space, and which
+    lines carry the values of which series."""
+
+    heads: tuple[str, ...]
+    pick: Callable[[tuple[str, ...]], Any]
+    sids: bytes
+    n_samples: int
+    n_kept: int
 
 
 @dataclass
@@ -107,6 +123,8 @@ class RunSamples:
         self._comments: dict[str, tuple[str, str | None, str | None]] = {}
         self._unsorted = False
         self._dups_possible = False
+        self._nonfinite: dict[str, dict[str, int]] | None = None
+        self._template: _Template | None = None
 
     # ------------------------------------------------------------------ registration
     def series_id(
@@ -163,15 +181,25 @@ class RunSamples:
         """
         sids, values = self.sids, self.values
         start = len(sids)
-        try:
-            n_lines = self._scan(text, where, first_line)
-        except BaseException:
-            # Keep the columns consistent: a scrape is taken whole or not at all.
-            del sids[start:]
-            del values[start:]
-            for row in [r for r in self.ts_override if r >= start]:
-                del self.ts_override[row]
-            raise
+        lines = text.split("\n")
+        parts = list(map(str.rpartition, lines, repeat(" ")))
+        n_lines = -1
+        if self._template is not None and parts:
+            heads, _, tails = zip(*parts, strict=True)
+            n_lines = self._take_template(heads, tails)
+        if n_lines < 0:
+            try:
+                n_lines = self._scan(lines, where, first_line)
+            except BaseException:
+                # Keep the columns consistent: a scrape is taken whole or not at all.
+                del sids[start:]
+                del values[start:]
+                for row in [r for r in self.ts_override if r >= start]:
+                    del self.ts_override[row]
+                raise
+            self._learn_template(lines, parts, start)
+            if len(sids) - start and len(set(sids[start:])) != len(sids) - start:
+                self._dups_possible = True
 
         if self.scrape_t and t < self.scrape_t[-1]:
             self._unsorted = True
@@ -180,21 +208,63 @@ class RunSamples:
         self.scrape_t.append(t)
         self.scrape_end.append(len(sids))
         added = len(sids) - start
-        if added and len(set(sids[start:])) != added:
-            self._dups_possible = True
         st = self.stats
         st.scrapes += 1
         st.sample_lines += n_lines
         st.skipped_lines += n_lines - added
         return added
 
-    def _scan(self, text: str, where: str, first_line: int) -> int:
+    def _take_template(self, heads: tuple[str, ...], tails: tuple[str, ...]) -> int:
+        """Fast path: a scrape laid out line for line like the last one read the slow way
+        (same comments, same series heads in the same order) only brings new values."""
+        template = self._template
+        assert template is not None
+        if heads != template.heads:
+            return -1
+        if template.n_kept:
+            try:
+                vals = np.array(template.pick(tails), dtype=np.float64, ndmin=1)
+            except ValueError:
+                return -1  # the slow path names the bad line
+            self.values.frombytes(vals.tobytes())
+            self.sids.frombytes(template.sids)
+        return template.n_samples
+
+    def _learn_template(
+        self, lines: list[str], parts: list[tuple[str, str, str]], start: int
+    ) -> None:
+        if any(r >= start for r in self.ts_override):
+            self._template = None
+            return
+        kept: list[int] = []
+        sids = array("i")
+        n_samples = 0
+        for i, line in enumerate(lines):
+            if not line or line[0] == "#":
+                continue
+            n_samples += 1
+            sid = self._head.get(parts[i][0])
+            if sid is None:  # an odd line the slow path read differently: no template
+                self._template = None
+                return
+            if sid >= 0:
+                kept.append(i)
+                sids.append(sid)
+        self._template = _Template(
+            heads=tuple(p[0] for p in parts),
+            pick=operator.itemgetter(*kept) if kept else (lambda tails: ()),
+            sids=sids.tobytes(),
+            n_samples=n_samples,
+            n_kept=len(kept),
+        )
+
+    def _scan(self, lines: list[str], where: str, first_line: int) -> int:
         sids_append, values_append = self.sids.append, self.values.append
         head_cache, comments = self._head, self._comments
         cur_family: str | None = None
         cur_type: str | None = None
         n_lines = 0
-        for lineno, line in enumerate(text.split("\n"), start=first_line):
+        for lineno, line in enumerate(lines, start=first_line):
             if not line:
                 continue
             if line[0] == "#":
@@ -316,7 +386,10 @@ class RunSamples:
         return {k: sorted(v) for k, v in seen.items()}
 
     def frame(self, drop_single_target_labels: bool = True) -> tuple[pd.DataFrame, dict]:
-        """The run's rows of the ``series`` table, and what was done to its labels."""
+        """The run's rows of the ``series`` table, and what was done to its labels.
+
+        Called once, when everything is read: the accumulated columns move into the frame.
+        """
         n = len(self.sids)
         sids = np.frombuffer(self.sids, dtype=np.int32) if n else np.zeros(0, np.int32)
         values = np.frombuffer(self.values, dtype=np.float64) if n else np.zeros(0)
@@ -354,15 +427,23 @@ class RunSamples:
         label_cats, label_codes = _categories(label_texts)
         m_codes = metric_codes[sids] if n else np.zeros(0, np.int32)
         l_codes = label_codes[sids] if n else np.zeros(0, np.int32)
+        del sids
+        self._nonfinite = self.nonfinite_counts()
+        # The columns are set one by one so that pandas keeps ``t`` and ``value`` as separate
+        # blocks instead of copying both into one; ``value`` stays a view on the accumulated
+        # array, which this object lets go of (it was read whole).
         df = pd.DataFrame(
             {
                 "run": pd.Categorical.from_codes(np.zeros(len(t), np.int8), [self.run]),
-                "t": t,
                 "metric": pd.Categorical.from_codes(m_codes, metric_cats),
                 "labels": pd.Categorical.from_codes(l_codes, label_cats),
-                "value": values if values.base is None else values.copy(),
             }
         )
+        df.insert(1, "t", t)
+        df["value"] = values
+        self.sids, self.values = array("i"), array("d")
+        self.scrape_t, self.scrape_end = array("d"), array("q")
+        self.ts_override = {}
         label_info = {
             "dropped": {k: targets[k][0] for k in drop if targets.get(k)},
             "kept": {k: v for k, v in targets.items() if k not in drop},
@@ -371,6 +452,8 @@ class RunSamples:
 
     def nonfinite_counts(self) -> dict[str, dict[str, int]]:
         """Per metric: how many NaN / +-Inf values were read."""
+        if self._nonfinite is not None:
+            return self._nonfinite
         if not self.sids:
             return {}
         sids = np.frombuffer(self.sids, dtype=np.int32)

@@ -31,7 +31,6 @@ import pandas as pd
 
 from kvpressure.ingestion.counters import (
     LabelMatch,
-    gauge_at,
     gauge_mean,
     interval_increases,
     select,
@@ -64,6 +63,15 @@ def cache_geometry(series: pd.DataFrame, run: str | None = None) -> dict[str, An
                 except ValueError:
                     pass
     return out
+
+
+def _values_at(s: pd.Series, times: np.ndarray) -> np.ndarray:
+    """The gauge at each of ``times``: its last sample at or before it (NaN before any)."""
+    if len(s) == 0:
+        return np.full(len(times), math.nan)
+    idx = np.searchsorted(s.index.to_numpy(), times, side="right") - 1
+    values = s.to_numpy(dtype=float)[np.maximum(idx, 0)]
+    return np.where(idx >= 0, values, math.nan)
 
 
 def _window_points(
@@ -206,29 +214,28 @@ def recompute_range(
         r_s = next(iter(running.values()), pd.Series(dtype=float))
         mean_u = gauge_mean(series, USAGE, t0, t1, gauge_labels, run=run)
         mean_r = gauge_mean(series, RUNNING, t0, t1, gauge_labels, run=run)
-        for t_before, d_p in zip(starts[moved], incs[moved], strict=True):
-            u = gauge_at(u_s, t_before) if len(u_s) else nan
-            r = gauge_at(r_s, t_before) if len(r_s) else nan
-            if not (u > 0 and r > 0):
-                u, r = mean_u, mean_r
-                fallbacks += 1
-            if not (u > 0 and r > 0):
-                ctx = nan
-            else:
-                ctx = u * (n_blocks - 1) * b_size / r - b_size / 2
-            floor = (b_size - 1) / 2
-            low += d_p * floor
-            if math.isnan(ctx):
-                high = point = nan
-                continue
-            ctx = max(ctx, floor)
-            ctx_weighted += d_p * ctx
-            high += d_p * ctx
-            if caching:
-                rate = 0.0 if math.isnan(hit_rate) else hit_rate
-                point += d_p * max((1.0 - rate) * ctx, floor)
-            else:
-                point += d_p * ctx
+        t_before, d_p = starts[moved], incs[moved]
+        u = _values_at(u_s, t_before)
+        r = _values_at(r_s, t_before)
+        bad = ~((u > 0) & (r > 0))
+        fallbacks += int(bad.sum())
+        u[bad], r[bad] = mean_u, mean_r
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ctx = u * (n_blocks - 1) * b_size / r - b_size / 2
+        ctx[~((u > 0) & (r > 0))] = nan
+        floor = (b_size - 1) / 2
+        low += float(d_p.sum()) * floor
+        if np.isnan(ctx).any():
+            high = point = nan
+            continue
+        ctx = np.maximum(ctx, floor)
+        ctx_weighted += float(np.dot(d_p, ctx))
+        high += float(np.dot(d_p, ctx))
+        if caching:
+            rate = 0.0 if math.isnan(hit_rate) else hit_rate
+            point += float(np.dot(d_p, np.maximum((1.0 - rate) * ctx, floor)))
+        else:
+            point += float(np.dot(d_p, ctx))
 
     result["preemptions"] = total_p
     if total_p == 0:

@@ -46,6 +46,8 @@ from kvpressure.pipeline.run_folder import (
 BASELINE = "baseline"
 _LEVEL = re.compile(r"^(?:c|concurrency[-_=]?)(\d+)$")
 _SCRAPE_FILES = ("metrics.prom.jsonl", "metrics.prom.jsonl.gz")
+# What the stages read from a point's scrapes: the analysis' families and the length histograms.
+_LENGTH_HISTOGRAMS = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens")
 
 
 @dataclass
@@ -227,6 +229,15 @@ def _ingest_report(report: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- ingested data
+def _families() -> list[str]:
+    from kvpressure.ingestion.names import ANALYSIS_FAMILIES
+
+    return [*ANALYSIS_FAMILIES, *_LENGTH_HISTOGRAMS]
+
+
+_INGESTED_FAMILIES = _families()
+
+
 def _point_of(path: Path) -> tuple[str, int | None]:
     """(variant, concurrency) from a path like ``.../<variant>/c64/metrics.prom.jsonl``."""
     parts = path.parts
@@ -276,7 +287,7 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     reports: dict[str, Any] = {}
     for path, variant, level in files:
         run_name = f"{variant}/c{level}"
-        res = ingest([path], run=run_name, metrics="core")
+        res = ingest([path], run=run_name, metrics=_INGESTED_FAMILIES)
         row = res.runs.iloc[0].to_dict()
         row.update(run=run_name, variant=variant, concurrency=level)
         rows.append(row)

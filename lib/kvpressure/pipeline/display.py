@@ -41,12 +41,13 @@ def show_figure(fig: Any) -> None:
     display(Image(data=png, format="png"))
 
 
-def show_table(frame: Any, digits: int = 3, index: bool = False) -> None:
-    """Display a DataFrame rounded for reading."""
+def show_table(frame: Any, digits: int = 3, index: bool = False, text: bool = False) -> None:
+    """Display a DataFrame rounded for reading; ``text`` left-aligns every column."""
     from IPython.display import HTML, display
 
     shown = frame.round(digits) if hasattr(frame, "round") else frame
-    display(HTML(shown.to_html(index=index, border=0, classes="kv-table", na_rep="")))
+    classes = ["kv-table", "text"] if text else "kv-table"
+    display(HTML(shown.to_html(index=index, border=0, classes=classes, na_rep="")))
 
 
 def say(text: str) -> None:

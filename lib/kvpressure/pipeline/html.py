@@ -20,7 +20,8 @@ from kvpressure.pipeline.notebooks import NOTEBOOKS
 from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
 from kvpressure.record.schema import STATUS_KV_BOUND, STATUS_NOT_ESTABLISHED, Record
 
-SKIP_TAGS = frozenset({"parameters", "injected-parameters", "report-skip"})
+SKIP_TAGS = frozenset({"parameters", "injected-parameters", "report-skip",
+                       "papermill-error-cell-tag"})
 _FIGURE_REPR = re.compile(r"^<(Figure|Axes|matplotlib)[^>]*>$|^<seaborn\.")
 
 CSS = """
@@ -38,14 +39,14 @@ p, li { max-width: 980px; }
 .verdict { background: var(--panel); border: 1px solid var(--line); border-left: 8px solid #6b7785;
   border-radius: 6px; padding: 18px 24px; margin: 16px 0 24px; }
 .verdict.kv { border-left-color: #c2410c; }
-.verdict.ok { border-left-color: #15803d; }
+.verdict.seq { border-left-color: #7c3aed; }
 .status { display: inline-block; font-weight: 700; font-size: 22px; padding: 2px 12px;
   border-radius: 4px; background: #6b7785; color: #fff; }
 .verdict.kv .status { background: #c2410c; }
-.verdict.ok .status { background: #15803d; }
+.verdict.seq .status { background: #7c3aed; }
 .verdict p.lead { font-size: 18px; margin: 12px 0 6px; }
 .grid { display: grid; grid-template-columns: 1fr 1fr; gap: 8px 32px; }
-table { border-collapse: collapse; font-size: 14px; margin: 10px 0 16px; }
+table { border-collapse: collapse; font-size: 13.5px; margin: 10px 0 16px; }
 th, td { border-bottom: 1px solid var(--line); padding: 5px 10px; text-align: right;
   vertical-align: top; }
 th { background: var(--panel); font-weight: 600; }
@@ -77,7 +78,7 @@ def _num(value: float, digits: int = 3) -> str:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:,.1f} ms"
+    return f"{seconds:,.1f} s" if seconds >= 10 else f"{seconds * 1000:,.1f} ms"
 
 
 def _markdown(text: str) -> str:
@@ -102,14 +103,20 @@ def verdict_html(record: Record) -> str:
     s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
     knee = p.knee
     kind = "kv" if record.status == STATUS_KV_BOUND else (
-        "ok" if record.status == STATUS_NOT_ESTABLISHED else "")
-    decline = (
-        f", then falls {knee.decline_pct:.0f}% by concurrency {max(w.concurrency_levels)}"
-        if knee.declines else (", then stays flat" if knee.plateau else "")
-    )
+        "open" if record.status == STATUS_NOT_ESTABLISHED else "seq")
+    last = max(w.concurrency_levels)
+    if knee.declines:
+        decline = f", then falls {knee.decline_pct:.0f}% by concurrency {last}"
+    elif knee.decline_pct >= 1:
+        decline = (f"; by concurrency {last} it is {knee.decline_pct:.0f}% lower, a fall the "
+                   "analysis does not separate from noise")
+    else:
+        decline = ", then stays flat"
+    knee_txt = ("there is no knee inside the range" if knee.knee_x is None
+                else f"the knee is at <b>{_num(knee.knee_x)}</b>")
     lead = (
         f"Output throughput peaks at <b>{_num(knee.peak_y)} tok/s</b> at concurrency "
-        f"<b>{_num(knee.peak_x)}</b>; the knee is at <b>{_num(knee.knee_x)}</b>{decline}. "
+        f"<b>{_num(knee.peak_x)}</b>; {knee_txt}{decline}. "
         f"At concurrency {w.concurrency}, {c.num_requests_running:.1f} sequences run on average "
         f"(at most {_num(s.max_num_seqs_effective)}) against max_num_seqs {s.max_num_seqs}, "
         f"{c.num_requests_waiting:.1f} wait, the KV cache is {c.kv_cache_usage_perc:.0%} full, "
@@ -121,7 +128,8 @@ def verdict_html(record: Record) -> str:
         f"{c.recompute_ratio_range[1]:.1%})"
     )
     numbers = [
-        ("knee / peak concurrency", f"{_num(knee.knee_x)} / {_num(knee.peak_x)}"),
+        ("knee / peak concurrency",
+         f"{'none' if knee.knee_x is None else _num(knee.knee_x)} / {_num(knee.peak_x)}"),
         ("peak output throughput", f"{_num(knee.peak_y)} tok/s"),
         ("decline after the peak", f"{knee.decline_pct:.1f}%" + ("" if knee.declines else
                                                                    " (within noise)")),

@@ -131,7 +131,11 @@ class _KernelWorker(threading.Thread):
             self._log = open(self.log_dir / f"kernel-{self.index}.log", "a", encoding="utf-8")  # noqa: SIM115
         self.km = AsyncKernelManager(kernel_name=KERNEL)
         # The kernel's own diagnostics go to a log file, not the user's terminal.
-        run_sync(self.km.start_kernel)(cwd=str(self.cwd), stdout=self._log, stderr=self._log)
+        run_sync(self.km.start_kernel)(
+            cwd=str(self.cwd), stdout=self._log, stderr=self._log,
+            # In-memory history: the execution counter restarts for every notebook.
+            extra_arguments=["--HistoryManager.hist_file=:memory:"],
+        )
         papermill.execute_notebook(
             _code_notebook(WARM_CODE), None, kernel_name=KERNEL, km=self.km, progress_bar=False
         )

@@ -37,7 +37,7 @@ SETTING_COLUMNS = tuple(ENGINE_ARGS)
 
 
 @dataclass(frozen=True)
-class _Task:
+class _PointJob:
     index: int
     variant: str
     overrides: dict[str, Any]
@@ -53,25 +53,25 @@ def point_folder(variant: str, concurrency: int | None = None,
     return f"points/{variant}/{level}"
 
 
-def _run_point(experiment: Experiment, task: _Task, out_dir: str) -> dict[str, Any]:
+def _run_point(experiment: Experiment, job: _PointJob, out_dir: str) -> dict[str, Any]:
     """Simulate one point, write its folder, return its ``runs`` row (in a worker)."""
     from kvpressure.simulation.engine import simulate
 
-    point = experiment.point(concurrency=task.concurrency, request_rate=task.request_rate,
-                             overrides=task.overrides, variant=task.variant)
+    point = experiment.point(concurrency=job.concurrency, request_rate=job.request_rate,
+                             overrides=job.overrides, variant=job.variant)
     result = simulate(point.scenario, cost_model=point.cost_model, recorder=point.recorder,
                       event_driven=True)
-    folder = Path(out_dir) / task.folder
+    folder = Path(out_dir) / job.folder
     result.write(folder)
     s = result.summary
     ratio = float(s["recompute_ratio"])
     duration = float(s.get("duration_s") or 0.0)
     recompute_time = float(s.get("recompute_time_s") or 0.0)
     row: dict[str, Any] = {
-        "run": f"{experiment.name}/{task.variant}/{Path(task.folder).name}",
-        "variant": task.variant,
-        "concurrency": task.concurrency,
-        "request_rate": task.request_rate,
+        "run": f"{experiment.name}/{job.variant}/{Path(job.folder).name}",
+        "variant": job.variant,
+        "concurrency": job.concurrency,
+        "request_rate": job.request_rate,
         "num_requests": s["num_requests"],
         "duration_s": duration,
         "request_throughput": s.get("request_throughput"),
@@ -108,15 +108,15 @@ def _run_point(experiment: Experiment, task: _Task, out_dir: str) -> dict[str, A
     return row
 
 
-def _tasks(experiment: Experiment, variants: Mapping[str, Mapping[str, Any]],
-           levels: Sequence[float]) -> list[_Task]:
+def _point_jobs(experiment: Experiment, variants: Mapping[str, Mapping[str, Any]],
+           levels: Sequence[float]) -> list[_PointJob]:
     closed = experiment.mode == "closed"
     out = []
     for name, overrides in variants.items():
         for level in levels:
             c = int(level) if closed else None
             r = None if closed else float(level)
-            out.append(_Task(len(out), name, dict(overrides), c, r, point_folder(name, c, r)))
+            out.append(_PointJob(len(out), name, dict(overrides), c, r, point_folder(name, c, r)))
     return out
 
 
@@ -184,36 +184,36 @@ def run_sweep(
         _ = exp.requests  # generated once here, shipped to the workers with the experiment
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tasks = _tasks(exp, chosen, levels)
-    rows: list[dict[str, Any] | None] = [None] * len(tasks)
+    point_jobs = _point_jobs(exp, chosen, levels)
+    rows: list[dict[str, Any] | None] = [None] * len(point_jobs)
     started = time.perf_counter()
 
-    def report(task: _Task, row: dict[str, Any], done: int) -> None:
+    def report(job: _PointJob, row: dict[str, Any], done: int) -> None:
         if progress is None:
             return
-        level = (f"concurrency {task.concurrency}" if task.concurrency is not None
-                 else f"request rate {task.request_rate:g}/s")
-        progress(f"[{done}/{len(tasks)}] {task.variant} {level}: "
+        level = (f"concurrency {job.concurrency}" if job.concurrency is not None
+                 else f"request rate {job.request_rate:g}/s")
+        progress(f"[{done}/{len(point_jobs)}] {job.variant} {level}: "
                  f"{row['output_throughput']:.0f} output tok/s, {row['preemptions']} "
                  f"preemptions, recompute ratio {row['recompute_ratio']:.3f} "
                  f"({time.perf_counter() - started:.1f} s)")
 
     n_jobs = jobs if jobs is not None else min(2, os.cpu_count() or 1)
-    if executor is None and (n_jobs <= 1 or len(tasks) == 1):
-        for done, task in enumerate(tasks, start=1):
-            rows[task.index] = _run_point(exp, task, str(out))
-            report(task, rows[task.index], done)
+    if executor is None and (n_jobs <= 1 or len(point_jobs) == 1):
+        for done, job in enumerate(point_jobs, start=1):
+            rows[job.index] = _run_point(exp, job, str(out))
+            report(job, rows[job.index], done)
     else:
         own = executor is None
         pool = executor if executor is not None else ProcessPoolExecutor(max_workers=n_jobs)
         try:
-            futures = {pool.submit(_run_point, exp, task, str(out)): task for task in tasks}
+            futures = {pool.submit(_run_point, exp, job, str(out)): job for job in point_jobs}
             from concurrent.futures import as_completed
 
             for done, fut in enumerate(as_completed(futures), start=1):
-                task = futures[fut]
-                rows[task.index] = fut.result()
-                report(task, rows[task.index], done)
+                job = futures[fut]
+                rows[job.index] = fut.result()
+                report(job, rows[job.index], done)
         finally:
             if own:
                 pool.shutdown(wait=True, cancel_futures=True)

@@ -47,24 +47,19 @@ def _short(v: Any) -> str:
     return str(v)
 
 
-def _simulate_levels(experiment_path: str, levels: list[int]):
+def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2):
     """``overrides -> runs`` over the baseline's levels, for the remedies' what-if."""
-    from kvpressure.simulation.engine import simulate
+    import tempfile
+
+    from kvpressure.pipeline.sweep import run_sweep
     from kvpressure.simulation.experiment import load_experiment
 
     exp = load_experiment(experiment_path)
 
     def run(overrides: dict) -> pd.DataFrame:
-        rows = []
-        for c in levels:
-            p = exp.point(concurrency=c, overrides=overrides)
-            s = simulate(p.scenario, cost_model=p.cost_model).summary
-            rows.append({"concurrency": c, "output_throughput": s.get("output_throughput"),
-                         "recompute_ratio": s["recompute_ratio"],
-                         "ttft_p95_s": s.get("ttft_p95_s"), "itl_p95_s": s.get("itl_p95_s"),
-                         "itl_mean_s": s.get("itl_mean_s"), "max_running": s["max_running"],
-                         "mean_running": s["mean_running"]})
-        return pd.DataFrame(rows)
+        with tempfile.TemporaryDirectory(prefix="kvpressure-remedy-") as tmp:
+            return run_sweep(exp, tmp, variants={"remedy": overrides}, concurrencies=levels,
+                             jobs=jobs)
 
     return run
 

@@ -187,8 +187,9 @@ class StackBlockPool(BlockPool):
 
     Without caching no block carries a hash, so every freed block is prepended to the head
     and every allocation pops the head: the free queue is then a stack whose top is the
-    head, and ``list.extend``/slicing replace the linked-list walks. Reference counts stay
-    exact (a block is never shared without caching).
+    head, and ``list.extend``/slicing replace the linked-list walks. A block is never shared
+    without caching, so its reference count is 1 exactly when it is off the stack; the counts
+    are derived on request instead of being written at every pop and free.
     """
 
     __slots__ = ("stack",)
@@ -201,13 +202,20 @@ class StackBlockPool(BlockPool):
         self.enable_caching = False
         self.stack = list(range(n - 1, 0, -1))
         self.num_free_blocks = n - 1
-        self.ref_cnt = [0] * n
         self.block_hash = [None] * n
         self.cached = {}
         self.usage_denominator = n - 1
 
     def free_queue(self) -> list[int]:
         return self.stack[::-1]
+
+    @property
+    def ref_cnt(self) -> list[int]:  # type: ignore[override]
+        ref = [1] * self.num_gpu_blocks
+        ref[0] = 0
+        for b in self.stack:
+            ref[b] = 0
+        return ref
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
         if num_blocks <= 0:
@@ -216,27 +224,18 @@ class StackBlockPool(BlockPool):
         out = stack[-num_blocks:]
         del stack[-num_blocks:]
         out.reverse()
-        ref = self.ref_cnt
-        for b in out:
-            ref[b] = 1
         self.num_free_blocks -= num_blocks
         return out
 
     def pop_one(self) -> int:
-        b = self.stack.pop()
-        self.ref_cnt[b] = 1
         self.num_free_blocks -= 1
-        return b
+        return self.stack.pop()
 
-    def touch(self, blocks: list[int]) -> None:  # no hits without caching
-        for b in blocks:
-            self.ref_cnt[b] += 1
+    def touch(self, blocks: list[int]) -> None:
+        raise AssertionError("no prefix hits without prefix caching")
 
     def free_blocks(self, ordered_blocks: list[int]) -> None:
         # Prepending [b_k, ..., b_1] keeps b_k at the head: push b_1 first, b_k last.
-        ref = self.ref_cnt
-        for b in ordered_blocks:
-            ref[b] = 0
         self.stack.extend(reversed(ordered_blocks))
         self.num_free_blocks += len(ordered_blocks)
 

@@ -43,10 +43,12 @@ seconds (0 for a step that schedules no token), and the next step starts when it
 from __future__ import annotations
 
 import time as _time
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
 from kvpressure.errors import InputError
+from kvpressure.simulation.lazy_decode import LazyDecode
 from kvpressure.simulation.outputs import SimResult, StepsTable, percentile
 from kvpressure.simulation.request import FINISHED_LENGTH_CAPPED, PREEMPTED, RUNNING, Request
 from kvpressure.simulation.scenario import Scenario
@@ -68,8 +70,14 @@ class StepClock:
     dt: float = 0.015625
 
 
-class _NoRecorder:
-    pass
+def _without(running: list[Request], finished: list[Request]) -> list[Request]:
+    """``running`` minus the finished requests, order kept (in place when they are few:
+    ``list.remove`` scans in C)."""
+    if len(finished) * 8 < len(running):
+        for r in finished:
+            running.remove(r)
+        return running
+    return [r for r in running if r.status == RUNNING]
 
 
 def simulate(scenario: Scenario, cost_model: Any = None, recorder: Any = None,
@@ -97,7 +105,14 @@ class _Engine:
                     block_size=s.block_size, arrival_step=r.arrival_step,
                     arrival_time_s=r.arrival_time_s)
             for i, r in enumerate(scenario.requests)]
-        self.sched = Scheduler(s)
+        rec = recorder
+        # Lazy decode progress (lazy_decode.py) on the event-driven path, when nothing asks
+        # for each request's tokens one by one and FCFS keeps preemption at the tail.
+        self.lazy = (LazyDecode(s.block_size, s.max_model_len, self.timed)
+                     if event_driven and s.policy != "priority"
+                     and getattr(rec, "on_output", None) is None
+                     and getattr(rec, "on_decode_leap", None) is None else None)
+        self.sched = Scheduler(s, self.lazy)
         self.steps = StepsTable(self.timed)
         self.closed = scenario.mode == "closed"
         self.time_arrivals = (not self.closed
@@ -120,7 +135,6 @@ class _Engine:
         self.itl_values: list[float] = []
         self.itl_weights: list[int] = []
         self.recompute_time_s = 0.0
-        rec = recorder
         self.r_arrival = getattr(rec, "on_arrival", None)
         self.r_scheduled = getattr(rec, "on_scheduled", None)
         self.r_preempted = getattr(rec, "on_preempted", None)
@@ -268,8 +282,18 @@ class _Engine:
         else:
             dur = 0.0
             t1 = self.clock.t0 + (step + 1) * self.clock.dt
+        nl = out.num_lazy
+        if nl and self.timed:
+            # Every lazy member's token: its gap is this step's (its last one ended at t0).
+            gap = t1 - t0
+            self.lazy.record(gap, t1)
+            self.itl_values.append(gap)
+            self.itl_weights.append(nl)
         emitted = sched.update_from_output(out, step)
         finished = len(out.finished)
+        if finished and self.timed:
+            for r in out.finished:
+                r.finish_time_s = t1
         r_output = self.r_output
         if not self.timed and r_output is None:
             emitted = ()
@@ -293,7 +317,7 @@ class _Engine:
         self.unfinished -= finished
         num_waiting_after = len(waiting)
         usage_after = kv.pool.get_usage()
-        row = (step, arrivals, num_running, len(out.scheduled), num_waiting,
+        row = (step, arrivals, num_running, len(out.scheduled) + nl, num_waiting,
                num_waiting - waiting.num_preempted, waiting.num_preempted,
                len(sched.deferred_waiting), usage, out.num_scheduled_tokens,
                out.num_prefill_tokens, out.num_decode_tokens, out.admitted_new, out.resumed,
@@ -344,29 +368,41 @@ class _Engine:
         R = len(running)
         if R == 0 or R > sched.max_num_scheduled_tokens:
             return False
-        if len(sched.waiting) and not self._admission_blocked(
-                R, sched.max_num_scheduled_tokens - R):
-            return False
         mml = sched.max_model_len
-        K = 1 << 62
         B = sched.block_size
-        groups: list[list[Request]] = [[] for _ in range(B)]
-        for r in running:
-            if r.is_prefill_chunk:
+        lz = self.lazy
+        if lz is not None:
+            # Every running request must be a lazy member; the crossings of step j are
+            # bucket (clk + j) % B, the first finish is the heap's top.
+            if lz.n != R:
                 return False
-            left = r.max_tokens - r.num_output_tokens
-            cap = mml - r.num_tokens
-            if cap < left:
-                left = cap
-            if left < K:
-                K = left
-            groups[-r.num_computed_tokens % B].append(r)
+            clk = lz.clock
+            K = lz.next_finish() - clk + 1
+            if K < 2:
+                return False
+            groups = lz.buckets[clk % B:] + lz.buckets[:clk % B]
+        else:
+            K = 1 << 62
+            groups = [[] for _ in range(B)]
+            for r in running:
+                if r.is_prefill_chunk:
+                    return False
+                left = r.max_tokens - r.num_output_tokens
+                cap = mml - r.num_tokens
+                if cap < left:
+                    left = cap
+                if left < K:
+                    K = left
+                groups[-r.num_computed_tokens % B].append(r)
         # The leap may end with the step of the first finish (its update frees blocks, so
         # nothing after it can be leapt without a fresh look).
         k_finish = K
         if not self.closed and not self.time_arrivals and self.next_idx < len(self.order):
             K = min(K, self.order[self.next_idx].arrival_step - self.step)
         if K < 2:
+            return False
+        if len(sched.waiting) and not self._admission_blocked(
+                R, sched.max_num_scheduled_tokens - R):
             return False
         pool = sched.kv.pool
         free = pool.num_free_blocks
@@ -387,7 +423,8 @@ class _Engine:
         if self.timed:
             np = self.np
             j = np.arange(K)
-            sum_ctx = sum(r.num_computed_tokens + 1 for r in running)
+            sum_ctx = (lz.sum_off + R * (clk + 1) if lz is not None
+                       else sum(r.num_computed_tokens + 1 for r in running))
             f = StepFeatures(np.zeros(K, dtype=np.int64), np.full(K, R, dtype=np.int64),
                              np.zeros(K, dtype=np.int64), sum_ctx + R * j,
                              np.zeros(K), np.zeros(K, dtype=np.int64))
@@ -429,17 +466,30 @@ class _Engine:
                     durations = durations[:K]
                     ends = ends[:K]
         finishing = K == k_finish
-        # Pop the crossing blocks in step order, running order within a step.
-        pop = pool.pop_one
+        # Pop the crossing blocks in step order, running order within a step: one
+        # get_new_blocks call pops (and evicts) them in exactly that order.
+        new_blocks = iter(pool.get_new_blocks(free - free_after[K - 1]))
         for j in range(K):
             for r in groups[j % B]:
-                r.blocks.append(pop())
+                r.blocks.append(next(new_blocks))
         kv = sched.kv
         caching = kv.enable_caching
-        running = list(running)
+        if lz is None or self.r_leap is not None or self.r_output is not None:
+            # The leap's batch, finished requests included, for the per-request updates
+            # below and the recorder (sched.running loses the finished ones in place).
+            running = list(running)
         finished: list[Request] = []
         mml = sched.max_model_len
-        for r in running:
+        if lz is not None:
+            if caching:
+                # Members whose token of step j completes a block register its key.
+                for j in range(K):
+                    for r in groups[(j + 1) % B]:
+                        kv.cache_blocks(r, r.num_computed_tokens + clk + j - r.lz_d0 + 1)
+            if finishing:
+                finished = lz.pop_finishing(clk + K - 1)
+            lz.clock = clk + K
+        for r in (running if lz is None else ()):
             c = r.num_computed_tokens + K
             r.num_computed_tokens = c
             r.num_tokens += K
@@ -450,14 +500,22 @@ class _Engine:
                 kv.cache_blocks(r, c)
             if finishing and (r.num_output_tokens >= r.max_tokens or r.num_tokens >= mml):
                 finished.append(r)
+        if lz is not None and self.timed:
+            # Gaps of the leapt steps, for the members' inter-token statistics (the first one
+            # follows the previous step's end, when every member emitted its last token).
+            gaps = np.diff(ends, prepend=t_start).tolist()
+            lz.gaps.extend(gaps)
+            lz.ends.extend(ends.tolist())
         if finished:
             # The last leapt step's update_from_output: free in scheduling order (U2).
             for r in finished:
+                if r.lz_d0 >= 0:
+                    lz.leave(r)
                 r.status = FINISHED_LENGTH_CAPPED
                 r.finish_step = self.step + K - 1
                 kv.free(r)
                 sched.finished_req_ids.append(r.request_id)
-            sched.running = [r for r in running if r.status == RUNNING]
+            sched.running = _without(sched.running, finished)
             self.unfinished -= len(finished)
         # Rows.
         steps = self.steps
@@ -468,27 +526,35 @@ class _Engine:
         D = len(sched.deferred_waiting)
         denom = pool.usage_denominator
         usage = [1.0 - fa / denom for fa in free_after]
-        steps.extend("step", range(step0, step0 + K))
-        steps.columns["arrivals"].append(arrivals)
-        steps.extend_constant("arrivals", 0, K - 1)
-        for name, v in (("num_running", R), ("num_scheduled_reqs", R), ("num_waiting", W),
-                        ("num_waiting_new", W - Wp), ("num_waiting_preempted", Wp),
-                        ("num_waiting_deferred", D), ("num_scheduled_tokens", R),
-                        ("num_prefill_tokens", 0), ("num_decode_tokens", R),
-                        ("admitted_new", 0), ("resumed", 0), ("recomputed_tokens", 0),
-                        ("preemptions", 0), ("num_waiting_after", W),
-                        ("prefix_cache_queries", 0),
-                        ("prefix_cache_hits", 0)):
-            steps.extend_constant(name, v, K)
+        cols = steps.columns
+        cols["step"].extend(range(step0, step0 + K))
+        # One array per distinct value, shared by the columns that repeat it.
+        zeros = array("q", (0,)) * K
+        rK = array("q", (R,)) * K
+        wK = array("q", (W,)) * K if W else zeros
+        cols["arrivals"].append(arrivals)
+        cols["arrivals"].extend(zeros[1:])
+        for name in ("num_running", "num_scheduled_reqs", "num_scheduled_tokens",
+                     "num_decode_tokens"):
+            cols[name].extend(rK)
+        cols["num_waiting"].extend(wK)
+        cols["num_waiting_after"].extend(wK)
+        cols["num_waiting_new"].extend(array("q", (W - Wp,)) * K if Wp else wK)
+        cols["num_waiting_preempted"].extend(array("q", (Wp,)) * K if Wp else zeros)
+        cols["num_waiting_deferred"].extend(array("q", (D,)) * K if D else zeros)
+        for name in ("num_prefill_tokens", "admitted_new", "resumed", "recomputed_tokens",
+                     "preemptions", "prefix_cache_queries", "prefix_cache_hits"):
+            cols[name].extend(zeros)
         F = len(finished)
-        steps.extend_constant("finished", 0, K - 1)
-        steps.columns["finished"].append(F)
-        steps.extend_constant("num_running_after", R, K - 1)
-        steps.columns["num_running_after"].append(R - F)
-        steps.extend("kv_usage", usage)
+        cols["finished"].extend(zeros[1:])
+        cols["finished"].append(F)
+        cols["num_running_after"].extend(rK[1:])
+        cols["num_running_after"].append(R - F)
+        cols["kv_usage"].extend(usage)
         usage_last = pool.get_usage() if F else usage[-1]
-        steps.extend("kv_usage_after", usage[:-1])
-        steps.columns["kv_usage_after"].append(usage_last)
+        kv_after = cols["kv_usage_after"]
+        kv_after.extend(usage)
+        kv_after[-1] = usage_last
         if self.timed:
             np = self.np
             starts = np.concatenate(([t_start], ends[:-1]))
@@ -501,7 +567,11 @@ class _Engine:
             inner = np.diff(ends)
             inner_max = float(inner.max())
             first_end = float(ends[0])
-            for r in running:
+            if lz is not None:
+                # Members' own counters follow from lz.gaps when they are next synced.
+                self.itl_values.append(first_end - t_start)
+                self.itl_weights.append(R)
+            for r in (running if lz is None else ()):
                 gap = first_end - r.last_token_time_s
                 self.itl_values.append(gap)
                 self.itl_weights.append(1)

@@ -35,13 +35,15 @@ class StepsTable:
         names = STEP_COLUMNS + (TIME_STEP_COLUMNS if timed else ())
         self.columns: dict[str, array] = {
             n: array("d" if n in _FLOAT_COLUMNS else "q") for n in names}
+        # Bound ``append`` of each column, in row order (one row per plain step).
+        self._appends = [c.append for c in self.columns.values()]
 
     def __len__(self) -> int:
         return len(self.columns["step"])
 
     def append(self, row: tuple) -> None:
-        for col, v in zip(self.columns.values(), row, strict=False):
-            col.append(v)
+        for app, v in zip(self._appends, row):  # noqa: B905 (row matches the columns)
+            app(v)
 
     def extend_constant(self, name: str, value: float, count: int) -> None:
         col = self.columns[name]

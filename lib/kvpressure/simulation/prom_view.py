@@ -35,6 +35,7 @@ import json
 import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +98,11 @@ plain text-only server without connectors, multimodal input or MFU accounting sh
 class _Histogram:
     """Cumulative-bucket histogram with prometheus_client's ``le`` rule (value <= bound)."""
 
-    __slots__ = ("bounds", "counts", "total", "n")
+    __slots__ = ("bounds", "_bounds_array", "counts", "total", "n")
 
     def __init__(self, bounds: Sequence[float]):
         self.bounds = tuple(float(b) for b in bounds)
+        self._bounds_array = np.asarray(self.bounds)
         self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf)
         self.total = 0.0
         self.n = 0
@@ -121,16 +123,14 @@ class _Histogram:
         self.total = total
         self.n += times
 
-    def observe_many(self, values: np.ndarray) -> None:
+    def observe_many(self, values: np.ndarray | list[float]) -> None:
+        values = np.asarray(values, dtype=float)
         if values.size == 0:
             return
-        idx = np.searchsorted(np.asarray(self.bounds), values, side="left")
-        for i, c in zip(*np.unique(idx, return_counts=True), strict=True):
-            self.counts[int(i)] += int(c)
-        total = self.total
-        for v in values.tolist():
-            total += v
-        self.total = total
+        idx = np.searchsorted(self._bounds_array, values, side="left")
+        for i, c in enumerate(np.bincount(idx, minlength=len(self.counts)).tolist()):
+            self.counts[i] += c
+        self.total += float(values.sum())
         self.n += int(values.size)
 
 
@@ -167,9 +167,14 @@ def _req_id(req: Any) -> str:
 
 
 def _labels(pairs: Mapping[str, str]) -> str:
+    return _labels_cached(tuple(sorted((str(k), str(v)) for k, v in pairs.items())))
+
+
+@lru_cache(maxsize=4096)
+def _labels_cached(pairs: tuple[tuple[str, str], ...]) -> str:
     inner = ",".join(
         '{}="{}"'.format(k, str(v).replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\""))
-        for k, v in sorted(pairs.items())
+        for k, v in pairs
     )
     return "{" + inner + "}" if inner else ""
 
@@ -267,6 +272,8 @@ class PromRecorder:
 
         self._base = {"engine": self.engine, "model_name": self.model_name}
         self._base_str = _labels(self._base)
+        self._bucket_label_cache: dict[tuple[float, ...], list[str]] = {}
+        self._itl_buf: list[float] = []
 
     # --- scrape clock ------------------------------------------------------------------------
     @property
@@ -367,12 +374,8 @@ class PromRecorder:
             st.first_token_ts = t
             st.is_prefilling = False
         else:
-            # the hottest line of a run: one inter-token latency per decode output
-            h = self.h_itl
-            v = t - st.last_token_ts
-            h.counts[bisect_left(h.bounds, v)] += 1
-            h.total += v
-            h.n += 1
+            # the hottest line of a run: buffered, bucketed in bulk before the next scrape
+            self._itl_buf.append(t - st.last_token_ts)
         st.last_token_ts = t
         st.num_generation_tokens += new_tokens
         if finished:
@@ -460,6 +463,9 @@ class PromRecorder:
         totals over new *and* resumed admissions; the exporter counts only first admissions,
         which the recorder tracks itself from ``on_scheduled``."""
         self._flush_before(t)
+        if self._itl_buf:
+            self.h_itl.observe_many(self._itl_buf)
+            self._itl_buf = []
         if self._iter_has_output:
             self.h_iteration.observe(self._iter_tokens)
         self._iter_has_output = False
@@ -495,11 +501,22 @@ class PromRecorder:
         del self._reqs[_req_id(req)]
 
     # --- exposition ----------------------------------------------------------------------------
+    def _bucket_labels(self, bounds: tuple[float, ...]) -> list[str]:
+        cached = self._bucket_label_cache.get(bounds)
+        if cached is None:
+            cached = [_labels({**self._base, "le": floatToGoString(b)})
+                      for b in (*bounds, math.inf)]
+            self._bucket_label_cache[bounds] = cached
+        return cached
+
     def _scrape(self, t: float) -> None:
         self.scrapes.append({"t": float(t) - self.time_origin_s, "text": self.render()})
 
     def render(self) -> str:
         """The current state in the Prometheus text format."""
+        if self._itl_buf:
+            self.h_itl.observe_many(self._itl_buf)
+            self._itl_buf = []
         out: list[str] = []
         base = self._base_str
         created = floatToGoString(self.epoch_s + self.time_origin_s)
@@ -535,10 +552,10 @@ class PromRecorder:
         def histogram(name: str, help_text: str, h: _Histogram) -> None:
             samples = []
             running = 0
-            for bound, c in zip((*h.bounds, math.inf), h.counts, strict=True):
+            bucket = f"{name}_bucket"
+            for labels, c in zip(self._bucket_labels(h.bounds), h.counts, strict=True):
                 running += c
-                le = floatToGoString(bound)
-                samples.append((f"{name}_bucket", _labels({**self._base, "le": le}), running))
+                samples.append((bucket, labels, running))
             samples.append((f"{name}_count", base, h.n))
             samples.append((f"{name}_sum", base, h.total))
             family(name, "histogram", help_text, samples, [base])

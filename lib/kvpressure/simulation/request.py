@@ -55,7 +55,7 @@ class Request:
         "submit_step", "first_sched_step", "first_token_step", "finish_step",
         "recomputed_tokens", "scheduled_tokens", "prefix_hit_tokens_at_admission",
         "submit_time_s", "first_token_time_s", "finish_time_s", "last_token_time_s",
-        "itl_max_s", "num_itl",
+        "itl_max_s", "num_itl", "lz_d0", "lz_seq",
     )
 
     def __init__(
@@ -116,6 +116,10 @@ class Request:
         self.last_token_time_s = float("nan")
         self.itl_max_s = 0.0
         self.num_itl = 0
+        # Clock of the last update while decode progress is kept lazily (lazy_decode.py);
+        # -1 when the counters above are up to date by themselves.
+        self.lz_d0 = -1
+        self.lz_seq = 0
 
     def block_key(self, i: int) -> int:
         """Key of block ``i`` (tokens ``[i*B, (i+1)*B)``), equal across requests exactly when
@@ -127,10 +131,12 @@ class Request:
     def is_finished(self) -> bool:
         return self.status > PREEMPTED
 
-    def __lt__(self, other: Request) -> bool:
-        # vLLM's Request.__lt__: (priority, arrival_time, request_id).
-        return (self.priority, self.arrival_time, self.request_id) < (
-            other.priority, other.arrival_time, other.request_id)
+    def sort_key(self) -> tuple[int, int, str]:
+        """vLLM's ``Request.__lt__`` order: (priority, arrival_time, request_id). Kept as a
+        key, not as ``__lt__``: a Python-level rich comparison makes every ``==`` between
+        requests (``list.remove``, ``in`` on lists) go through slow slot lookups. The
+        waiting heap never needs it, as ``arrival_time`` is unique."""
+        return (self.priority, self.arrival_time, self.request_id)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={RequestStatus(self.status).name}, "

@@ -8,6 +8,7 @@ import heapq
 from collections import deque
 
 from kvpressure.simulation.kv_cache_manager import KVCacheManager
+from kvpressure.simulation.lazy_decode import LazyDecode
 from kvpressure.simulation.request import (
     FINISHED_LENGTH_CAPPED,
     PREEMPTED,
@@ -24,7 +25,8 @@ class SchedulerOutput:
                  "num_prefill_tokens", "num_decode_tokens", "num_decode_seqs",
                  "num_prefill_seqs", "admitted_new", "resumed", "recomputed_tokens",
                  "prefix_cache_queries", "prefix_cache_hits", "sum_decode_ctx",
-                 "sum_prefill_attn", "sum_prefill_ctx", "chunks", "emitted", "finished")
+                 "sum_prefill_attn", "sum_prefill_ctx", "chunks", "emitted", "finished",
+                 "num_lazy")
 
     def __init__(self) -> None:
         self.scheduled: dict[Request, int] = {}
@@ -48,6 +50,9 @@ class SchedulerOutput:
         # Requests that sampled a token this step / reached their last one, in order.
         self.emitted: list[Request] = []
         self.finished: list[Request] = []
+        # Lazy decode members served this step (one token each, not in ``scheduled`` nor
+        # ``emitted``; their finishes are at the head of ``finished``).
+        self.num_lazy = 0
 
 
 class WaitingQueue:
@@ -91,7 +96,9 @@ class WaitingQueue:
 class Scheduler:
     """Queues, budgets and the two scheduling passes (spec §1-§2)."""
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings, lazy: LazyDecode | None = None) -> None:
+        """``lazy``: keep the decode progress of the head of ``running`` as a clock
+        (lazy_decode.py); FCFS only, as PRIORITY may preempt any running request."""
         s = settings
         self.settings = s
         self.block_size = s.block_size
@@ -115,6 +122,9 @@ class Scheduler:
         # it happens inside schedule() (the engine stamps them with the step's start).
         self.on_admit = None
         self.on_preempt = None
+        if lazy is not None and self.priority_policy:
+            raise ValueError("lazy decode progress needs the FCFS policy")
+        self.lazy = lazy
 
     # -- queue entry ----------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -129,6 +139,8 @@ class Scheduler:
 
     # -- preemption -----------------------------------------------------------------------
     def _preempt(self, req: Request) -> None:
+        if req.lz_d0 >= 0:
+            self.lazy.leave(req)
         self.kv.free(req)
         req.status = PREEMPTED
         req.num_computed_tokens = 0
@@ -157,9 +169,19 @@ class Scheduler:
         pool = kv.pool
         caching = kv.enable_caching
 
-        # Pass 1: running requests in list order.
+        # Pass 1: running requests in list order; the lazy head first, as a whole.
         req_index = 0
-        while req_index < len(running) and budget > 0:
+        lz = self.lazy
+        stopped = False
+        if lz is not None and lz.n:
+            if lz.n > budget:
+                # The budget cannot serve every member: this step runs eagerly.
+                lz.flush(running)
+            else:
+                stopped = self._lazy_pass(out)
+                budget -= lz.n
+                req_index = lz.n
+        while not stopped and req_index < len(running) and budget > 0:
             req = running[req_index]
             c = req.num_computed_tokens
             if not req.is_prefill_chunk:
@@ -275,6 +297,15 @@ class Scheduler:
         sum_decode_ctx = 0
         emitted = out.emitted
         finished = out.finished
+        if lz is not None and lz.n:
+            nl = lz.n
+            D = lz.clock
+            total += nl
+            decode += nl
+            sum_decode_ctx += lz.sum_off + nl * (D + 1)
+            finished.extend(lz.pop_finishing(D))
+            lz.clock = D + 1
+            out.num_lazy = nl
         for req, n in scheduled.items():
             start = req.num_computed_tokens
             end = start + n
@@ -337,12 +368,65 @@ class Scheduler:
 
         Returns the requests that emitted a token, in scheduling order (finished ones have
         a finished status)."""
+        lz = self.lazy
         if out.finished:
             kv = self.kv
             for req in out.finished:
+                if req.lz_d0 >= 0:
+                    lz.leave(req)
                 req.status = FINISHED_LENGTH_CAPPED
                 req.finish_step = step
                 kv.free(req)
                 self.finished_req_ids.append(req.request_id)
-            self.running = [r for r in self.running if r.status == RUNNING]
+            running = self.running
+            if len(out.finished) * 8 < len(running):
+                # Few finishes: list.remove scans in C, in place.
+                for req in out.finished:
+                    running.remove(req)
+            else:
+                self.running = [r for r in running if r.status == RUNNING]
+        if lz is not None:
+            # Requests that decoded this step right behind the lazy head join it.
+            running = self.running
+            n = lz.n
+            scheduled = out.scheduled
+            while n < len(running):
+                r = running[n]
+                if r.is_prefill_chunk or r not in scheduled:
+                    break
+                lz.join(r)
+                n += 1
         return out.emitted
+
+    def _lazy_pass(self, out: SchedulerOutput) -> bool:
+        """Pass 1 over the lazy head: only members starting a block need anything. Returns
+        True when a member had to preempt itself (FCFS then ends pass 1)."""
+        lz = self.lazy
+        D = lz.clock
+        pool = self.kv.pool
+        running = self.running
+        stopped = False
+        cross = lz.buckets[D % lz.B]
+        if cross:
+            for req in list(cross):
+                if req.lz_d0 < 0:
+                    continue  # preempted by an earlier member of this step
+                while not pool.num_free_blocks:
+                    # FCFS victims come from the end of running: never a served member.
+                    victim = running.pop()
+                    self._preempt(victim)
+                    out.preempted.append(victim)
+                    if self.on_preempt is not None:
+                        self.on_preempt(victim)
+                    if victim is req:
+                        stopped = True
+                        break
+                if stopped:
+                    break
+                req.blocks.append(pool.pop_one())
+        kv = self.kv
+        if kv.enable_caching:
+            # Members whose token completes a block register its key.
+            for req in lz.buckets[(D + 1) % lz.B]:
+                kv.cache_blocks(req, req.num_computed_tokens + D - req.lz_d0 + 1)
+        return stopped
