@@ -18,18 +18,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write into an existing non-empty output folder")
     parser.add_argument("--step-by-step", action="store_true",
                         help="disable the event-driven fast path (same results, slower)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="experiment only: the closed-loop concurrency level to simulate "
+                             "(default: the experiment's focus point)")
 
 
-def _parse_overrides(items: list[str]) -> dict:
-    from kvpressure.simulation.scenario import parse_setting_value
+def _parse_overrides(items: list[str], experiment: bool) -> dict:
+    """``KEY=VALUE`` pairs. A step-level workload knows only the scheduler's settings; an
+    experiment accepts every engine argument (its own validation names a bad key)."""
+    if experiment:
+        import yaml
 
+        parse = lambda key, value: yaml.safe_load(value)  # noqa: E731
+    else:
+        from kvpressure.simulation.scenario import parse_setting_value as parse
     out = {}
     for item in items:
         if "=" not in item:
             raise InputError(f"--set {item!r}: expected KEY=VALUE")
         key, value = item.split("=", 1)
-        key = key.strip()
-        out[key] = parse_setting_value(key, value)
+        out[key.strip()] = parse(key.strip(), value)
     return out
 
 
@@ -39,11 +47,20 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not args.force:
         raise InputError(f"--out {out_dir}: exists and is not empty (use --force to overwrite)")
-    overrides = _parse_overrides(args.overrides)
     path = Path(args.scenario)
-    if path.suffix.lower() in (".yaml", ".yml"):
-        scenario, cost_model, recorder = _experiment_point(path, overrides)
+    is_experiment = path.suffix.lower() in (".yaml", ".yml")
+    overrides = _parse_overrides(args.overrides, is_experiment)
+    if is_experiment:
+        from kvpressure.simulation import experiment
+
+        point = experiment.build_point(experiment.load_experiment(path),
+                                       concurrency=args.concurrency,
+                                       overrides=overrides or None)
+        scenario, cost_model, recorder = point.scenario, point.cost_model, point.recorder
     else:
+        if args.concurrency is not None:
+            raise InputError("--concurrency applies to experiment files only; a step-level "
+                             "workload sets mode.concurrency")
         from kvpressure.simulation.scenario import load_scenario
 
         scenario = load_scenario(path, overrides=overrides or None)
@@ -64,16 +81,3 @@ def run(args: argparse.Namespace) -> int:
           f"-> {out_dir}")
     return 0
 
-
-def _experiment_point(path: Path, overrides: dict):
-    """An experiment file: its first point (focus variant and concurrency), built by
-    ``simulation.experiment``."""
-    from kvpressure.simulation import experiment
-
-    exp = experiment.load_experiment(path)
-    point = experiment.build_point(exp, overrides=overrides or None)
-    scenario = getattr(point, "scenario", None)
-    if scenario is None and isinstance(point, tuple):
-        scenario, cost_model, recorder = (tuple(point) + (None, None))[:3]
-        return scenario, cost_model, recorder
-    return scenario, getattr(point, "cost_model", None), getattr(point, "recorder", None)

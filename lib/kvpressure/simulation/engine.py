@@ -468,10 +468,15 @@ class _Engine:
         finishing = K == k_finish
         # Pop the crossing blocks in step order, running order within a step: one
         # get_new_blocks call pops (and evicts) them in exactly that order.
-        new_blocks = iter(pool.get_new_blocks(free - free_after[K - 1]))
+        new_blocks = pool.get_new_blocks(free - free_after[K - 1])
+        i = 0
         for j in range(K):
-            for r in groups[j % B]:
-                r.blocks.append(next(new_blocks))
+            g = groups[j % B]
+            if g:
+                m = i + len(g)
+                for r, b in zip(g, new_blocks[i:m]):  # noqa: B905 (same length)
+                    r.blocks.append(b)
+                i = m
         kv = sched.kv
         caching = kv.enable_caching
         if lz is None or self.r_leap is not None or self.r_output is not None:

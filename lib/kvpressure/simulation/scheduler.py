@@ -407,12 +407,18 @@ class Scheduler:
         running = self.running
         stopped = False
         cross = lz.buckets[D % lz.B]
-        if cross:
-            for req in list(cross):
-                if req.lz_d0 < 0:
-                    continue  # preempted by an earlier member of this step
+        if len(cross) <= pool.num_free_blocks:
+            # Enough free blocks for every crossing: popped in running order, at once.
+            if cross:
+                for req, b in zip(cross, pool.get_new_blocks(len(cross))):  # noqa: B905
+                    req.blocks.append(b)
+        else:
+            # Preemptions take members from the end of running, i.e. from the end of this
+            # bucket: the ones still to come, never the ones already served.
+            i = 0
+            while i < len(cross):
+                req = cross[i]
                 while not pool.num_free_blocks:
-                    # FCFS victims come from the end of running: never a served member.
                     victim = running.pop()
                     self._preempt(victim)
                     out.preempted.append(victim)
@@ -424,6 +430,7 @@ class Scheduler:
                 if stopped:
                     break
                 req.blocks.append(pool.pop_one())
+                i += 1
         kv = self.kv
         if kv.enable_caching:
             # Members whose token completes a block register its key.
