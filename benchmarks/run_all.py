@@ -17,7 +17,7 @@ def main() -> int:
     failed = []
     for script in sorted(HERE.glob("bench_*.py")):
         print(f"== {script.name}", flush=True)
-        if subprocess.run([sys.executable, str(script), *sys.argv[1:]], cwd=HERE.parent).returncode:
+        if subprocess.run([sys.executable, str(script)], cwd=HERE.parent).returncode:
             failed.append(script.name)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)

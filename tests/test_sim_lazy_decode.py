@@ -10,8 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpressure.simulation.engine import StepClock, _Engine
+from kvpressure.simulation.lazy_decode import LazyDecode
 from kvpressure.simulation.scenario import load_scenario
-from test_sim_helpers import LinearCost
+from kvpressure.simulation.scheduler import Scheduler
+from test_sim_helpers import LinearCost, ManualLoop
+from test_sim_helpers import settings as sched_settings
 from test_sim_properties import workloads
 
 
@@ -142,3 +145,43 @@ def test_lazy_decode_is_used_and_preempts():
     c = lazy.steps.columns
     assert list(c["preemptions"]).index(1) == 13
     assert all(r.num_output_tokens == 40 and r.lz_d0 == -1 for r in lazy.requests)
+
+
+class _CountingLazy(LazyDecode):
+    __slots__ = ("flushes",)
+
+    def flush(self, running):
+        self.flushes += 1
+        super().flush(running)
+
+
+def test_lazy_head_larger_than_budget_runs_eagerly():
+    """Defensive path: a lazy head larger than the budget (scenario validation keeps the
+    budget >= max_num_seqs, so only a budget lowered mid-run gets there) is flushed and the
+    step runs eagerly. 3 requests of 5 prompt tokens and 12 outputs, budget 2: from step 7
+    r0 and r1 both decode (2 members); the budget then drops to 1, so only r0 is served
+    each step, exactly as the eager scheduler decides."""
+    s = sched_settings(num_gpu_blocks=20, block_size=4, max_num_seqs=8,
+                       max_num_batched_tokens=2, enable_prefix_caching=False)
+    eager, lazy = ManualLoop(s), ManualLoop(s)
+    lz = _CountingLazy(s.block_size, s.max_model_len, False)
+    lz.flushes = 0
+    lazy.sched = Scheduler(s, lz)
+    reqs_a = [eager.add(f"r{i}", 5, 12) for i in range(3)]
+    reqs_b = [lazy.add(f"r{i}", 5, 12) for i in range(3)]
+    while eager.sched.has_requests():
+        if eager.step == 9:
+            assert lz.n == 2
+            eager.sched.max_num_scheduled_tokens = lazy.sched.max_num_scheduled_tokens = 1
+        a, b = eager.run_step(), lazy.run_step()
+        assert a.num_scheduled_tokens == b.num_scheduled_tokens
+        if 9 <= eager.step - 1 <= 12:
+            assert [r.request_id for r in a.scheduled] == ["r0"]
+        assert len(a.scheduled) == len(b.scheduled) + b.num_lazy
+        assert [r.request_id for r in a.finished] == [r.request_id for r in b.finished]
+        assert eager.free_queue == lazy.free_queue
+    assert eager.step == lazy.step
+    assert lz.flushes > 0
+    for ra, rb in zip(reqs_a, reqs_b, strict=True):
+        assert (ra.num_output_tokens, ra.scheduled_tokens, ra.finish_step, rb.lz_d0) == (
+            rb.num_output_tokens, rb.scheduled_tokens, rb.finish_step, -1)

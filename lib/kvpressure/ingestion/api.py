@@ -145,13 +145,23 @@ def _expected_missing(acc: RunSamples) -> list[str]:
     return out
 
 
-def _decide_origin(acc: RunSamples, frame: pd.DataFrame, requested: str) -> dict[str, Any]:
+def _distinct_times(frame: pd.DataFrame) -> np.ndarray:
+    """The sorted distinct timestamps (the frame is sorted by time)."""
+    t = frame["t"].to_numpy()
+    if len(t) == 0:
+        return t
+    keep = np.empty(len(t), dtype=bool)
+    keep[0] = True
+    np.not_equal(t[1:], t[:-1], out=keep[1:])
+    return t[keep]
+
+
+def _decide_origin(acc: RunSamples, times: np.ndarray, requested: str) -> dict[str, Any]:
     """Whether counters started at 0 with the log (``zero``) or earlier (``first``)."""
     if requested in ("zero", "first"):
         return {"origin": requested, "why": "given"}
     if requested != "auto":
         raise InputError(f"counter_origin: expected auto, zero or first, got {requested!r}")
-    times = np.unique(frame["t"].to_numpy()) if len(frame) else np.zeros(0)
     if len(times) == 0:
         return {"origin": "first", "why": "no samples"}
     created = [v for v in acc.created.values() if not math.isnan(v)]
@@ -296,8 +306,9 @@ def ingest(
     }
     for name, acc in accs.items():
         frame, label_info = acc.frame(drop_single_target_labels=drop_target_labels)
-        origin = _decide_origin(acc, frame, counter_origin)
-        info = _run_report(acc, frame, label_info, origin)
+        times = _distinct_times(frame)
+        origin = _decide_origin(acc, times, counter_origin)
+        info = _run_report(acc, frame, times, label_info, origin)
         if acc.stats.duplicate_samples:
             warnings.append(
                 f"run {name}: {acc.stats.duplicate_samples} sample(s) repeated a series at a "
@@ -394,11 +405,14 @@ def _read_prom(
 
 
 def _run_report(
-    acc: RunSamples, frame: pd.DataFrame, label_info: dict[str, Any], origin: dict[str, Any]
+    acc: RunSamples,
+    frame: pd.DataFrame,
+    times: np.ndarray,
+    label_info: dict[str, Any],
+    origin: dict[str, Any],
 ) -> dict[str, Any]:
     written = set(acc.seen_families) | set(acc.declared) | set(acc.mapped)
     gen = names.detect_generation({names.written_family(f) for f in written})
-    times = np.unique(frame["t"].to_numpy()) if len(frame) else np.zeros(0)
     declared_empty = acc.missing_families()
     info: dict[str, Any] = {
         "generation": gen["generation"],

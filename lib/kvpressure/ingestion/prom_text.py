@@ -152,13 +152,6 @@ class RunSamples:
             self.series.append(SeriesInfo(info.canonical, info.family, info.kind, dict(labels)))
         return sid
 
-    def add_point(self, sid: int, t: float, value: float) -> None:
-        """One sample outside a scrape (the Prometheus HTTP API gives series, not scrapes)."""
-        self.sids.append(sid)
-        self.values.append(value)
-        self.scrape_t.append(t)
-        self.scrape_end.append(len(self.sids))
-
     def add_points(self, sid: int, t: np.ndarray, values: np.ndarray) -> None:
         """A whole series of points (one row per point, each its own 'scrape')."""
         n = len(t)

@@ -94,7 +94,9 @@ def scrape_row(
     estimate_opts: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The run's row and its recompute estimate (with assumptions)."""
-    rows = series[series["run"] == run] if "run" in series.columns else series
+    rows = series
+    if "run" in series.columns and not _only_run(series, run):
+        rows = series[series["run"] == run]
     t = rows["t"].to_numpy(dtype=float)
     lo = float(np.min(t)) if len(t) else math.nan
     hi = float(np.max(t)) if len(t) else math.nan
@@ -155,6 +157,14 @@ def scrape_row(
         "t_end": t_end,
     }
     return {k: _plain(v) for k, v in row.items()}, estimate
+
+
+def _only_run(series: pd.DataFrame, run: str) -> bool:
+    """Whether every row belongs to ``run`` (then no filtered copy of a large table is made)."""
+    col = series["run"]
+    if isinstance(col.dtype, pd.CategoricalDtype) and list(col.cat.categories) == [run]:
+        return True
+    return False
 
 
 def _plain(value: Any) -> Any:

@@ -14,6 +14,15 @@ order, step by step) would exhaust the free blocks. Blocks are popped in exactly
 the step-by-step path pops them, so the free queue, evictions and every row are identical;
 ``event_driven=False`` runs the plain step-by-step path for comparison.
 
+On the event-driven path the scheduler also keeps the decode progress of the head of
+``running`` lazily (``lazy_decode.py``): the members' counters follow from a shared clock,
+block crossings and finishes are found in per-phase buckets and a heap, so both plain steps
+and leaps cost work proportional to what they decide (crossings, finishes, admissions,
+preemptions) rather than to the number of running requests. It is used with FCFS and when
+the recorder takes no per-token calls (no ``on_output``/``on_decode_leap``); otherwise every
+request's counters are updated at every step. A request handed to a recorder hook is always
+up to date; the counters of other running requests may lag until they are next touched.
+
 Recorder protocol (all optional methods; times in seconds)
 ----------------------------------------------------------
 * ``on_arrival(req, t)``: submission (open loop in time: ``t`` = the request's

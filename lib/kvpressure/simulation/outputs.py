@@ -35,7 +35,9 @@ class StepsTable:
         names = STEP_COLUMNS + (TIME_STEP_COLUMNS if timed else ())
         self.columns: dict[str, array] = {
             n: array("d" if n in _FLOAT_COLUMNS else "q") for n in names}
-        # Bound ``append`` of each column, in row order (one row per plain step).
+        # Bound ``append`` of each column, in row order (one row per plain step). Rows are
+        # not buffered as tuples: thousands of live tuples would make the cyclic garbage
+        # collector walk them again and again.
         self._appends = [c.append for c in self.columns.values()]
 
     def __len__(self) -> int:
