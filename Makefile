@@ -42,7 +42,8 @@ test: $(VENV)/.synced
 	$(BIN)/ruff check lib tests benchmarks
 	$(BIN)/nbstripout --verify notebooks/*.ipynb
 	$(BIN)/pytest tests
-	$(BIN)/pytest --nbval-lax --nbval-current-env -p no:randomly notebooks
+	cd notebooks && KVPRESSURE_NB_EXPERIMENT=../data/experiments/ci_small.yaml \
+	    ../$(BIN)/pytest --nbval-lax --nbval-current-env .
 
 $(VENV)/.lab: $(VENV)/.synced
 	$(UV) sync --locked --extra test --extra lab --inexact

@@ -116,3 +116,11 @@ def test_histogram_of_two_engines_is_summed_by_le() -> None:
     # 8 observations: 2 below 0.01, all 8 below 0.02. Median rank 4: 0.01 + 0.01 * 2/6.
     assert math.isclose(histogram_quantile(s, base, 0.5), 0.01 + 0.01 * 2 / 6)
     assert math.isclose(histogram_quantile(s, base, 0.5, labels="engine=0"), 0.01)
+
+
+def test_unlabelled_series_read_back_from_csv_keeps_its_values(tmp_path) -> None:
+    # pandas reads an empty labels field as NaN; the metric must not vanish on the round trip
+    counter([0, 3, 7, 7, 12]).to_csv(tmp_path / "series.csv", index=False)
+    back = pd.read_csv(tmp_path / "series.csv")
+    assert back["labels"].isna().all()
+    assert window_increase(back, "vllm:num_preemptions_total", 0.0, 4.0) == 12.0

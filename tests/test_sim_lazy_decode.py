@@ -1,6 +1,7 @@
 """Lazy decode progress (simulation/lazy_decode.py) decides exactly what the eager scheduler
-decides: on random FCFS workloads with preemptions, in steps and in time, with and without
-the event-driven leaps, and its members' derived state stays consistent after every step."""
+decides: on random workloads with preemptions (FCFS and PRIORITY), in steps and in time,
+with and without the event-driven leaps, with and without a per-token recorder, and its
+members' derived state stays consistent after every step."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from kvpressure.simulation.engine import StepClock, _Engine
 from kvpressure.simulation.lazy_decode import LazyDecode
 from kvpressure.simulation.scenario import load_scenario
 from kvpressure.simulation.scheduler import Scheduler
-from test_sim_helpers import LinearCost, ManualLoop
+from test_sim_helpers import LinearCost, ManualLoop, RecordingRecorder
 from test_sim_helpers import settings as sched_settings
 from test_sim_properties import workloads
 
@@ -67,11 +68,6 @@ class _NoLeap(_Engine):
         return False
 
 
-def _fcfs(data):
-    data["settings"]["policy"] = "fcfs"
-    return data
-
-
 def _run(sc, engine_cls, event_driven, cost=None):
     rec = _StepRecorder()
     eng = engine_cls(sc, cost, rec, event_driven, StepClock())
@@ -97,7 +93,7 @@ def _assert_same(a, b, rec_a, rec_b, exact=True):
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_lazy_decode_equals_eager_in_steps(data):
-    sc = load_scenario(_fcfs(data))
+    sc = load_scenario(data)
     eager, rec_e = _run(sc, _Engine, False)
     lazy, rec_l = _run(sc, _NoLeap, True)
     leap, rec_j = _run(sc, _Engine, True)
@@ -106,11 +102,8 @@ def test_lazy_decode_equals_eager_in_steps(data):
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.booleans())
-def test_lazy_decode_equals_eager_in_time(data, fcfs):
-    # PRIORITY keeps the eager leaps (no lazy members) without a per-token recorder.
-    if fcfs:
-        data = _fcfs(data)
+@given(workloads())
+def test_lazy_decode_equals_eager_in_time(data):
     if data["mode"]["type"] == "open":
         for r in data["requests"]:
             r["arrival_time_s"] = r.pop("arrival_step") * 0.01
@@ -120,6 +113,25 @@ def test_lazy_decode_equals_eager_in_time(data, fcfs):
     leap, rec_j = _run(sc, _Engine, True, LinearCost())
     _assert_same(eager, lazy, rec_e, rec_l, exact=False)
     _assert_same(eager, leap, rec_e, rec_j, exact=False)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from([None, 0.05]))
+def test_lazy_decode_with_a_per_token_recorder(data, scrape):
+    """With ``on_output`` the members are brought up to date for each call: same calls,
+    same times, same results as the eager path, in time, without leaps."""
+    if data["mode"]["type"] == "open":
+        for r in data["requests"]:
+            r["arrival_time_s"] = r.pop("arrival_step") * 0.01
+    sc = load_scenario(data)
+    rec_a, rec_b = RecordingRecorder(scrape), RecordingRecorder(scrape)
+    a = _Engine(sc, LinearCost(), rec_a, False, StepClock()).run()
+    eng = _NoLeap(sc, LinearCost(), rec_b, True, StepClock())
+    assert eng.lazy is not None
+    b = eng.run()
+    assert a.steps_csv() == b.steps_csv()
+    assert a.requests_csv() == b.requests_csv()
+    assert rec_a.aggregate() == rec_b.aggregate()
 
 
 def test_lazy_decode_is_used_and_preempts():
@@ -185,3 +197,30 @@ def test_lazy_head_larger_than_budget_runs_eagerly():
     for ra, rb in zip(reqs_a, reqs_b, strict=True):
         assert (ra.num_output_tokens, ra.scheduled_tokens, ra.finish_step, rb.lz_d0) == (
             rb.num_output_tokens, rb.scheduled_tokens, rb.finish_step, -1)
+
+
+def test_priority_preempts_a_member_served_earlier_in_the_step():
+    """PRIORITY may preempt a member that pass 1 already served. rA (priority 5, prompt 7)
+    arrives at step 0, rB (priority 0, prompt 8) at step 1: running is [rA, rB], both
+    decoding with c = 8 at step 2, where both start a block. 4 of the 5 usable blocks are
+    held; rA takes the last one, rB finds none and preempts the worst-priority request,
+    rA (2 outputs, 8 tokens scheduled), whose token of step 2 is not counted."""
+    data = {"name": "prio", "mode": {"type": "open"},
+            "settings": {"num_gpu_blocks": 6, "block_size": 4, "max_num_seqs": 4,
+                         "max_num_batched_tokens": 64, "enable_prefix_caching": False,
+                         "policy": "priority", "max_model_len": 64},
+            "requests": [{"id": "rA", "prompt_len": 7, "output_len": 12, "priority": 5,
+                          "arrival_step": 0},
+                         {"id": "rB", "prompt_len": 8, "output_len": 12, "priority": 0,
+                          "arrival_step": 1}]}
+    sc = load_scenario(data)
+    eager, rec_e = _run(sc, _Engine, False)
+    lazy, rec_l = _run(sc, _NoLeap, True)
+    leap, rec_j = _run(sc, _Engine, True)
+    _assert_same(eager, lazy, rec_e, rec_l)
+    _assert_same(eager, leap, rec_e, rec_j)
+    assert rec_l.preempted["rA"][0] == (1.0 + 2 * 0.015625, 2, 8)
+    c = lazy.steps.columns
+    # num_running is read after schedule(): rB alone.
+    assert (c["preemptions"][2], c["num_scheduled_tokens"][2], c["num_running"][2]) == (1, 1, 1)
+    assert rec_l.max_members == 2

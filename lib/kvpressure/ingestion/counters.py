@@ -58,7 +58,8 @@ def select(
     if rows.empty:
         return {}
     want = _match(labels)
-    label_col = rows["labels"].astype(str) if "labels" in rows.columns else pd.Series("", index=rows.index)
+    # a series.csv read back by pandas has NaN where the labels string was empty
+    label_col = rows["labels"].fillna("").astype(str) if "labels" in rows.columns else pd.Series("", index=rows.index)
     out: dict[str, pd.Series] = {}
     for key, group in rows.groupby(label_col, sort=True, observed=True):
         key = str(key)

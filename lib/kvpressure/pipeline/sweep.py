@@ -4,8 +4,13 @@ Each point is simulated event-driven with the experiment's cost model and a Prom
 recorder, and written to ``out_dir/points/<variant>/c<concurrency>/`` (``summary.json``,
 ``steps.csv``, ``requests.csv``, ``metrics.prom.jsonl``); open-loop points go to
 ``r<rate>``. ``runs.csv`` collects one row per point with the ``runs`` columns of
-``interfaces.md`` section 3 plus the engine arguments in force. Points run in worker
-processes; rows and files do not depend on the number of workers or on completion order.
+``interfaces.md`` section 3 plus ``seed`` and ``repeat`` and the engine arguments in force.
+
+Repeats (the comparison's ``seeds``): every point is run once more for each further workload
+seed. Repeat 0 is the experiment's own seed and the only one with a point folder; the other
+repeats exist for the run-to-run noise, so they run without the Prometheus recorder, write no
+files and leave only their ``runs.csv`` row. Points run in worker processes; rows and files do
+not depend on the number of workers or on completion order.
 """
 
 from __future__ import annotations
@@ -20,7 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.simulation.experiment import ENGINE_ARGS, Experiment, load_experiment
+from kvpressure.simulation.experiment import (
+    ENGINE_ARGS,
+    MAX_SEEDS,
+    Experiment,
+    load_experiment,
+)
 
 RUNS_COLUMNS = (
     "run", "variant", "concurrency", "request_rate", "num_requests", "duration_s",
@@ -33,6 +43,9 @@ EXTRA_COLUMNS = (
     "requests_preempted", "total_scheduled_tokens", "prefill_tokens", "decode_tokens",
     "steps", "max_kv_usage", "recompute_time_s", "recompute_time_share", "refused_requests",
 )
+# Which request set a row measured: the workload seed and its repeat index (0 = the
+# experiment's own seed, whose point folder exists).
+REPEAT_COLUMNS = ("seed", "repeat")
 SETTING_COLUMNS = tuple(ENGINE_ARGS)
 
 
@@ -43,32 +56,41 @@ class _PointJob:
     overrides: dict[str, Any]
     concurrency: int | None
     request_rate: float | None
-    folder: str
+    folder: str | None
+    """Where the point's files go; None for a repeat, which writes none."""
+    repeat: int = 0
+    seed: int | None = None
+
+
+def _level_name(concurrency: int | None, request_rate: float | None) -> str:
+    return f"c{concurrency}" if concurrency is not None else f"r{request_rate:g}"
 
 
 def point_folder(variant: str, concurrency: int | None = None,
                  request_rate: float | None = None) -> str:
     """``points/<variant>/c<concurrency>`` (closed loop) or ``points/<variant>/r<rate>``."""
-    level = f"c{concurrency}" if concurrency is not None else f"r{request_rate:g}"
-    return f"points/{variant}/{level}"
+    return f"points/{variant}/{_level_name(concurrency, request_rate)}"
 
 
 def _run_point(experiment: Experiment, job: _PointJob, out_dir: str) -> dict[str, Any]:
-    """Simulate one point, write its folder, return its ``runs`` row (in a worker)."""
+    """Simulate one point, write its folder (repeat 0), return its ``runs`` row (in a worker)."""
     from kvpressure.simulation.engine import simulate
 
     point = experiment.point(concurrency=job.concurrency, request_rate=job.request_rate,
-                             overrides=job.overrides, variant=job.variant)
+                             overrides=job.overrides, variant=job.variant, seed=job.seed,
+                             with_recorder=job.folder is not None)
     result = simulate(point.scenario, cost_model=point.cost_model, recorder=point.recorder,
                       event_driven=True)
-    folder = Path(out_dir) / job.folder
-    result.write(folder)
+    if job.folder is not None:
+        result.write(Path(out_dir) / job.folder)
     s = result.summary
     ratio = float(s["recompute_ratio"])
     duration = float(s.get("duration_s") or 0.0)
     recompute_time = float(s.get("recompute_time_s") or 0.0)
+    level = _level_name(job.concurrency, job.request_rate)
+    run = f"{experiment.name}/{job.variant}/{level}"
     row: dict[str, Any] = {
-        "run": f"{experiment.name}/{job.variant}/{Path(job.folder).name}",
+        "run": run if job.repeat == 0 else f"{run}/seed{point.scenario.seed}",
         "variant": job.variant,
         "concurrency": job.concurrency,
         "request_rate": job.request_rate,
@@ -93,6 +115,8 @@ def _run_point(experiment: Experiment, job: _PointJob, out_dir: str) -> dict[str
         "max_running": s["max_running"],
         "mean_kv_usage": s["mean_kv_usage"],
         "source": "simulation",
+        "seed": point.scenario.seed,
+        "repeat": job.repeat,
         "requests_preempted": s["requests_preempted"],
         "total_scheduled_tokens": s["total_scheduled_tokens"],
         "prefill_tokens": s["prefill_tokens"],
@@ -109,14 +133,19 @@ def _run_point(experiment: Experiment, job: _PointJob, out_dir: str) -> dict[str
 
 
 def _point_jobs(experiment: Experiment, variants: Mapping[str, Mapping[str, Any]],
-           levels: Sequence[float]) -> list[_PointJob]:
+                levels: Sequence[float], seeds: Sequence[int], write_points: bool
+                ) -> list[_PointJob]:
+    """Variant by variant (baseline first), repeat by repeat, level by level."""
     closed = experiment.mode == "closed"
     out = []
     for name, overrides in variants.items():
-        for level in levels:
-            c = int(level) if closed else None
-            r = None if closed else float(level)
-            out.append(_PointJob(len(out), name, dict(overrides), c, r, point_folder(name, c, r)))
+        for repeat, seed in enumerate(seeds):
+            for level in levels:
+                c = int(level) if closed else None
+                r = None if closed else float(level)
+                folder = point_folder(name, c, r) if write_points and repeat == 0 else None
+                out.append(_PointJob(len(out), name, dict(overrides), c, r, folder, repeat,
+                                     int(seed)))
     return out
 
 
@@ -157,16 +186,23 @@ def run_sweep(
     jobs: int | None = None,
     include_remedies: bool = False,
     compare: bool = True,
+    seeds: int | None = None,
+    write_points: bool = True,
 ) -> Any:
-    """Simulate every (variant, level) point; write the point folders and ``runs.csv``.
+    """Simulate every (variant, seed, level) point; write the point folders and ``runs.csv``.
 
     ``concurrencies`` are the levels to run (request rates for an open-loop experiment);
-    default: the experiment's. ``executor`` runs the points (default: a process pool of
-    ``jobs`` workers, 2 unless given; ``jobs=1`` runs in this process). ``progress`` receives
-    one line per finished point. Returns the ``runs`` DataFrame (also in ``out_dir/runs.csv``),
-    rows ordered by variant (baseline first) then level.
+    default: the experiment's. ``seeds`` is how many workload seeds each point runs with
+    (default: the comparison's ``seeds``; 1 = the experiment's seed alone). ``write_points=False``
+    writes no point folder at all (every point then runs without the recorder; only
+    ``runs.csv``). ``executor`` runs the points (default: a process pool of ``jobs`` workers,
+    2 unless given; ``jobs=1`` runs in this process). ``progress`` receives one line per
+    finished point. Returns the ``runs`` DataFrame (also in ``out_dir/runs.csv``), rows ordered
+    by variant (baseline first), then repeat, then level.
     """
     import pandas as pd
+
+    from kvpressure.simulation.experiment import repeat_seeds
 
     exp = experiment if isinstance(experiment, Experiment) else load_experiment(experiment)
     chosen = resolve_variants(exp, variants, include_remedies=include_remedies,
@@ -174,6 +210,9 @@ def run_sweep(
     levels = sorted(concurrencies) if concurrencies is not None else exp.levels
     if not levels:
         raise InputError(f"experiment {exp.name!r}: no concurrency levels to run")
+    if seeds is not None and not 1 <= int(seeds) <= MAX_SEEDS:
+        raise InputError(f"seeds: must be between 1 and {MAX_SEEDS}, got {seeds}")
+    seed_list = exp.seeds if seeds is None else repeat_seeds(exp.seed, int(seeds))
     # Validate every variant's engine arguments and pool before starting any worker.
     for name, overrides in chosen.items():
         try:
@@ -181,10 +220,11 @@ def run_sweep(
         except InputError as exc:
             raise InputError(f"variant {name!r}: {exc}") from None
     if exp.mode == "closed":
-        _ = exp.requests  # generated once here, shipped to the workers with the experiment
+        for seed in seed_list:  # drawn once here, shipped to the workers with the experiment
+            exp.requests_for_seed(seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    point_jobs = _point_jobs(exp, chosen, levels)
+    point_jobs = _point_jobs(exp, chosen, levels, seed_list, write_points)
     rows: list[dict[str, Any] | None] = [None] * len(point_jobs)
     started = time.perf_counter()
 
@@ -193,6 +233,8 @@ def run_sweep(
             return
         level = (f"concurrency {job.concurrency}" if job.concurrency is not None
                  else f"request rate {job.request_rate:g}/s")
+        if job.repeat:
+            level += f" (seed {job.seed})"
         progress(f"[{done}/{len(point_jobs)}] {job.variant} {level}: "
                  f"{row['output_throughput']:.0f} output tok/s, {row['preemptions']} "
                  f"preemptions, recompute ratio {row['recompute_ratio']:.3f} "
@@ -217,7 +259,7 @@ def run_sweep(
         finally:
             if own:
                 pool.shutdown(wait=True, cancel_futures=True)
-    columns = [*RUNS_COLUMNS, *EXTRA_COLUMNS, *SETTING_COLUMNS]
+    columns = [*RUNS_COLUMNS, *REPEAT_COLUMNS, *EXTRA_COLUMNS, *SETTING_COLUMNS]
     frame = pd.DataFrame(rows, columns=columns)
     write_runs(frame, out)
     return frame

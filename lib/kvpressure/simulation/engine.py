@@ -18,10 +18,9 @@ On the event-driven path the scheduler also keeps the decode progress of the hea
 ``running`` lazily (``lazy_decode.py``): the members' counters follow from a shared clock,
 block crossings and finishes are found in per-phase buckets and a heap, so both plain steps
 and leaps cost work proportional to what they decide (crossings, finishes, admissions,
-preemptions) rather than to the number of running requests. It is used with FCFS and when
-the recorder takes no per-token calls (no ``on_output``/``on_decode_leap``); otherwise every
-request's counters are updated at every step. A request handed to a recorder hook is always
-up to date; the counters of other running requests may lag until they are next touched.
+preemptions) rather than to the number of running requests. A request handed to a recorder
+hook is always up to date (with a per-token recorder, that costs one update per member and
+step); the counters of other running requests may lag until they are next touched.
 
 Recorder protocol (all optional methods; times in seconds)
 ----------------------------------------------------------
@@ -115,12 +114,9 @@ class _Engine:
                     arrival_time_s=r.arrival_time_s)
             for i, r in enumerate(scenario.requests)]
         rec = recorder
-        # Lazy decode progress (lazy_decode.py) on the event-driven path, when nothing asks
-        # for each request's tokens one by one and FCFS keeps preemption at the tail.
-        self.lazy = (LazyDecode(s.block_size, s.max_model_len, self.timed)
-                     if event_driven and s.policy != "priority"
-                     and getattr(rec, "on_output", None) is None
-                     and getattr(rec, "on_decode_leap", None) is None else None)
+        # Lazy decode progress (lazy_decode.py) on the event-driven path.
+        self.lazy = LazyDecode(s.block_size, s.max_model_len, self.timed) if event_driven \
+            else None
         self.sched = Scheduler(s, self.lazy)
         self.steps = StepsTable(self.timed)
         self.closed = scenario.mode == "closed"
@@ -281,6 +277,9 @@ class _Engine:
             r_pre = self.r_preempted
             sched.on_preempt = lambda r: r_pre(r, t0)
         out = sched.schedule(step)
+        nl = out.num_lazy
+        # The members served this step, for the per-token recorder (before finishes leave).
+        members = sched.running[:nl] if nl and self.r_output is not None else ()
         waiting = sched.waiting
         num_running = len(sched.running)
         num_waiting = len(waiting)
@@ -291,7 +290,6 @@ class _Engine:
         else:
             dur = 0.0
             t1 = self.clock.t0 + (step + 1) * self.clock.dt
-        nl = out.num_lazy
         if nl and self.timed:
             # Every lazy member's token: its gap is this step's (its last one ended at t0).
             gap = t1 - t0
@@ -304,6 +302,13 @@ class _Engine:
             for r in out.finished:
                 r.finish_time_s = t1
         r_output = self.r_output
+        if members:
+            # Members come first in scheduling order; brought up to date for the recorder.
+            lz = self.lazy
+            for r in members:
+                if r.lz_d0 >= 0:
+                    lz.sync(r)
+                r_output(r, t1, 1, r.status > PREEMPTED)
         if not self.timed and r_output is None:
             emitted = ()
         for r in emitted:
@@ -377,32 +382,17 @@ class _Engine:
         R = len(running)
         if R == 0 or R > sched.max_num_scheduled_tokens:
             return False
-        mml = sched.max_model_len
         B = sched.block_size
         lz = self.lazy
-        if lz is not None:
-            # Every running request must be a lazy member; the crossings of step j are
-            # bucket (clk + j) % B, the first finish is the heap's top.
-            if lz.n != R:
-                return False
-            clk = lz.clock
-            K = lz.next_finish() - clk + 1
-            if K < 2:
-                return False
-            groups = lz.buckets[clk % B:] + lz.buckets[:clk % B]
-        else:
-            K = 1 << 62
-            groups = [[] for _ in range(B)]
-            for r in running:
-                if r.is_prefill_chunk:
-                    return False
-                left = r.max_tokens - r.num_output_tokens
-                cap = mml - r.num_tokens
-                if cap < left:
-                    left = cap
-                if left < K:
-                    K = left
-                groups[-r.num_computed_tokens % B].append(r)
+        # Every running request must be a lazy member (so all are decoding); the crossings
+        # of step j are bucket (clk + j) % B, the first finish is the heap's top.
+        if lz.n != R:
+            return False
+        clk = lz.clock
+        K = lz.next_finish() - clk + 1
+        if K < 2:
+            return False
+        groups = lz.buckets[clk % B:] + lz.buckets[:clk % B]
         # The leap may end with the step of the first finish (its update frees blocks, so
         # nothing after it can be leapt without a fresh look).
         k_finish = K
@@ -432,8 +422,7 @@ class _Engine:
         if self.timed:
             np = self.np
             j = np.arange(K)
-            sum_ctx = (lz.sum_off + R * (clk + 1) if lz is not None
-                       else sum(r.num_computed_tokens + 1 for r in running))
+            sum_ctx = lz.sum_off + R * (clk + 1)  # Σ (num_computed_tokens + 1)
             f = StepFeatures(np.zeros(K, dtype=np.int64), np.full(K, R, dtype=np.int64),
                              np.zeros(K, dtype=np.int64), sum_ctx + R * j,
                              np.zeros(K), np.zeros(K, dtype=np.int64))
@@ -488,33 +477,18 @@ class _Engine:
                 i = m
         kv = sched.kv
         caching = kv.enable_caching
-        if lz is None or self.r_leap is not None or self.r_output is not None:
-            # The leap's batch, finished requests included, for the per-request updates
-            # below and the recorder (sched.running loses the finished ones in place).
+        if self.r_leap is not None or self.r_output is not None:
+            # The leap's batch, finished requests included, for the recorder
+            # (sched.running loses the finished ones in place).
             running = list(running)
-        finished: list[Request] = []
-        mml = sched.max_model_len
-        if lz is not None:
-            if caching:
-                # Members whose token of step j completes a block register its key.
-                for j in range(K):
-                    for r in groups[(j + 1) % B]:
-                        kv.cache_blocks(r, r.num_computed_tokens + clk + j - r.lz_d0 + 1)
-            if finishing:
-                finished = lz.pop_finishing(clk + K - 1)
-            lz.clock = clk + K
-        for r in (running if lz is None else ()):
-            c = r.num_computed_tokens + K
-            r.num_computed_tokens = c
-            r.num_tokens += K
-            r.num_output_tokens += K
-            r.scheduled_tokens += K
-            r.hwm = c
-            if caching:
-                kv.cache_blocks(r, c)
-            if finishing and (r.num_output_tokens >= r.max_tokens or r.num_tokens >= mml):
-                finished.append(r)
-        if lz is not None and self.timed:
+        if caching:
+            # Members whose token of step j completes a block register its key.
+            for j in range(K):
+                for r in groups[(j + 1) % B]:
+                    kv.cache_blocks(r, r.num_computed_tokens + clk + j - r.lz_d0 + 1)
+        finished = lz.pop_finishing(clk + K - 1) if finishing else []
+        lz.clock = clk + K
+        if self.timed:
             # Gaps of the leapt steps, for the members' inter-token statistics (the first one
             # follows the previous step's end, when every member emitted its last token).
             gaps = np.diff(ends, prepend=t_start).tolist()
@@ -523,8 +497,7 @@ class _Engine:
         if finished:
             # The last leapt step's update_from_output: free in scheduling order (U2).
             for r in finished:
-                if r.lz_d0 >= 0:
-                    lz.leave(r)
+                lz.leave(r)
                 r.status = FINISHED_LENGTH_CAPPED
                 r.finish_step = self.step + K - 1
                 kv.free(r)
@@ -578,25 +551,14 @@ class _Engine:
             t_end = float(ends[-1])
             # Inter-token gaps: each request's first leapt token follows its last token;
             # the later ones are the step durations, the same for every request.
-            inner = np.diff(ends)
-            inner_max = float(inner.max())
-            first_end = float(ends[0])
-            if lz is not None:
-                # Members' own counters follow from lz.gaps when they are next synced.
-                self.itl_values.append(first_end - t_start)
-                self.itl_weights.append(R)
-            for r in (running if lz is None else ()):
-                gap = first_end - r.last_token_time_s
-                self.itl_values.append(gap)
-                self.itl_weights.append(1)
-                r.num_itl += K
-                m = gap if gap > inner_max else inner_max
-                if m > r.itl_max_s:
-                    r.itl_max_s = m
-                r.last_token_time_s = t_end
+            # Every member's first leapt token follows the previous step's end: all gaps are
+            # step durations, shared by the R members (their own counters follow from
+            # lz.gaps when they are next synced).
+            self.itl_values.append(float(ends[0]) - t_start)
+            self.itl_weights.append(R)
             for r in finished:
                 r.finish_time_s = t_end
-            self.itl_values.extend(inner.tolist())
+            self.itl_values.extend(np.diff(ends).tolist())
             self.itl_weights.extend([R] * (K - 1))
             self.t = t_end
         else:
@@ -605,6 +567,10 @@ class _Engine:
             times = [t0 + (step0 + j + 1) * dt for j in range(K)]
             t_end = times[-1]
         # Recorder: the leapt steps in aggregate; a last step with finishes as a plain step.
+        if self.r_leap is not None or self.r_output is not None:
+            for r in running:
+                if r.lz_d0 >= 0:
+                    lz.sync(r)  # what the recorder is handed is up to date
         Kl = K - 1 if F else K
         if Kl:
             if self.r_leap is not None:

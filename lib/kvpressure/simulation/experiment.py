@@ -18,7 +18,7 @@ workload:
   input_len: {type: uniform, low: 4096, high: 8192}
   output_len: {type: uniform, low: 128, high: 512}
   concurrency: [8, 16, 32, 64]     # closed loop; or request_rates: [1, 2, 4] (open loop)
-comparison: {parameter: max_num_seqs, values: [32]}
+comparison: {parameter: max_num_seqs, values: [32], seeds: 3}
 remedies: [{parameter: scheduler_reserve_full_isl, values: [true]}]
 cost_model: {t0: 0.004}            # coefficient overrides
 scrape_interval_s: 5
@@ -29,6 +29,10 @@ The KV pool is sized from the profiles the way vLLM 0.33.0 sizes it
 ``gpu_memory_utilization``, ``max_model_len``, ``max_num_batched_tokens`` or ``block_size``
 re-sizes it. Every point replays the same request set (same seed), so a comparison changes
 exactly one variable.
+
+``comparison.seeds`` (default 1) asks for run-to-run noise: every point of the sweep is also run
+with ``seeds - 1`` more request sets, drawn from workload seeds derived from the experiment's
+(:func:`repeat_seeds`), so a knee shift can be judged against the spread between seeds.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -74,6 +79,8 @@ ENGINE_ARGS: dict[str, str | None] = {
     "max_num_active_seqs": "max_num_active_seqs",
 }
 ALIASES = {"policy": "scheduling_policy", "num_gpu_blocks_override": "num_gpu_blocks"}
+# More repeats than this would make a sweep slow without sharpening the noise much.
+MAX_SEEDS = 16
 # Overrides of these change the pool size vLLM would compute.
 POOL_ARGS = ("gpu_memory_utilization", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
              "block_size", "enable_chunked_prefill")
@@ -168,8 +175,8 @@ class ExperimentWorkload(_Strict):
         )
 
 
-class Comparison(_Strict):
-    """One engine argument and the values to compare with the baseline."""
+class SettingChange(_Strict):
+    """One engine argument and the values to try instead of the baseline's (a remedy)."""
 
     parameter: str
     values: list[Any] = Field(min_length=1)
@@ -182,6 +189,13 @@ class Comparison(_Strict):
         if v not in ENGINE_ARGS:
             raise ValueError(f"unknown engine argument {v!r}; known: {', '.join(ENGINE_ARGS)}")
         return v
+
+
+class Comparison(SettingChange):
+    """The single-variable comparison: one engine argument, its values, and how many workload
+    seeds each point is run with (the base seed plus ``seeds - 1`` derived ones)."""
+
+    seeds: int = Field(1, ge=1, le=MAX_SEEDS)
 
 
 class Focus(_Strict):
@@ -200,7 +214,7 @@ class ExperimentFile(_Strict):
     engine: EngineArgs = Field(default_factory=EngineArgs)
     workload: ExperimentWorkload
     comparison: Comparison | None = None
-    remedies: list[Comparison] = Field(default_factory=list)
+    remedies: list[SettingChange] = Field(default_factory=list)
     cost_model: dict[str, float | bool] = Field(default_factory=dict)
     scrape_interval_s: float = Field(5.0, gt=0)
     focus: Focus = Field(default_factory=Focus)
@@ -240,6 +254,7 @@ class Experiment:
         self.text = text
         self.base_dir = path.parent if path is not None else Path.cwd()
         self._pool_cache: dict[tuple, Any] = {}
+        self._requests_by_seed: dict[int, list[dict[str, Any]]] = {}
         # Fail early on unknown profiles and impossible pools, naming the file.
         where = str(path) if path else "experiment"
         try:
@@ -305,15 +320,41 @@ class Experiment:
             **self.config.cost_model,
         )
 
-    @cached_property
+    @property
+    def seed(self) -> int:
+        """The workload seed of the experiment file (repeat 0)."""
+        return self.config.workload.seed
+
+    @property
+    def seeds(self) -> list[int]:
+        """The workload seeds every point is run with: the comparison's ``seeds`` of them,
+        the experiment's own first."""
+        n = self.config.comparison.seeds if self.config.comparison is not None else 1
+        return repeat_seeds(self.seed, n)
+
+    def _spec(self, seed: int | None) -> WorkloadSpec:
+        spec = self.config.workload.spec()
+        if seed is not None and seed != spec.seed:
+            spec = spec.model_copy(update={"seed": int(seed)})
+        return spec
+
+    @property
     def requests(self) -> list[dict[str, Any]]:
         """The closed-loop request set (the same at every concurrency level)."""
-        return generate_requests(self.config.workload.spec(), base_dir=self.base_dir)
+        return self.requests_for_seed(self.seed)
 
-    def requests_at_rate(self, request_rate: float) -> list[dict[str, Any]]:
+    def requests_for_seed(self, seed: int) -> list[dict[str, Any]]:
+        """The closed-loop request set drawn with workload seed ``seed`` (kept once drawn)."""
+        if seed not in self._requests_by_seed:
+            self._requests_by_seed[seed] = generate_requests(self._spec(seed),
+                                                             base_dir=self.base_dir)
+        return self._requests_by_seed[seed]
+
+    def requests_at_rate(self, request_rate: float, seed: int | None = None
+                         ) -> list[dict[str, Any]]:
         w = self.config.workload
         return generate_requests(
-            w.spec(), arrivals={"request_rate": request_rate, "burstiness": w.burstiness},
+            self._spec(seed), arrivals={"request_rate": request_rate, "burstiness": w.burstiness},
             base_dir=self.base_dir,
         )
 
@@ -407,11 +448,15 @@ class Experiment:
         return point.scenario, point.cost_model
 
     def point(self, concurrency: int | None = None, request_rate: float | None = None,
-              overrides: dict[str, Any] | None = None, variant: str | None = None) -> Point:
-        """Everything one simulation point needs, the Prometheus recorder included."""
+              overrides: dict[str, Any] | None = None, variant: str | None = None, *,
+              seed: int | None = None, with_recorder: bool = True) -> Point:
+        """Everything one simulation point needs, the Prometheus recorder included (None with
+        ``with_recorder=False``: the simulation then runs at full speed). ``seed`` replaces the
+        workload seed (a repeat of the point with another request set)."""
         from kvpressure.simulation.prom_view import PromRecorder
         from kvpressure.simulation.scenario import load_scenario
 
+        seed = self.seed if seed is None else int(seed)
         if self.mode == "closed":
             if request_rate is not None:
                 raise InputError(f"{self._where()}: a closed-loop experiment takes a concurrency"
@@ -419,7 +464,7 @@ class Experiment:
             concurrency = concurrency or self.config.focus.concurrency or self.concurrencies[-1]
             if concurrency < 1:
                 raise InputError(f"concurrency must be >= 1, got {concurrency}")
-            requests = [dict(r) for r in self.requests]
+            requests = [dict(r) for r in self.requests_for_seed(seed)]
             mode = {"type": "closed", "concurrency": int(concurrency)}
             level = f"c{concurrency}"
         else:
@@ -427,7 +472,7 @@ class Experiment:
                 raise InputError(f"{self._where()}: an open-loop experiment takes a request "
                                  "rate, not a concurrency")
             request_rate = request_rate or self.config.focus.request_rate or self.request_rates[-1]
-            requests = self.requests_at_rate(request_rate)
+            requests = self.requests_at_rate(request_rate, seed)
             mode = {"type": "open"}
             level = f"rate{_fmt(request_rate)}"
         settings = self.settings(overrides)
@@ -447,7 +492,7 @@ class Experiment:
         scenario_dict: dict[str, Any] = {
             "name": f"{self.name}/{variant}/{level}",
             "description": self.description,
-            "seed": self.config.workload.seed,
+            "seed": seed,
             "mode": mode,
             "settings": {ENGINE_ARGS[k]: v for k, v in settings.items()
                          if ENGINE_ARGS.get(k) is not None and v is not None},
@@ -457,6 +502,9 @@ class Experiment:
         if refused:
             scenario_dict["refused_requests"] = refused
         scenario = load_scenario(scenario_dict)
+        if not with_recorder:
+            return Point(scenario, self.cost_model, None, variant, mode.get("concurrency"),
+                         request_rate if self.mode == "open" else None, settings)
         recorder = PromRecorder(
             self.model_name,
             scrape_interval_s=self.config.scrape_interval_s,
@@ -471,6 +519,20 @@ class Experiment:
         )
         return Point(scenario, self.cost_model, recorder, variant, mode.get("concurrency"),
                      request_rate if self.mode == "open" else None, settings)
+
+
+def repeat_seeds(seed: int, n: int) -> list[int]:
+    """``n`` workload seeds: ``seed`` itself, then one derived from ``(seed, k)`` for each
+    repeat k = 1 .. n-1 (``numpy.random.SeedSequence([seed, k])``), so the repeats are fixed by
+    the experiment's seed and independent of each other and of it."""
+    if n < 1:
+        raise InputError(f"seeds: need at least 1, got {n}")
+    if seed < 0:
+        raise InputError(f"workload.seed: must be >= 0 to derive repeat seeds, got {seed}")
+    out = [int(seed)]
+    for k in range(1, n):
+        out.append(int(np.random.SeedSequence([int(seed), k]).generate_state(1, np.uint32)[0]))
+    return out
 
 
 def _fmt(value: Any) -> str:

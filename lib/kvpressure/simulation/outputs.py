@@ -68,6 +68,24 @@ def _pctl(values: list[float], weights: list[int] | None, q: float) -> float:
     without values (no request emitted a second token), so that summary.json stays JSON."""
     if not values:
         return 0.0
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    if np.isnan(v).any():
+        return _pctl_exact(values, weights, q)
+    # A stable sort of the values alone: ties may come in another order than sorting
+    # (value, weight) pairs, but the first cumulative weight reaching the target still
+    # falls on the same value. Integer weights keep the sums exact.
+    order = np.argsort(v, kind="stable")
+    w = (np.ones(len(v), dtype=np.int64) if weights is None
+         else np.asarray(weights, dtype=np.int64)[order])
+    cum = np.cumsum(w)
+    target = q * int(cum[-1])
+    i = int(np.searchsorted(cum, target, side="left"))
+    return float(v[order[min(i, len(v) - 1)]])
+
+
+def _pctl_exact(values: list[float], weights: list[int] | None, q: float) -> float:
     pairs = sorted(zip(values, weights or [1] * len(values), strict=True))
     total = sum(w for _, w in pairs)
     target = q * total

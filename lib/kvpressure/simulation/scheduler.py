@@ -98,7 +98,7 @@ class Scheduler:
 
     def __init__(self, settings, lazy: LazyDecode | None = None) -> None:
         """``lazy``: keep the decode progress of the head of ``running`` as a clock
-        (lazy_decode.py); FCFS only, as PRIORITY may preempt any running request."""
+        (lazy_decode.py)."""
         s = settings
         self.settings = s
         self.block_size = s.block_size
@@ -122,8 +122,6 @@ class Scheduler:
         # it happens inside schedule() (the engine stamps them with the step's start).
         self.on_admit = None
         self.on_preempt = None
-        if lazy is not None and self.priority_policy:
-            raise ValueError("lazy decode progress needs the FCFS policy")
         self.lazy = lazy
 
     # -- queue entry ----------------------------------------------------------------------
@@ -138,6 +136,20 @@ class Scheduler:
         return len(self.waiting)
 
     # -- preemption -----------------------------------------------------------------------
+    def _priority_victim(self) -> int:
+        """Index in ``running`` of PRIORITY's victim: the greatest (priority, arrival_time),
+        the first of equals."""
+        running = self.running
+        vi = 0
+        best = (running[0].priority, running[0].arrival_time)
+        for i in range(1, len(running)):
+            r = running[i]
+            key = (r.priority, r.arrival_time)
+            if key > best:
+                best = key
+                vi = i
+        return vi
+
     def _preempt(self, req: Request) -> None:
         if req.lz_d0 >= 0:
             self.lazy.leave(req)
@@ -215,20 +227,15 @@ class Scheduler:
             ok = True
             while not kv.allocate_slots_running(req, n):
                 if priority:
-                    vi = 0
-                    best = (running[0].priority, running[0].arrival_time)
-                    for i in range(1, len(running)):
-                        r = running[i]
-                        key = (r.priority, r.arrival_time)
-                        if key > best:
-                            best = key
-                            vi = i
+                    vi = self._priority_victim()
                     victim = running.pop(vi)
                     if vi < req_index:
                         req_index -= 1
                     granted = scheduled.pop(victim, None)
                     if granted is not None:
                         budget += granted
+                    elif victim.lz_d0 >= 0:
+                        budget += 1  # a lazy member, served its token earlier in pass 1
                 else:
                     victim = running.pop()
                 self._preempt(victim)
@@ -400,7 +407,7 @@ class Scheduler:
 
     def _lazy_pass(self, out: SchedulerOutput) -> bool:
         """Pass 1 over the lazy head: only members starting a block need anything. Returns
-        True when a member had to preempt itself (FCFS then ends pass 1)."""
+        True when a member had to preempt itself under FCFS (which then ends pass 1)."""
         lz = self.lazy
         D = lz.clock
         pool = self.kv.pool
@@ -413,24 +420,30 @@ class Scheduler:
                 for req, b in zip(cross, pool.get_new_blocks(len(cross))):  # noqa: B905
                     req.blocks.append(b)
         else:
-            # Preemptions take members from the end of running, i.e. from the end of this
-            # bucket: the ones still to come, never the ones already served.
-            i = 0
-            while i < len(cross):
-                req = cross[i]
+            # Not every crossing gets a block: preemptions, in running order. FCFS takes
+            # victims from the end of running (members still to come in this bucket); PRIORITY
+            # may take any running request, served members included (their token of this
+            # step is then simply not counted: they leave before the clock moves).
+            priority = self.priority_policy
+            for req in list(cross):
+                if req.lz_d0 < 0:
+                    continue  # preempted earlier in this step
+                served = True
                 while not pool.num_free_blocks:
-                    victim = running.pop()
+                    victim = running.pop(self._priority_victim() if priority else -1)
                     self._preempt(victim)
                     out.preempted.append(victim)
                     if self.on_preempt is not None:
                         self.on_preempt(victim)
                     if victim is req:
-                        stopped = True
+                        served = False
                         break
-                if stopped:
+                if not served:
+                    if priority:
+                        continue
+                    stopped = True
                     break
                 req.blocks.append(pool.pop_one())
-                i += 1
         kv = self.kv
         if kv.enable_caching:
             # Members whose token completes a block register its key.
