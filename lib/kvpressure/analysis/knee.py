@@ -1,23 +1,39 @@
-"""Knee, peak, plateau and decline of a throughput-vs-concurrency curve.
+"""Knee, peak, plateau, sustained range and decline of a throughput-vs-concurrency curve.
 
 Published sweeps have few points (5 to 30 levels), uneven steps (1, 2, 4, 8, ... or 16, 24, 32,
-48, 64) and noise; some repeat each level. The method:
+48, 64) and noise; some repeat each level (several runs, or workload seeds of a simulation). The
+method:
 
-1. Levels: repeated measurements of one x are averaged; their spread gives the noise.
-   Without repeats, the noise is the residual spread around the broken-stick fit (step 3).
+1. Levels: repeated measurements of one x are averaged; their spread gives the noise (pooled
+   standard deviation of one measurement). Without repeats (and without a given ``noise_sd``)
+   the noise is read from the roughness of the level means: each level against the straight line
+   through its two neighbours (a second difference, scaled to the noise of one level and
+   relative to the level, since throughput noise grows with throughput), summarised by their
+   median absolute deviation from their median (with the small-sample factors of Croux and
+   Rousseeuw, 1992). Only the rising part (levels up to the peak) is used when it has five
+   levels or more, otherwise every level. A smooth curve, straight or evenly bent, leaves no
+   roughness, and the one or two corners of a rise-peak-fall curve are outliers the median
+   ignores; a broken-stick residual, by contrast, would count the curve's shape as noise.
+   ``noise_source`` says which estimate was used.
 2. Peak: the highest mean. Plateau: the contiguous run of levels around the peak whose mean is
-   within ``max(plateau_tol * peak, 2 * noise)`` of it.
-3. Knee: a continuous two-segment ("broken-stick") least-squares fit whose breakpoint is one of
-   the levels up to the peak; the fit uses the points up to the plateau's end (all points when the
-   plateau is only the peak, so a falling tail is the second segment). It uses every point at
-   once and so holds up under noise better than curvature alone. Kneedle (``kneed``, concave
-   increasing, on the points up to the plateau's end) is run too: when it lands within one level
-   of the broken-stick knee its answer is kept (it is the usual definition), otherwise the
-   broken-stick knee is kept and Kneedle's answer is reported beside it.
+   within ``band = max(plateau_tol * peak, z * noise / sqrt(n))`` of it.
+3. Knee (where added concurrency stops paying): a continuous two-segment ("broken-stick")
+   least-squares fit whose breakpoint is one of the levels up to the peak; the fit uses the points
+   up to the plateau's end (all points when the plateau is only the peak, so a falling tail is
+   the second segment). It uses every point at once and so holds up under noise better than
+   curvature alone. Kneedle (``kneed``, concave increasing, on the points up to the plateau's
+   end) is run too: when it lands within one level of the broken-stick knee its answer is kept
+   (it is the usual definition), otherwise the broken-stick knee is kept and Kneedle's answer is
+   reported beside it.
 4. A curve still rising at its last level (the second segment keeps at least half the first
    segment's slope and the peak is the last point) has no knee within the range: ``knee_x`` is
    None.
-5. Decline: peak minus the end of the curve (mean of the last two levels after the peak, so a
+5. Sustained range (where the curve turns): ``sustained_end`` is the largest level at or after
+   the peak whose mean is still within ``band`` of the peak; ``decline_onset`` the next level,
+   where the curve has turned down for good (None when the curve holds to the largest level: the
+   turn, if any, lies past the range). A single low level followed by a recovery does not end
+   the sustained range.
+6. Decline: peak minus the end of the curve (mean of the last two levels after the peak, so a
    dip that recovers does not count); ``declines`` when that exceeds both ``min_decline_pct`` of
    the peak and ``z`` times the noise of a difference of two levels.
 """
@@ -52,6 +68,9 @@ class KneeResult:
     noise_sd: float | None = None
     noise_source: str = ""
     still_rising: bool = False
+    sustained_end: float | None = None
+    decline_onset: float | None = None
+    plateau_band: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -73,15 +92,50 @@ def _aggregate(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     return xs, means, counts, sds
 
 
+# Croux and Rousseeuw (1992): factors that make the MAD of n normal values unbiased for small n
+# (n / (n - 0.8) beyond the table).
+_MAD_SMALL_N = {3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129, 9: 1.107}
+_MAD_NORMAL = 1.4826
+# Fewer second differences than this say nothing robust about the noise.
+_MIN_RESIDUALS = 3
+
+
+def _mad_sd(r: np.ndarray) -> float:
+    n = len(r)
+    b = _MAD_SMALL_N.get(n, n / (n - 0.8))
+    return float(_MAD_NORMAL * b * np.median(np.abs(r - np.median(r))))
+
+
+def _relative_second_differences(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each interior level minus the straight line through its neighbours, divided by the
+    standard deviation that difference has when every level carries unit noise, relative to
+    the level (levels at or below zero are left out)."""
+    h_left, h_right = x[1:-1] - x[:-2], x[2:] - x[1:-1]
+    w_left, w_right = h_right / (h_left + h_right), h_left / (h_left + h_right)
+    r = (y[1:-1] - (w_left * y[:-2] + w_right * y[2:])) / np.sqrt(1 + w_left**2 + w_right**2)
+    ok = y[1:-1] > 0
+    return r[ok] / y[1:-1][ok]
+
+
+def roughness_noise(x: np.ndarray, y: np.ndarray) -> tuple[float | None, str]:
+    """Relative noise of one level mean read from the roughness of a curve without repeats,
+    and where it was read (see step 1 of the module docstring); None with too few levels."""
+    ipeak = int(np.argmax(y))
+    rising = _relative_second_differences(x[: ipeak + 1], y[: ipeak + 1]) if ipeak >= 2 else None
+    if rising is not None and len(rising) >= _MIN_RESIDUALS:
+        return _mad_sd(rising), ("MAD of second differences of the level means on the rising "
+                                 "part (levels up to the peak)")
+    every = _relative_second_differences(x, y) if len(x) >= 3 else np.empty(0)
+    if len(every) >= _MIN_RESIDUALS:
+        return _mad_sd(every), ("MAD of second differences of the level means over every level "
+                                "(fewer than 5 levels up to the peak)")
+    return None, "unknown (too few levels); min_decline_pct and plateau_tol alone decide"
+
+
 def _broken_stick(
     x: np.ndarray, y: np.ndarray, max_break: int
-) -> tuple[int, float, float, float, float] | None:
-    """Best breakpoint index, slopes before/after, SSE and relative SSE; None with < 3 points.
-
-    The relative SSE (residuals over fitted values) serves the noise estimate: throughput
-    noise scales with the level, so residuals on the low rising part would understate the
-    noise on the plateau.
-    """
+) -> tuple[int, float, float, float] | None:
+    """Best breakpoint index, slopes before/after and SSE; None with < 3 points."""
     n = len(x)
     if n < 3:
         return None
@@ -90,11 +144,9 @@ def _broken_stick(
         k = x[i]
         a = np.c_[np.ones(n), np.minimum(x, k), np.maximum(x - k, 0.0)]
         coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-        fitted = a @ coef
-        sse = float(((fitted - y) ** 2).sum())
+        sse = float(((a @ coef - y) ** 2).sum())
         if best is None or sse < best[3] - 1e-12 * max(1.0, abs(sse)):
-            rel = np.divide(fitted - y, fitted, out=np.zeros(n), where=np.abs(fitted) > 0)
-            best = (i, float(coef[1]), float(coef[2]), sse, float((rel**2).sum()))
+            best = (i, float(coef[1]), float(coef[2]), sse)
     return best
 
 
@@ -126,7 +178,7 @@ def find_knee(
     """Locate the knee of ``y`` (throughput) over ``x`` (concurrency).
 
     ``x`` may repeat (several measurements per level). ``noise_sd`` overrides the noise
-    estimate (standard deviation of one measurement, in units of ``y``).
+    estimate (standard deviation of one measurement, in units of ``y``; 0 for an exact curve).
     """
     xa = np.asarray(x, dtype=float)
     ya = np.asarray(y, dtype=float)
@@ -149,13 +201,17 @@ def find_knee(
     ipeak = int(np.argmax(ym))
     peak_x, peak_y = float(xs[ipeak]), float(ym[ipeak])
 
-    # Noise of one measurement: pooled spread of repeats when present.
+    # Noise of one measurement: pooled spread of repeats when present, else the roughness of
+    # the level means.
     source = "given"
     sigma = noise_sd
     if sigma is None and np.any(counts > 1):
         rep = counts > 1
         sigma = float(np.sqrt(np.sum((counts[rep] - 1) * sds[rep] ** 2) / np.sum(counts[rep] - 1)))
         source = "spread of repeated measurements"
+    elif sigma is None:
+        rel, source = roughness_noise(xs, ym)
+        sigma = None if rel is None else rel * abs(peak_y)
     # Standard error of a level mean (levels may have different repeat counts).
     n_typ = float(np.median(counts))
 
@@ -171,15 +227,10 @@ def find_knee(
             hi += 1
         return lo, hi
 
-    lo, hi = plateau_of(plateau_band(sigma))
+    band = plateau_band(sigma)
+    lo, hi = plateau_of(band)
     fit_n = hi + 1 if hi - lo >= 1 or hi == len(xs) - 1 else len(xs)
     fit = _broken_stick(xs[:fit_n], ym[:fit_n], max_break=ipeak)
-    if sigma is None and fit is not None and fit_n > 3:
-        sigma = math.sqrt(fit[4] / (fit_n - 3)) * abs(peak_y) * math.sqrt(n_typ)
-        source = "residuals of the broken-stick fit"
-        lo, hi = plateau_of(plateau_band(sigma))
-    if sigma is None:
-        source = "unknown (too few points); min_decline_pct and plateau_tol alone decide"
 
     knee_bs = float(xs[fit[0]]) if fit is not None else None
     knee_kn = _kneedle(xs[: hi + 1], ym[: hi + 1])
@@ -202,6 +253,11 @@ def find_knee(
             notes.append(f"kneedle put the knee at {knee_kn:g}, away from the fit's {knee_bs:g}")
     if knee is not None and knee > peak_x:
         knee = peak_x
+
+    # The last level still within the band of the peak: the curve has turned after it.
+    held = ipeak + int(np.flatnonzero(ym[ipeak:] >= peak_y - band)[-1])
+    sustained_end = float(xs[held])
+    decline_onset = float(xs[held + 1]) if held + 1 < len(xs) else None
 
     after = ym[ipeak + 1 :]
     # The end of the sweep (mean of the last two levels after the peak, which halves the noise
@@ -228,5 +284,8 @@ def find_knee(
         noise_sd=sigma,
         noise_source=source,
         still_rising=still_rising,
+        sustained_end=sustained_end,
+        decline_onset=decline_onset,
+        plateau_band=band,
         notes=notes,
     )

@@ -59,7 +59,7 @@ def select(
         return {}
     want = _match(labels)
     # a series.csv read back by pandas has NaN where the labels string was empty
-    label_col = rows["labels"].fillna("").astype(str) if "labels" in rows.columns else pd.Series("", index=rows.index)
+    label_col = rows["labels"].astype("string").fillna("").astype(str) if "labels" in rows.columns else pd.Series("", index=rows.index)
     out: dict[str, pd.Series] = {}
     for key, group in rows.groupby(label_col, sort=True, observed=True):
         key = str(key)
