@@ -77,6 +77,93 @@ def test_variants_table_and_no_repeats():
     assert c.beyond_noise  # exact curves: no noise, the shift stands
 
 
+# The seed case's shapes at its levels: a concave rise to 40 clients, then either a fall of 39%
+# (preemption and recompute) or a hold at the peak (max_num_seqs low enough to avoid them).
+SEED_LEVELS = np.array([8, 16, 24, 32, 40, 48, 64, 96.0])
+RISE = [218.0, 289.0, 329.0, 353.0, 369.0]
+FALLS = np.array([*RISE, 298.0, 225.0, 225.0])
+HOLDS = np.array([*RISE, 369.0, 369.0, 369.0])
+MNS = {"baseline": {"max_num_seqs": 256}, "max_num_seqs=40": {"max_num_seqs": 40}}
+
+
+def seed_repeats(curves: dict, levels: np.ndarray = SEED_LEVELS, seeds: int = 3,
+                 seed_sd: float = 0.03, point_sd: float = 0.01, rng_seed: int = 5
+                 ) -> pd.DataFrame:
+    """One row per variant, seed and level. A seed's request set is heavier or lighter for every
+    variant alike (``seed_sd``); each point adds its own noise (``point_sd``). A curve may be a
+    function of the seed."""
+    rng = np.random.default_rng(rng_seed)
+    rows = []
+    for s in range(seeds):
+        scale = rng.normal(1.0, seed_sd)
+        for v, c in curves.items():
+            y = np.asarray(c(s) if callable(c) else c, float)
+            y = y * scale * (1 + rng.normal(0, point_sd, len(y)))
+            rows += [{"variant": v, "seed": s, "concurrency": x, "output_throughput": t}
+                     for x, t in zip(levels, y, strict=True)]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("rng_seed", [0, 1, 2])
+def test_decline_that_disappears_moves_the_knee_right_beyond_seed_noise(rng_seed):
+    runs = seed_repeats({"baseline": FALLS, "max_num_seqs=40": HOLDS}, rng_seed=rng_seed)
+    c = compare_variants(runs, MNS, baseline="baseline", n_boot=60)
+    assert c.knee_moves_right and c.beyond_noise
+    base, low = c.variants
+    # The baseline holds its peak to 40 clients and turns down at 48 in every resample.
+    assert (base.sustained_end, base.decline_onset) == (40, 48)
+    assert base.sustained_range == (40, 40) and base.repeats == 3
+    # The lower max_num_seqs holds to 96: the decline is gone, the turn lies past the range.
+    assert low.decline_onset is None and low.sustained_end == 96
+    (s,) = c.shifts
+    assert s["moved_right_by"] == ["sustained range"] and s["beyond_noise"]
+    assert s["sustained_shift"] == (96 + 32) - 40  # past the range = one step past 96
+    assert "repeated measurements" in c.noise_method
+
+
+def test_decline_that_disappears_on_exact_curves_without_repeats():
+    rows = [{"variant": v, "concurrency": x, "output_throughput": y}
+            for v, curve_ in (("baseline", FALLS), ("max_num_seqs=40", HOLDS))
+            for x, y in zip(SEED_LEVELS, curve_, strict=True)]
+    c = compare_variants(pd.DataFrame(rows), MNS, baseline="baseline", n_boot=60)
+    assert c.knee_moves_right and c.beyond_noise
+    assert c.shifts[0]["moved_right_by"] == ["sustained range"]
+    # Noise from the roughness of the rising part, not from the fall: both curves share the
+    # rise up to 40, and the fall does not enter the baseline's estimate.
+    base, low = c.variants
+    assert base.noise_source.startswith("roughness") and "parametric" in c.noise_method
+    assert base.noise_sd < 0.03 * base.peak_y
+
+
+@pytest.mark.parametrize("rng_seed", range(6))
+def test_identical_curves_with_noisy_repeats_do_not_move(rng_seed):
+    runs = seed_repeats({"baseline": FALLS, "max_num_seqs=40": FALLS}, point_sd=0.03,
+                        rng_seed=rng_seed)
+    c = compare_variants(runs, MNS, baseline="baseline", n_boot=60)
+    assert not c.beyond_noise
+    assert not c.shifts[0]["moved_right_by"]
+
+
+def test_shift_smaller_than_the_seed_spread_is_within_noise():
+    levels = np.array([8, 16, 24, 32, 40, 48, 56, 64, 80, 96.0])
+
+    def turning_after(t: float):
+        rise = 400 * (1 - np.exp(-levels / 20))
+        return np.where(levels <= t, rise, 0.75 * 400 * (1 - np.exp(-t / 20)))
+
+    # Each seed turns at its own level; the variant turns one level later on average, while
+    # the seeds of either variant spread over three levels.
+    base_turn, low_turn = {0: 32, 1: 40, 2: 48}, {0: 40, 1: 48, 2: 56}
+    for rng_seed in range(4):
+        runs = seed_repeats({"baseline": lambda s: turning_after(base_turn[s]),
+                             "max_num_seqs=40": lambda s: turning_after(low_turn[s])},
+                            levels=levels, rng_seed=rng_seed)
+        c = compare_variants(runs, MNS, baseline="baseline", n_boot=60)
+        assert not c.beyond_noise, rng_seed
+        base, low = c.variants
+        assert base.sustained_range[1] >= low.sustained_range[0]  # the ranges overlap
+
+
 def checklist(**verdicts: str) -> SymptomChecklist:
     ids = ["curve_falls", "waiting_persists", "running_below_max_num_seqs", "kv_usage_near_full",
            "preemption_recompute", "itl_jitter"]

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvpressure.analysis.knee import find_knee
+from kvpressure.analysis.knee import find_knee, qn_scale
 from kvpressure.cli import main
 from kvpressure.errors import InputError
 
@@ -97,6 +97,49 @@ def test_decline_within_repeat_noise_is_not_a_decline():
     x = [16, 16, 32, 32, 64, 64]
     y = [100, 104, 180, 160, 170, 150]  # means 102, 170, 160; sd of repeats ~14
     assert not find_knee(x, y, min_decline_pct=2.0).declines
+
+
+def test_sustained_range_and_decline_onset():
+    x = [8, 16, 24, 32, 40, 48, 64, 96]
+    rise = [218, 289, 329, 353, 369]
+    k = find_knee(x, rise + [298, 225, 225], noise_sd=0)
+    # band = 5% of 369 = 18.45: 298 is out, so the curve holds to 40 and turns at 48.
+    assert (k.sustained_end, k.decline_onset) == (40, 48)
+    assert k.plateau_band == pytest.approx(0.05 * 369)
+    k = find_knee(x, rise + [369, 369, 369], noise_sd=0)
+    assert (k.sustained_end, k.decline_onset) == (96, None)
+    # A dip that recovers does not end the sustained range.
+    k = find_knee(x, rise + [340, 365, 369], noise_sd=0)
+    assert (k.sustained_end, k.decline_onset) == (96, None)
+
+
+def test_qn_scale_hand_worked_and_unbiased():
+    # n = 3: h = 2, the smallest of the pairwise distances {1, 3, 2} is 1.
+    assert qn_scale(np.array([0.0, 1.0, 3.0])) == pytest.approx(2.2219 * 0.994)
+    rng = np.random.default_rng(3)
+    for n in (3, 5, 8, 12):
+        z = rng.normal(0, 2.0, size=(4000, n))
+        assert np.mean([qn_scale(r) for r in z]) == pytest.approx(2.0, rel=0.05), n
+
+
+def test_roughness_noise_ignores_the_shape_of_the_curve():
+    x = np.array([8, 16, 24, 32, 40, 48, 64, 96.0])
+    rise = np.array([218, 289, 329, 353, 369.0])
+    falls = find_knee(x, np.r_[rise, 298, 225, 225])
+    # The fall after the peak does not enter the estimate: it is the rising part's own.
+    assert falls.noise_sd == pytest.approx(find_knee(x[:5], rise).noise_sd)
+    assert falls.noise_source.startswith("roughness")
+    # A straight rise then a hold leaves no roughness at all; the corner is ignored.
+    k = find_knee(x, np.minimum(x, 40) * 10)
+    assert k.noise_sd == 0 and k.knee_x == 40
+
+
+def test_roughness_noise_tracks_measurement_noise():
+    rng = np.random.default_rng(11)
+    x = np.array([4, 8, 16, 24, 32, 48, 64, 96, 128.0])
+    y0 = rise_then_fall(x, 64, 10.0, 2.0)
+    rel = [find_knee(x, y0 * (1 + rng.normal(0, 0.03, len(x)))).noise_sd / 640 for _ in range(200)]
+    assert 0.02 <= float(np.median(rel)) <= 0.05
 
 
 def test_few_points_and_bad_input():

@@ -15,6 +15,7 @@ from kvpressure.simulation.experiment import (
     experiment_from_dict,
     list_experiments,
     load_experiment,
+    repeat_seeds,
 )
 
 SMALL = {
@@ -102,6 +103,25 @@ def test_variants_baseline_first_and_remedies(tmp_path):
                               {"scheduler_reserve_full_isl": False}}
 
 
+def test_comparison_seeds_are_the_base_seed_then_derived_ones(tmp_path):
+    exp = load_experiment(_write(tmp_path, SMALL))
+    assert exp.seeds == [3]  # no seeds asked: the experiment's own only
+    data = dict(SMALL, comparison={**SMALL["comparison"], "seeds": 4})
+    exp = load_experiment(_write(tmp_path, data))
+    seeds = exp.seeds
+    assert seeds[0] == 3 and len(set(seeds)) == 4
+    assert seeds == repeat_seeds(3, 4) and repeat_seeds(3, 2) == seeds[:2]  # fixed by the seed
+    assert repeat_seeds(4, 2)[1] != seeds[1]
+    # Each seed draws its own request set; the base seed's is the experiment's.
+    base = exp.point(concurrency=2, seed=seeds[0]).scenario.requests
+    other = exp.point(concurrency=2, seed=seeds[1], with_recorder=False)
+    assert [r.prompt_len for r in base] == [r.prompt_len for r in exp.point(2).scenario.requests]
+    assert [r.prompt_len for r in other.scenario.requests] != [r.prompt_len for r in base]
+    assert other.recorder is None and other.scenario.seed == seeds[1]
+    # The built-in experiments ask for three.
+    assert all(len(load_experiment(n).seeds) == 3 for n in ("seed_case", "ci_small"))
+
+
 def test_open_loop_points_have_arrival_times(tmp_path):
     data = dict(SMALL, workload={**SMALL["workload"], "concurrency": None,
                                  "request_rates": [1.0, 4.0]})
@@ -144,6 +164,10 @@ def test_prompts_longer_than_max_model_len_are_refused(tmp_path):
                        "output_len": 5, "concurrency": [4]}}, "field 'workload.input_len.high'"),
         ({"comparison": {"parameter": "max_num_sequences", "values": [4]}},
          "field 'comparison.parameter'"),
+        ({"comparison": {"parameter": "max_num_seqs", "values": [4], "seeds": 0}},
+         "field 'comparison.seeds'"),
+        ({"remedies": [{"parameter": "max_num_seqs", "values": [4], "seeds": 3}]},
+         "field 'remedies.0.seeds'"),
         ({"cost_model": {"eta_z": 0.3}}, "field 'cost_model'"),
         ({"typo_section": 1}, "field 'typo_section'"),
     ],

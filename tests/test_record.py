@@ -53,7 +53,7 @@ def valid_record() -> dict:
                                    (32, 922.0, 365, 0.43), (64, 709.0, 912, 0.64))
             ],
             "knee": {"knee_x": 32.0, "peak_x": 32.0, "peak_y": 922.0, "plateau": False,
-                     "declines": True, "decline_pct": 23.1},
+                     "sustained_to": 32.0, "declines": True, "decline_pct": 23.1},
             "itl_mean": 0.05, "itl_p95": 0.09, "ttft_p95": 2.0,
         },
         "status": "bound by KV blocks",
@@ -63,7 +63,9 @@ def valid_record() -> dict:
                         "metric": "vllm:kv_cache_usage_perc"}],
             "comparison": {"parameter": "max_num_seqs", "baseline": "baseline",
                            "variants": ["max_num_seqs=32"], "knee_shift": 1.0,
-                           "beyond_noise": True, "summary": "the knee moved right"},
+                           "sustained_shift": 32.0, "beyond_noise": True,
+                           "noise": "bootstrap over the repeated measurements of each level",
+                           "summary": "the knee moved right"},
             "interference": "no prefill interference",
             "reasons": ["2: KV usage near full"],
         },
@@ -72,6 +74,7 @@ def valid_record() -> dict:
         "provenance": {
             "kit_version": "0.1.0", "vllm_behaviour_version": "0.33.0", "mode": "simulation",
             "inputs": [{"path": "data/experiments/seed_case.yaml", "sha256": SHA}], "seed": 7,
+            "seeds": [7, 369571992, 1009178997],
         },
     }
 
@@ -107,6 +110,9 @@ def test_valid_record_round_trips_through_yaml(tmp_path):
         (("status",), "probably KV", "status"),
         (("provenance", "inputs", 0, "sha256"), "abc", "provenance.inputs[0].sha256"),
         (("counters", "kv_cache_usage_perc"), float("nan"), "counters.kv_cache_usage_perc"),
+        (("evidence", "comparison", "noise"), "", "evidence.comparison.noise"),
+        (("perf", "knee", "sustained_to"), None, "perf.knee.sustained_to"),
+        (("provenance", "seeds"), [], "provenance.seeds"),
     ],
 )
 def test_empty_or_invalid_field_is_refused_naming_it(tmp_path, path, value, field):
@@ -142,14 +148,22 @@ def test_ratio_outside_its_range_is_refused():
 def test_simulation_needs_seed_and_comparison_ingested_does_not():
     data = valid_record()
     data["provenance"]["seed"] = None
-    with pytest.raises(InputError, match="seed is required"):
+    with pytest.raises(InputError, match="seed and seeds are required"):
+        validate_record(data)
+    data = valid_record()
+    data["provenance"]["seeds"] = None
+    with pytest.raises(InputError, match="seed and seeds are required"):
+        validate_record(data)
+    data = valid_record()
+    data["provenance"]["seeds"] = [8, 7]
+    with pytest.raises(InputError, match="seeds must start with seed 7"):
         validate_record(data)
     sim = valid_record()
     sim["evidence"]["comparison"] = None
     with pytest.raises(InputError, match="evidence.comparison is required"):
         validate_record(sim)
     ingested = copy.deepcopy(sim)
-    ingested["provenance"].update(mode="ingested", seed=None)
+    ingested["provenance"].update(mode="ingested", seed=None, seeds=None)
     assert validate_record(ingested).evidence.comparison is None
 
 

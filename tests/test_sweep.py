@@ -48,12 +48,50 @@ def test_one_or_two_workers_give_identical_files(tmp_path):
     for name in a:
         assert a[name] == b[name], name
     pd.testing.assert_frame_equal(one, two)
-    assert list(one["variant"]) == ["baseline", "baseline", "max_num_seqs=20", "max_num_seqs=20"]
-    assert list(one["concurrency"]) == [8, 32, 8, 32]
+    # Variant by variant, then repeat (workload seed) by repeat, then level.
+    seeds = exp.seeds
+    assert len(seeds) == 3 and seeds[0] == 7
+    assert list(one["variant"]) == ["baseline"] * 6 + ["max_num_seqs=20"] * 6
+    assert list(one["repeat"]) == [0, 0, 1, 1, 2, 2] * 2
+    assert list(one["seed"]) == [s for s in seeds for _ in levels] * 2
+    assert list(one["concurrency"]) == [8, 32] * 6
+    # Only repeat 0 has point folders: 2 variants x 2 levels x 4 files.
+    points = [Path(n) for n in a if n.startswith("points/")]
+    assert len(points) == 2 * 2 * 4
+    assert {p.parts[1] for p in points} == {"baseline", "max_num_seqs=20"}
+    assert {p.parts[2] for p in points} == {"c8", "c32"}
+    assert list(one["run"][:3]) == ["ci_small/baseline/c8", "ci_small/baseline/c32",
+                                    f"ci_small/baseline/c8/seed{seeds[1]}"]
+
+
+def test_repeats_are_the_points_with_other_request_sets(tmp_path):
+    from kvpressure.simulation.engine import simulate
+
+    exp = load_experiment("ci_small")
+    runs = run_sweep(exp, tmp_path / "a", concurrencies=[24], jobs=1, compare=False)
+    assert list(runs["repeat"]) == [0, 1, 2] and list(runs["seed"]) == exp.seeds
+    # Each repeat is the point simulated with its seed's request set (without the recorder,
+    # which observes and changes nothing).
+    for seed, tput in zip(runs["seed"], runs["output_throughput"], strict=True):
+        point = exp.point(concurrency=24, seed=int(seed), with_recorder=False)
+        assert point.recorder is None and point.scenario.seed == seed
+        assert simulate(point.scenario, cost_model=point.cost_model).summary[
+            "output_throughput"] == tput
+    # Different request sets give different throughputs.
+    assert runs["output_throughput"].nunique() == 3
+    # No point folders at all, or one seed only: the same rows.
+    bare = run_sweep(exp, tmp_path / "b", concurrencies=[24], jobs=1, compare=False,
+                     write_points=False)
+    assert not (tmp_path / "b" / "points").exists()
+    pd.testing.assert_frame_equal(bare, runs)
+    single = run_sweep(exp, tmp_path / "c", concurrencies=[24], jobs=1, compare=False, seeds=1)
+    pd.testing.assert_frame_equal(single, runs.iloc[:1])
+    with pytest.raises(InputError, match="seeds"):
+        run_sweep(exp, tmp_path / "d", concurrencies=[24], jobs=1, seeds=0)
 
 
 def test_runs_table_columns_and_simulated_recompute(tmp_path):
-    runs = run_sweep("ci_small", tmp_path, concurrencies=[16], jobs=1, compare=False)
+    runs = run_sweep("ci_small", tmp_path, concurrencies=[16], jobs=1, compare=False, seeds=1)
     assert set(INTERFACE_COLUMNS) <= set(runs.columns)
     assert list(runs.columns[: len(RUNS_COLUMNS)]) == list(RUNS_COLUMNS)
     row = runs.iloc[0]
@@ -66,6 +104,7 @@ def test_runs_table_columns_and_simulated_recompute(tmp_path):
     on_disk = pd.read_csv(tmp_path / "runs.csv")
     assert list(on_disk.columns) == list(runs.columns)
     assert len(on_disk) == 1
+    assert (row["seed"], row["repeat"]) == (7, 0)
 
 
 def test_unknown_variant_is_refused(tmp_path):
@@ -74,8 +113,14 @@ def test_unknown_variant_is_refused(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def seed_runs(tmp_path_factory) -> pd.DataFrame:
+def all_seed_runs(tmp_path_factory) -> pd.DataFrame:
     return run_sweep("seed_case", tmp_path_factory.mktemp("seed"), jobs=2)
+
+
+@pytest.fixture(scope="module")
+def seed_runs(all_seed_runs) -> pd.DataFrame:
+    """The experiment's own seed (repeat 0)."""
+    return all_seed_runs[all_seed_runs["repeat"] == 0]
 
 
 def test_seed_case_rises_flattens_and_falls_with_preemption(seed_runs):
@@ -114,14 +159,26 @@ def test_seed_case_lower_max_num_seqs_removes_the_decline(seed_runs):
     assert t_low[-1] > 1.3 * base["output_throughput"].iloc[-1]
 
 
+def test_seed_case_shape_holds_for_every_workload_seed(all_seed_runs):
+    assert all_seed_runs["seed"].nunique() == 3
+    for seed, runs in all_seed_runs.groupby("seed"):
+        base = runs[runs.variant == "baseline"].sort_values("concurrency")
+        low = runs[runs.variant != "baseline"].sort_values("concurrency")
+        t_base, t_low = base["output_throughput"].to_numpy(), low["output_throughput"].to_numpy()
+        # the baseline falls past an interior peak; the lower max_num_seqs holds its peak
+        assert 0 < t_base.argmax() < len(t_base) - 1 and t_base[-1] < 0.85 * t_base.max(), seed
+        assert t_low[-1] >= 0.97 * t_low.max() and low["preemptions"].sum() == 0, seed
+
+
 def test_sweep_command(tmp_path, capsys):
     out = tmp_path / "sweep"
     assert main(["sweep", "ci_small", "--out", str(out), "--jobs", "1", "--no-compare",
                  "--concurrency", "4", "32"]) == 0
     err = capsys.readouterr().err
-    assert "baseline concurrency 32" in err and "2 points" in err
+    # two levels, each with the experiment's three workload seeds
+    assert "baseline concurrency 32" in err and "6 points" in err
     assert (out / "points/baseline/c4/metrics.prom.jsonl").is_file()
-    assert len(pd.read_csv(out / "runs.csv")) == 2
+    assert len(pd.read_csv(out / "runs.csv")) == 6
     # refuses a non-empty output folder, and bad levels, with exit code 2
     assert main(["sweep", "ci_small", "--out", str(out)]) == 2
     assert main(["sweep", "ci_small", "--out", str(tmp_path / "x"), "--concurrency", "0"]) == 2

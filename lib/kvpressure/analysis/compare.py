@@ -2,17 +2,31 @@
 
 Same request set, same concurrency levels, one engine argument changed (first
 ``max_num_seqs``; also ``gpu_memory_utilization``, ``max_num_batched_tokens``, ``max_model_len``,
-``scheduler_reserve_full_isl``, ``watermark``). Each variant's curve gets its knee; the shift of
-the knee is judged against run-to-run noise:
+``scheduler_reserve_full_isl``, ``watermark``). The workflow's "knee" is where added concurrency
+stops paying and the curve turns, so each variant's curve is read at two places
+(:func:`kvpressure.analysis.knee.find_knee`):
 
-* with repeats (several rows per variant and level, e.g. one per seed), each level is resampled
-  with replacement (bootstrap) and the knee recomputed;
-* without repeats, a parametric bootstrap adds the curve's own noise estimate (``find_knee``'s
-  ``noise_sd``) to the level means.
+* the **knee** (diminishing returns: where the rise bends over), and
+* the **end of the sustained range** (the last level held within the plateau band of the peak;
+  the next level is the onset of the decline). A curve that holds to its largest level has its
+  sustained range extend past the range: its position is one level step past the largest level.
+  A curve still rising at its largest level likewise has its knee past the range.
 
-A shift is beyond noise when the variant's bootstrap knee range (5th-95th percentile) lies
-entirely beyond the baseline's. A curve still rising at its last level has its knee beyond the
-range (reported as ``None`` and ranked past the largest level).
+**The rule.** The knee moves right when either position moves right; it moves right beyond
+noise when, for that position, the variant's bootstrap range (5th to 95th percentile) lies
+entirely to the right of the baseline's. The decline disappearing (the baseline turns down
+inside the range, the variant holds to its largest level) is therefore a move right, beyond
+noise as soon as the baseline's turn is inside the range in (nearly) every bootstrap sample and
+the variant's is not.
+
+**Noise.** Run-to-run noise, as the workflow asks ("seeds or repeats"):
+
+* with repeats (several rows per variant and level, e.g. one per workload seed), each level's
+  rows are resampled with replacement (bootstrap) and both positions recomputed;
+* without repeats, a parametric bootstrap adds normal noise to the level means: ``noise_sd``
+  when given, else the curve's own noise estimate (``find_knee``'s roughness of the level means,
+  which a smooth curve or the drop after the peak does not inflate); an exact curve (no
+  roughness) has no noise and its shift stands as measured.
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvpressure.analysis.knee import find_knee
+from kvpressure.analysis.knee import KneeResult, find_knee
 from kvpressure.analysis.recompute import to_jsonable
 from kvpressure.errors import InputError
 
@@ -48,6 +62,17 @@ class VariantCurve:
     knee_range: tuple[float, float]
     levels: int
     points: list[dict] = field(default_factory=list)
+    sustained_end: float | None = None
+    """Last level held within the plateau band of the peak."""
+    decline_onset: float | None = None
+    """First level of the decline after ``sustained_end``; None when the curve holds to its
+    largest level."""
+    sustained_range: tuple[float, float] | None = None
+    """5th-95th percentile of the sustained range's end (bootstrap; past the range = one step
+    past the largest level)."""
+    repeats: int = 1
+    noise_sd: float | None = None
+    noise_source: str = ""
 
 
 @dataclass
@@ -111,36 +136,79 @@ def differing_parameters(settings: Mapping[str, Mapping]) -> list[str]:
     return diff
 
 
-def _knee_pos(k: float | None, xs: np.ndarray) -> float:
-    """Knee as a position on the x axis; a still-rising curve sits one step past the end."""
-    if k is not None:
-        return float(k)
+def _past_range(xs: np.ndarray) -> float:
+    """Where a position past the largest level is placed: one level step beyond it."""
     step = xs[-1] - xs[-2] if len(xs) > 1 else 1.0
     return float(xs[-1] + step)
 
 
-def _bootstrap_knees(
-    x: np.ndarray, y: np.ndarray, n_boot: int, rng: np.random.Generator, plateau_tol: float
-) -> tuple[np.ndarray, str]:
-    xs = np.unique(x)
-    res = find_knee(x, y, plateau_tol=plateau_tol)
-    repeats = any((x == v).sum() > 1 for v in xs)
-    knees = []
-    if repeats:
-        groups = [y[x == v] for v in xs]
+def _knee_pos(k: float | None, xs: np.ndarray) -> float:
+    """Knee as a position on the x axis; a still-rising curve sits one step past the end."""
+    return float(k) if k is not None else _past_range(xs)
+
+
+def _turn_pos(res: KneeResult | VariantCurve, xs: np.ndarray) -> float:
+    """End of the sustained range as a position; a curve that never turns down sits one step
+    past the end."""
+    return _past_range(xs) if res.decline_onset is None else float(res.sustained_end)
+
+
+@dataclass
+class _Noise:
+    knees: np.ndarray
+    turns: np.ndarray
+    method: str
+
+
+def _bootstrap(
+    x: np.ndarray, y: np.ndarray, xs: np.ndarray, n_boot: int, rng: np.random.Generator,
+    plateau_tol: float, noise_sd: float | None,
+) -> _Noise:
+    """Bootstrap positions of the knee and of the sustained range's end (``xs``: the x axis
+    every variant shares, for the past-the-range position)."""
+    res = find_knee(x, y, plateau_tol=plateau_tol, noise_sd=noise_sd)
+    levels = np.unique(x)
+    counts = np.array([(x == v).sum() for v in levels])
+    knees, turns = [], []
+    if (counts > 1).any():
+        groups = [y[x == v] for v in levels]
+        xx = np.concatenate([np.full(len(g), v) for g, v in zip(groups, levels, strict=True)])
         for _ in range(n_boot):
             yy = np.concatenate([rng.choice(g, size=len(g), replace=True) for g in groups])
-            xx = np.concatenate([np.full(len(g), v) for g, v in zip(groups, xs, strict=True)])
-            knees.append(_knee_pos(find_knee(xx, yy, plateau_tol=plateau_tol).knee_x, xs))
-        return np.array(knees), "bootstrap over repeated measurements per level"
+            r = find_knee(xx, yy, plateau_tol=plateau_tol, noise_sd=noise_sd)
+            knees.append(_knee_pos(r.knee_x, xs))
+            turns.append(_turn_pos(r, xs))
+        per = (f"{int(counts.min())}" if counts.min() == counts.max()
+               else f"{int(counts.min())}-{int(counts.max())}")
+        return _Noise(np.array(knees), np.array(turns),
+                      f"bootstrap over the repeated measurements of each level ({per} per level)")
     sigma = res.noise_sd or 0.0
-    ym = np.array([p["y"] for p in res.points])
     if sigma <= 0:
-        return np.full(1, _knee_pos(res.knee_x, xs)), "no noise estimate (exact curve)"
+        return _Noise(np.full(1, _knee_pos(res.knee_x, xs)), np.full(1, _turn_pos(res, xs)),
+                      "no noise (exact curve): the shift stands as measured")
+    ym = np.array([p["y"] for p in res.points])
     for _ in range(n_boot):
         yy = ym + rng.normal(0.0, sigma, size=len(ym))
-        knees.append(_knee_pos(find_knee(xs, yy, plateau_tol=plateau_tol).knee_x, xs))
-    return np.array(knees), "parametric bootstrap with the curve's residual noise"
+        r = find_knee(levels, yy, plateau_tol=plateau_tol, noise_sd=sigma)
+        knees.append(_knee_pos(r.knee_x, xs))
+        turns.append(_turn_pos(r, xs))
+    where = ("the given noise" if noise_sd is not None
+             else "the curve's own noise (the roughness of its level means)")
+    return _Noise(np.array(knees), np.array(turns), f"parametric bootstrap with {where}")
+
+
+def _range(v: np.ndarray) -> tuple[float, float]:
+    return float(np.percentile(v, 5)), float(np.percentile(v, 95))
+
+
+def _moved(shift: float, new: tuple[float, float], old: tuple[float, float]) -> str | None:
+    """The direction of a move beyond noise ("right" or "left": the ranges lie apart on the
+    side of the shift), None for a move within noise."""
+    if shift > 0 and new[0] > old[1]:
+        return "right"
+    if shift < 0 and new[1] < old[0]:
+        return "left"
+    return None
 
 
 def compare_variants(
@@ -155,11 +223,16 @@ def compare_variants(
     n_boot: int = 100,
     seed: int = 0,
     plateau_tol: float = 0.05,
+    noise_sd: float | None = None,
 ) -> Comparison:
-    """Per-variant knee and whether it moved right beyond noise, for one changed parameter.
+    """Per-variant knee and sustained range, and whether the knee moved right beyond noise
+    (the rule of the module docstring), for one changed parameter.
 
-    Raises InputError when more than one parameter differs between variants (naming them), when
-    none does, or when ``parameter`` is given and is not the one that differs.
+    ``runs`` may hold several rows per variant and level (repeats: workload seeds or repeated
+    runs); ``noise_sd`` (standard deviation of one measurement, in units of ``y``) replaces the
+    noise estimate of curves without repeats. Raises InputError when more than one parameter
+    differs between variants (naming them), when none does, or when ``parameter`` is given and
+    is not the one that differs.
     """
     for col in (group, x, y):
         if col not in runs.columns:
@@ -184,9 +257,10 @@ def compare_variants(
         raise InputError(f"baseline variant '{base}' is not in column '{group}'")
 
     rng = np.random.default_rng(seed)
+    # Past-the-range positions need one x axis for every variant.
+    bx = np.unique(pd.to_numeric(runs[x], errors="coerce").dropna().to_numpy(float))
     curves: dict[str, VariantCurve] = {}
-    boots: dict[str, np.ndarray] = {}
-    methods = set()
+    boots: dict[str, _Noise] = {}
     for n in names:
         part = runs[runs[group].astype(str) == n]
         xv = pd.to_numeric(part[x], errors="coerce").to_numpy(float)
@@ -194,18 +268,18 @@ def compare_variants(
         ok = np.isfinite(xv) & np.isfinite(yv)
         if ok.sum() == 0:
             raise InputError(f"runs: variant '{n}' has no numeric ({x}, {y}) rows")
-        k = find_knee(xv[ok], yv[ok], plateau_tol=plateau_tol)
-        b, m = _bootstrap_knees(xv[ok], yv[ok], n_boot, rng, plateau_tol)
-        methods.add(m)
+        k = find_knee(xv[ok], yv[ok], plateau_tol=plateau_tol, noise_sd=noise_sd)
+        b = _bootstrap(xv[ok], yv[ok], bx, n_boot, rng, plateau_tol, noise_sd)
         boots[n] = b
         curves[n] = VariantCurve(
             variant=n, settings=settings[n], knee_x=k.knee_x, peak_x=k.peak_x, peak_y=k.peak_y,
-            declines=k.declines, decline_pct=k.decline_pct,
-            knee_range=(float(np.percentile(b, 5)), float(np.percentile(b, 95))),
-            levels=len(k.points), points=k.points,
+            declines=k.declines, decline_pct=k.decline_pct, knee_range=_range(b.knees),
+            levels=len(k.points), points=k.points, sustained_end=k.sustained_end,
+            decline_onset=k.decline_onset, sustained_range=_range(b.turns),
+            repeats=max(int(p["n"]) for p in k.points), noise_sd=k.noise_sd,
+            noise_source=k.noise_source,
         )
 
-    bx = np.unique(pd.to_numeric(runs[x], errors="coerce").dropna().to_numpy(float))
     b0 = curves[base]
     shifts = []
     for n in names:
@@ -213,8 +287,12 @@ def compare_variants(
             continue
         c = curves[n]
         shift = _knee_pos(c.knee_x, bx) - _knee_pos(b0.knee_x, bx)
-        right = shift > 0 and c.knee_range[0] > b0.knee_range[1]
-        left = shift < 0 and c.knee_range[1] < b0.knee_range[0]
+        turn_shift = _turn_pos(c, bx) - _turn_pos(b0, bx)
+        knee_move = _moved(shift, c.knee_range, b0.knee_range)
+        turn_move = _moved(turn_shift, c.sustained_range, b0.sustained_range)
+        right_by = [name for name, m in (("knee", knee_move), ("sustained range", turn_move))
+                    if m == "right"]
+        moves_right = shift > 0 or turn_shift > 0
         v0, v1 = settings[base].get(param), settings[n].get(param)
         direction = None
         if isinstance(v0, int | float) and isinstance(v1, int | float) and not (
@@ -226,17 +304,26 @@ def compare_variants(
         shifts.append({
             "variant": n, "value": v1, "baseline_value": v0, "change": direction,
             "knee_x": c.knee_x, "baseline_knee_x": b0.knee_x, "shift": shift,
-            "moves_right": shift > 0, "beyond_noise": bool(right or left),
+            "knee_beyond_noise": knee_move is not None,
+            "sustained_end": c.sustained_end, "baseline_sustained_end": b0.sustained_end,
+            "decline_onset": c.decline_onset, "baseline_decline_onset": b0.decline_onset,
+            "sustained_shift": turn_shift, "sustained_beyond_noise": turn_move is not None,
+            "moves_right": moves_right, "moved_right_by": right_by,
+            "beyond_noise": bool(right_by) if moves_right else (
+                knee_move is not None or turn_move is not None),
             "peak_gain_pct": (100.0 * (c.peak_y - b0.peak_y) / b0.peak_y
                               if b0.peak_y else math.nan),
         })
     notes = []
-    if any(s["knee_x"] is None for s in shifts) or b0.knee_x is None:
+    if any(v.knee_x is None for v in curves.values()):
         notes.append("a curve still rising at its last level has its knee past the range")
+    if any(v.decline_onset is None for v in curves.values()):
+        notes.append("a curve that holds to its last level has its sustained range extend past "
+                     "the range")
     return Comparison(
         parameter=param, baseline=base, baseline_value=settings[base].get(param),
         variants=[curves[n] for n in names], shifts=shifts,
         knee_moves_right=any(s["moves_right"] for s in shifts),
-        beyond_noise=any(s["moves_right"] and s["beyond_noise"] for s in shifts),
-        noise_method="; ".join(sorted(methods)), notes=notes,
+        beyond_noise=any(bool(s["moved_right_by"]) for s in shifts),
+        noise_method="; ".join(sorted({b.method for b in boots.values()})), notes=notes,
     )

@@ -7,14 +7,16 @@ method:
 1. Levels: repeated measurements of one x are averaged; their spread gives the noise (pooled
    standard deviation of one measurement). Without repeats (and without a given ``noise_sd``)
    the noise is read from the roughness of the level means: each level against the straight line
-   through its two neighbours (a second difference, scaled to the noise of one level and
-   relative to the level, since throughput noise grows with throughput), summarised by their
-   median absolute deviation from their median (with the small-sample factors of Croux and
-   Rousseeuw, 1992). Only the rising part (levels up to the peak) is used when it has five
-   levels or more, otherwise every level. A smooth curve, straight or evenly bent, leaves no
-   roughness, and the one or two corners of a rise-peak-fall curve are outliers the median
-   ignores; a broken-stick residual, by contrast, would count the curve's shape as noise.
-   ``noise_source`` says which estimate was used.
+   through its two neighbours (a second difference, scaled to the noise of one level and taken
+   relative to the level, since throughput noise grows with throughput), summarised by a robust
+   scale (Qn, Rousseeuw and Croux 1993, a more efficient relative of the median absolute
+   deviation, which like it measures spread, not offset). Only the levels up to the plateau's
+   end (the rising part and the levels held within ``plateau_tol`` of the peak) are used when
+   there are four or more, otherwise every level. A straight curve leaves no roughness and a
+   smooth bend little (its second differences are alike, and only their spread counts); the
+   corner at the knee is an outlier the robust scale ignores; the drop after the peak is left
+   out. A broken-stick residual, by contrast, counts the shape of a curve that rises, peaks and
+   falls (or bends smoothly) as noise. ``noise_source`` says which estimate was used.
 2. Peak: the highest mean. Plateau: the contiguous run of levels around the peak whose mean is
    within ``band = max(plateau_tol * peak, z * noise / sqrt(n))`` of it.
 3. Knee (where added concurrency stops paying): a continuous two-segment ("broken-stick")
@@ -92,24 +94,36 @@ def _aggregate(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     return xs, means, counts, sds
 
 
-# Croux and Rousseeuw (1992): factors that make the MAD of n normal values unbiased for small n
-# (n / (n - 0.8) beyond the table).
-_MAD_SMALL_N = {3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129, 9: 1.107}
-_MAD_NORMAL = 1.4826
-# Fewer second differences than this say nothing robust about the noise.
+# Qn scale estimator (Rousseeuw and Croux, 1993): 2.2219 times the k-th smallest pairwise
+# distance, k = C(n // 2 + 1, 2), with their small-sample factors (beyond the table:
+# n / (n + 1.4) for odd n, n / (n + 3.8) for even n). It ignores up to half the values, like the
+# MAD, and wastes fewer of the few second differences a sweep has.
+_QN_SMALL_N = {2: 0.399, 3: 0.994, 4: 0.512, 5: 0.844, 6: 0.611, 7: 0.857, 8: 0.669, 9: 0.872}
+_QN_NORMAL = 2.2219
+# Second differences needed for a noise estimate: two on the rising part (four levels; rough,
+# but a sweep often has no more before its peak), three over every level (where the drop after
+# the peak is one of them).
+_MIN_HELD_RESIDUALS = 2
 _MIN_RESIDUALS = 3
 
 
-def _mad_sd(r: np.ndarray) -> float:
+def qn_scale(values: np.ndarray) -> float:
+    """Robust standard deviation of ``values`` (normal-consistent, unbiased for small n)."""
+    r = np.sort(np.asarray(values, dtype=float))
     n = len(r)
-    b = _MAD_SMALL_N.get(n, n / (n - 0.8))
-    return float(_MAD_NORMAL * b * np.median(np.abs(r - np.median(r))))
+    if n < 2:
+        raise ValueError("qn_scale needs at least 2 values")
+    h = n // 2 + 1
+    pairs = np.sort(np.abs(r[:, None] - r[None, :])[np.triu_indices(n, 1)])
+    factor = _QN_SMALL_N.get(n, n / (n + 1.4) if n % 2 else n / (n + 3.8))
+    return float(_QN_NORMAL * factor * pairs[h * (h - 1) // 2 - 1])
 
 
 def _relative_second_differences(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Each interior level minus the straight line through its neighbours, divided by the
-    standard deviation that difference has when every level carries unit noise, relative to
-    the level (levels at or below zero are left out)."""
+    """Each interior level minus the straight line through its two neighbours, divided by the
+    standard deviation that difference has when every level carries unit noise (uneven level
+    steps weigh the neighbours unevenly), relative to the level: throughput noise grows with
+    throughput. Levels at or below zero are left out."""
     h_left, h_right = x[1:-1] - x[:-2], x[2:] - x[1:-1]
     w_left, w_right = h_right / (h_left + h_right), h_left / (h_left + h_right)
     r = (y[1:-1] - (w_left * y[:-2] + w_right * y[2:])) / np.sqrt(1 + w_left**2 + w_right**2)
@@ -117,18 +131,35 @@ def _relative_second_differences(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return r[ok] / y[1:-1][ok]
 
 
-def roughness_noise(x: np.ndarray, y: np.ndarray) -> tuple[float | None, str]:
-    """Relative noise of one level mean read from the roughness of a curve without repeats,
-    and where it was read (see step 1 of the module docstring); None with too few levels."""
+def _exact_zero(rel: float) -> float:
+    # Rounding leaves ~1e-14 on an exactly straight curve; that is no noise.
+    return 0.0 if rel < 1e-9 else rel
+
+
+def roughness_noise(x: np.ndarray, y: np.ndarray, plateau_tol: float = 0.05
+                    ) -> tuple[float | None, str]:
+    """Noise of one level of a curve without repeats, relative to the level (multiply by the
+    peak for the noise there), read from its roughness, and where it was read (step 1 of the
+    module docstring); None with too few levels.
+
+    ``x`` sorted and distinct, ``y`` the level means.
+    """
     ipeak = int(np.argmax(y))
-    rising = _relative_second_differences(x[: ipeak + 1], y[: ipeak + 1]) if ipeak >= 2 else None
-    if rising is not None and len(rising) >= _MIN_RESIDUALS:
-        return _mad_sd(rising), ("MAD of second differences of the level means on the rising "
-                                 "part (levels up to the peak)")
+    end = ipeak
+    while end < len(y) - 1 and y[end + 1] >= y[ipeak] * (1 - plateau_tol):
+        end += 1
+    held = _relative_second_differences(x[: end + 1], y[: end + 1]) if end >= 2 else None
+    if held is not None and len(held) >= _MIN_HELD_RESIDUALS:
+        return _exact_zero(qn_scale(held)), (
+            "roughness: Qn scale of the second differences of the level means up to the "
+            f"plateau's end (the rising part and the levels held near the peak; {len(held)} "
+            "differences)")
     every = _relative_second_differences(x, y) if len(x) >= 3 else np.empty(0)
     if len(every) >= _MIN_RESIDUALS:
-        return _mad_sd(every), ("MAD of second differences of the level means over every level "
-                                "(fewer than 5 levels up to the peak)")
+        return _exact_zero(qn_scale(every)), (
+            "roughness: Qn scale of the second differences of the level means over every level "
+            "(fewer than 4 levels up to the plateau's end; a sharp drop after the peak may "
+            "inflate it)")
     return None, "unknown (too few levels); min_decline_pct and plateau_tol alone decide"
 
 
@@ -210,7 +241,7 @@ def find_knee(
         sigma = float(np.sqrt(np.sum((counts[rep] - 1) * sds[rep] ** 2) / np.sum(counts[rep] - 1)))
         source = "spread of repeated measurements"
     elif sigma is None:
-        rel, source = roughness_noise(xs, ym)
+        rel, source = roughness_noise(xs, ym, plateau_tol)
         sigma = None if rel is None else rel * abs(peak_y)
     # Standard error of a level mean (levels may have different repeat counts).
     n_typ = float(np.median(counts))

@@ -15,7 +15,9 @@ Rules, checked in this order (the first that fires decides):
    recompute ratio over threshold (symptom 5). When a single-variable comparison of a
    KV-relevant parameter exists (lower ``max_num_seqs``, larger pool, smaller
    ``max_model_len``, full-sequence admission, watermark), it must agree: a knee that moved
-   right beyond noise confirms; a knee that did not move leaves the status "not established".
+   right beyond run-to-run noise confirms (by :mod:`kvpressure.analysis.compare`'s rule: the
+   point of diminishing returns or the end of the sustained range moved right, the decline
+   disappearing included); a knee that did not move leaves the status "not established".
    Without a comparison the status stands on the symptoms alone (``confirmed`` False).
 3. **not established** otherwise, with the reason.
 
@@ -118,10 +120,13 @@ def decide_status(
             ev["comparison"] = {"parameter": comparison.parameter,
                                 "knee_moves_right": comparison.knee_moves_right,
                                 "beyond_noise": comparison.beyond_noise,
+                                "noise_method": comparison.noise_method,
                                 "shifts": comparison.shifts}
             if comparison.knee_moves_right and comparison.beyond_noise:
-                return done(KV_BOUND, rule + f"; knee moved right with {comparison.parameter}",
-                            True)
+                by = sorted({b for s in comparison.shifts for b in s.get("moved_right_by", [])})
+                how = f" ({' and '.join(by)})" if by else ""
+                return done(KV_BOUND, rule + f"; the knee moved right beyond noise{how} when "
+                            f"{comparison.parameter} changed", True)
             return done(NOT_ESTABLISHED,
                         rule + f"; but the knee did not move right beyond noise when "
                         f"{comparison.parameter} changed", False)

@@ -50,9 +50,13 @@ def run(args: argparse.Namespace) -> int:
                      compare=not args.no_compare)
     print(f"{len(runs)} points in {time.perf_counter() - started:.1f} s -> {out / 'runs.csv'}",
           file=sys.stderr)
+    from kvpressure.pipeline.levels import level_means
+
     level_col = "concurrency" if exp.mode == "closed" else "request_rate"
-    for variant, group in runs.groupby("variant", sort=False):
+    curves = level_means(runs, ["output_throughput"], x=level_col)
+    for variant, group in curves.groupby("variant", sort=False):
         curve = ", ".join(f"{lvl:g}: {tput:.0f}" for lvl, tput in
                           zip(group[level_col], group["output_throughput"], strict=True))
-        print(f"{variant}: output tok/s by {level_col}: {curve}")
+        seeds = f" (mean of {int(group['repeats'].max())} seeds)" if group["repeats"].max() > 1 else ""
+        print(f"{variant}: output tok/s by {level_col}{seeds}: {curve}")
     return 0

@@ -1,9 +1,10 @@
 """Stage 01: fill the run folder with the canonical tables, from a simulated sweep or from data.
 
 Simulation (the default): the experiment's sweep (every concurrency level of every comparison
-variant) is simulated into ``points/<variant>/c<C>/`` and ``runs.csv``; the focus point's
-Prometheus view (``metrics.prom.jsonl``) is ingested into ``series.csv``, the same way a real
-server's scrapes are.
+variant, with each of the comparison's workload seeds) is simulated into
+``points/<variant>/c<C>/`` (the experiment's own seed) and ``runs.csv`` (every seed: the
+run-to-run noise); the focus point's Prometheus view (``metrics.prom.jsonl``) is ingested into
+``series.csv``, the same way a real server's scrapes are.
 
 Ingested data: each source is read with :func:`kvpressure.ingestion.api.ingest`. A source
 folder laid out as ``<variant>/c<C>/metrics.prom.jsonl`` (what a sweep writes) becomes one run
@@ -28,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.pipeline.levels import REPEAT, repeats_of
 from kvpressure.pipeline.run_folder import (
     EXPERIMENT_COPY,
     INGEST_JSON,
@@ -62,9 +64,16 @@ class Tables:
 
     @property
     def baseline_runs(self) -> pd.DataFrame:
+        """Every row of the baseline variant (all repeats), by level then repeat."""
         base = self.info["baseline_variant"]
         part = self.runs[self.runs["variant"].astype(str) == base]
-        return part.sort_values("concurrency").reset_index(drop=True)
+        keys = [c for c in ("concurrency", REPEAT) if c in part.columns]
+        return part.sort_values(keys, kind="stable").reset_index(drop=True)
+
+    @property
+    def repeats(self) -> int:
+        """How many workload seeds (or repeated runs) each point has."""
+        return repeats_of(self.runs)
 
     @property
     def window(self) -> tuple[float | None, float | None]:
@@ -81,7 +90,8 @@ def focus_level(baseline_runs: pd.DataFrame, requested: int | None = None) -> tu
     """The concurrency whose counters the investigation reads, and why that one.
 
     ``requested`` wins when it is a swept level; otherwise the first level past the knee of the
-    baseline curve (the last level when the knee is the last level or there is none).
+    baseline curve (the last level when the knee is the last level or there is none). Repeated
+    rows of a level (workload seeds) are averaged, as the knee stage does.
     """
     from kvpressure.analysis.knee import find_knee
 
@@ -198,6 +208,7 @@ def _collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: 
         "description": exp.description,
         "inputs": [{"path": display_path(src), "sha256": sha256_file(src)}],
         "seed": int(spec.seed),
+        "seeds": [int(x) for x in exp.seeds],
         "model_name": exp.model_name,
         "baseline_variant": base,
         "variants": variants,
@@ -340,6 +351,7 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "description": "ingested metrics",
         "inputs": inputs,
         "seed": None,
+        "seeds": None,
         "model_name": model_name or _model_name(series) or "unknown model",
         "baseline_variant": base,
         "variants": variants,

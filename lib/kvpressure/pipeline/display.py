@@ -41,6 +41,30 @@ def show_figure(fig: Any) -> None:
     display(Image(data=png, format="png"))
 
 
+def plot_band(ax: Any, frame: Any, y: str = "output_throughput", x: str = "concurrency",
+              hue: str | None = None, label: str | None = None, color: Any = None,
+              repeats_word: str = "repeats") -> None:
+    """One line per ``hue`` value through the level means of ``frame`` (one row per level, as
+    :func:`kvpressure.pipeline.levels.level_means` gives it), with the spread between repeats
+    (``<y>_min`` to ``<y>_max``) as a band in the line's colour; no band when each level ran
+    once. ``repeats_word`` names the repeats in the legend ("seeds" for a simulation)."""
+    import seaborn as sns
+
+    groups = [(label, frame)] if hue is None else [(str(k), g) for k, g in
+                                                   frame.groupby(hue, sort=False)]
+    colors = [color] if hue is None and color is not None else sns.color_palette(
+        n_colors=len(groups))
+    lo, hi = f"{y}_min", f"{y}_max"
+    for (name, part), c in zip(groups, colors, strict=True):
+        sns.lineplot(data=part, x=x, y=y, marker="o", color=c, label=name, ax=ax,
+                     errorbar=None)
+        if lo in part and hi in part and (part[hi] > part[lo]).any():
+            n = int(part["repeats"].max()) if "repeats" in part else 0
+            ax.fill_between(part[x], part[lo], part[hi], color=c, alpha=0.2, lw=0,
+                            label=f"{name}: range over {n} {repeats_word}" if n > 1 and name
+                            else None)
+
+
 def show_table(frame: Any, digits: int = 3, index: bool = False, text: bool = False) -> None:
     """Display a DataFrame rounded for reading; ``text`` left-aligns every column."""
     from IPython.display import HTML, display

@@ -153,7 +153,8 @@ def verdict_html(record: Record) -> str:
         for ch in record.evidence.checks
     )
     comparison = record.evidence.comparison
-    comp_html = f"<p>{_e(comparison.summary)}</p>" if comparison else ""
+    comp_html = (f"<p>{_e(comparison.summary)} <em>Noise: {_e(comparison.noise)}.</em></p>"
+                 if comparison else "")
     reasons = "".join(f"<li>{_e(r)}</li>" for r in record.evidence.reasons)
     remedies = "".join(
         f"<tr><td><code>{_e(r.parameter)}</code></td><td>{_e(r.change)}</td>"
@@ -238,6 +239,9 @@ def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str) -> 
     prov = record.provenance
     inputs = ", ".join(f"{_e(i.path)} (sha256 {i.sha256[:12]}…)" for i in prov.inputs)
     seed = "" if prov.seed is None else f"; seed {prov.seed}"
+    if prov.seeds is not None and len(prov.seeds) > 1:
+        more = ", ".join(map(str, prov.seeds[1:]))
+        seed += f" (and {more} for the run-to-run noise)"
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

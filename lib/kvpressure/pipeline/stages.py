@@ -2,7 +2,9 @@
 
 Each ``*_stage`` function returns a :class:`StageOutput`: ``result`` (the JSON the notebook
 writes to ``analysis/<stage>.json``) and ``frames`` (tidy tables for its figures). The notebooks
-only plot, print and assert; the judgement lives in :mod:`kvpressure.analysis`.
+only plot, print and assert; the judgement lives in :mod:`kvpressure.analysis`. Curves are the
+per-level means over the repeats (workload seeds) with their spread, as
+:mod:`kvpressure.pipeline.levels` lays down.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.pipeline.collect import Tables
+from kvpressure.pipeline.levels import level_means
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -139,12 +142,13 @@ def recompute_stage(tables: Tables) -> StageOutput:
         "waiting": wr,
         "recompute": detail,
     }
-    by_level = tables.baseline_runs[[c for c in ("concurrency", "preemptions",
-                                                  "recomputed_tokens", "recompute_ratio",
-                                                  "recompute_ratio_low", "recompute_ratio_high")
-                                     if c in tables.baseline_runs]]
+    by_level = level_means(tables.baseline_runs, ("preemptions", "recomputed_tokens",
+                                                  "recompute_ratio", "recompute_ratio_low",
+                                                  "recompute_ratio_high"), by=(), band=())
+    if tables.repeats == 1:
+        by_level = by_level.drop(columns=["repeats"])
     frames = {"timeline": timeline(tables), "preemptions": preemption_intervals(tables),
-              "by_concurrency": by_level.reset_index(drop=True)}
+              "by_concurrency": by_level}
     return StageOutput(result, frames)
 
 
@@ -156,23 +160,24 @@ def _kv_mean(series: pd.DataFrame, run: str, t0: float | None, t1: float | None)
 
 # --------------------------------------------------------------------------- 03 knee
 def curve(runs: pd.DataFrame) -> pd.DataFrame:
-    cols = [c for c in ("variant", *CURVE_COLUMNS) if c in runs.columns]
-    out = runs[cols].copy()
-    return out.sort_values([c for c in ("variant", "concurrency") if c in out]).reset_index(
-        drop=True)
+    """Per variant and level: the mean of each curve column over the repeats, ``repeats``, and
+    the spread of ``output_throughput`` (``_sd``, ``_min``, ``_max``) for a band."""
+    return level_means(runs, [c for c in CURVE_COLUMNS if c != "concurrency"])
 
 
 def knee_stage(tables: Tables) -> StageOutput:
-    """Knee, peak and decline of the baseline curve; latencies at every level."""
+    """Knee, peak, sustained range and decline of the baseline curve (repeats averaged, their
+    spread the noise); latencies at every level."""
     from kvpressure.analysis.knee import find_knee
 
     base = tables.baseline_runs
     knee = find_knee(base["concurrency"], base["output_throughput"])
     focus = tables.info["focus"]
-    at = base[base["concurrency"] == focus["concurrency"]].iloc[0]
     points = curve(base)
+    at = points[points["concurrency"] == focus["concurrency"]].iloc[0]
     result = {
         "variant": tables.info["baseline_variant"],
+        "repeats": tables.repeats,
         "knee": knee.to_dict(),
         "curve": points.drop(columns=["variant"], errors="ignore").to_dict(orient="records"),
         "focus_concurrency": focus["concurrency"],
@@ -213,27 +218,42 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
     cmp = compare_variants(runs, settings, parameter=param,
                            baseline=tables.info["baseline_variant"], seed=seed)
     d = cmp.to_dict()
-    base_curve = next(v for v in cmp.variants if v.variant == cmp.baseline)
+    last = max(float(p["x"]) for v in cmp.variants for p in v.points)
     phrases = []
     for s in cmp.shifts:
-        k0 = "past the range" if s["knee_x"] is None else f"{s['knee_x']:g}"
-        kb = "past the range" if base_curve.knee_x is None else f"{base_curve.knee_x:g}"
-        verdict = "beyond noise" if s["beyond_noise"] else "within noise"
+        knee = (f"knee {_at(s['baseline_knee_x'])} -> {_at(s['knee_x'])}, "
+                f"{_noise_word(s['knee_beyond_noise'])}")
+        turn = (f"end of the sustained range "
+                f"{_held(s['baseline_decline_onset'], s['baseline_sustained_end'], last)} -> "
+                f"{_held(s['decline_onset'], s['sustained_end'], last)}, "
+                f"{_noise_word(s['sustained_beyond_noise'])}")
         gain = s.get("peak_gain_pct")
         gain_txt = "" if gain is None or (isinstance(gain, float) and math.isnan(gain)) else (
-            f", peak throughput {gain:+.0f}%")
-        phrases.append(
-            f"{param} {s['baseline_value']} -> {s['value']}: knee {kb} -> {k0} "
-            f"(shift {s['shift']:+g}, {verdict}{gain_txt})"
-        )
+            f"; peak throughput {gain:+.0f}%")
+        phrases.append(f"{param} {s['baseline_value']} -> {s['value']}: {knee}; {turn}{gain_txt}")
     moved = cmp.knee_moves_right and cmp.beyond_noise
+    by = sorted({b for s in cmp.shifts for b in s["moved_right_by"]})
     summary = "; ".join(phrases) + (
-        f". The knee moves right beyond noise when {param} changes: the curve was bound by "
-        "KV blocks." if moved else f". The knee does not move right beyond noise when {param}"
-        " changes.")
+        f". The knee moves right beyond noise ({' and '.join(by)}) when {param} changes: the "
+        "curve was bound by KV blocks." if moved else
+        f". The knee does not move right beyond noise when {param} changes.")
     d.update(available=True, summary=summary, moved_right_beyond_noise=moved,
              variant_names=[v.variant for v in cmp.variants if v.variant != cmp.baseline])
     return StageOutput(d, {"curves": curve(runs)})
+
+
+def _at(x: float | None) -> str:
+    return "past the range" if x is None else f"{x:g}"
+
+
+def _held(onset: float | None, end: float | None, last: float) -> str:
+    if onset is None:
+        return f"past {last:g} (no decline)"
+    return f"{end:g} (decline from {onset:g})"
+
+
+def _noise_word(beyond: bool) -> str:
+    return "beyond noise" if beyond else "within noise"
 
 
 def comparison_from_dict(d: dict[str, Any]) -> Any:
@@ -244,7 +264,10 @@ def comparison_from_dict(d: dict[str, Any]) -> Any:
         return None
     fields = set(Comparison.__dataclass_fields__)
     kw = {k: v for k, v in d.items() if k in fields}
-    kw["variants"] = [VariantCurve(**{**v, "knee_range": tuple(v["knee_range"])})
+    ranges = ("knee_range", "sustained_range")
+    kw["variants"] = [VariantCurve(**{**{k: x for k, x in v.items()
+                                         if k in VariantCurve.__dataclass_fields__},
+                                      **{r: tuple(v[r]) for r in ranges if v.get(r) is not None}})
                       for v in d["variants"]]
     return Comparison(**kw)
 

@@ -1,8 +1,9 @@
 """Stage 06: the symptom checklist, the status and the remedies, from the earlier stages' files.
 
-Remedies are simulated on the same request set when the investigation is a simulation (each
-remedy is one more sweep of the baseline's levels); on ingested data the workflow's table of
-remedies and costs is given without numbers.
+Remedies are simulated on the same request sets when the investigation is a simulation (each
+remedy is one more sweep of the baseline's levels with the experiment's workload seeds, compared
+level by level with the baseline's means over the same seeds; no point folders are written); on
+ingested data the workflow's table of remedies and costs is given without numbers.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2):
     def run(overrides: dict) -> pd.DataFrame:
         with tempfile.TemporaryDirectory(prefix="kvpressure-remedy-") as tmp:
             return run_sweep(exp, tmp, variants={"remedy": overrides}, concurrencies=levels,
-                             jobs=jobs)
+                             jobs=jobs, write_points=False)
 
     return run
 
@@ -110,7 +111,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     info = tables.info
     settings = info["settings"]
     t0, t1 = tables.window
-    base = tables.baseline_runs
+    base = tables.baseline_runs  # every repeat: the symptoms' curve and the remedies average them
     checklist = check_symptoms(
         tables.series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info["focus"]["run"],
         max_num_seqs=settings.get("max_num_seqs"),

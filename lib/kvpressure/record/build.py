@@ -61,11 +61,14 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
     k = knee["knee"]
     comparison = None
     if compare.get("available"):
-        shift = max((x["shift"] for x in compare["shifts"]), default=0.0)
+        shifts = compare["shifts"]
         comparison = {
             "parameter": compare["parameter"], "baseline": compare["baseline"],
-            "variants": compare["variant_names"], "knee_shift": shift,
+            "variants": compare["variant_names"],
+            "knee_shift": max((x["shift"] for x in shifts), default=0.0),
+            "sustained_shift": max((x["sustained_shift"] for x in shifts), default=0.0),
             "beyond_noise": bool(compare["moved_right_beyond_noise"]),
+            "noise": compare["noise_method"],
             "summary": compare["summary"],
         }
     status = verdict["status"]
@@ -118,7 +121,8 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
             ],
             "knee": {key: k[key] for key in ("knee_x", "peak_x", "peak_y", "declines",
                                              "decline_pct")} | {
-                "plateau": k["plateau"][1] > k["plateau"][0]},
+                "plateau": k["plateau"][1] > k["plateau"][0],
+                "sustained_to": k["sustained_end"]},
             "itl_mean": knee["itl_mean_s"],
             "itl_p95": knee["itl_p95_s"],
             "ttft_p95": knee["ttft_p95_s"],
@@ -138,6 +142,7 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
             "mode": collect["mode"],
             "inputs": collect["inputs"],
             "seed": collect["seed"],
+            "seeds": collect.get("seeds"),
         },
     }
     return validate_record(data, where=f"{run_dir / 'record.yaml'}")

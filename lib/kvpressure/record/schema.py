@@ -107,6 +107,9 @@ class Workload(_Strict):
 
 
 class ThroughputPoint(_Strict):
+    """One level of the curve: means over the workload seeds (or repeated runs) when the level
+    was run more than once."""
+
     concurrency: Annotated[int, Field(ge=1)]
     output_throughput: NonNegative
     itl_mean_s: NonNegative
@@ -123,6 +126,10 @@ class Knee(_Strict):
     peak_x: Annotated[float, Field(allow_inf_nan=False)]
     peak_y: NonNegative
     plateau: bool
+    sustained_to: Annotated[float, Field(allow_inf_nan=False)] = Field(
+        description="largest level still within the plateau band of the peak (the largest level "
+                    "swept when the curve never turns down)"
+    )
     declines: bool
     decline_pct: Annotated[float, Field(allow_inf_nan=False)]
 
@@ -159,7 +166,13 @@ class Comparison(_Strict):
     baseline: NonEmptyStr
     variants: Annotated[list[NonEmptyStr], Field(min_length=1)]
     knee_shift: Annotated[float, Field(allow_inf_nan=False)]
-    beyond_noise: bool
+    sustained_shift: Annotated[float, Field(allow_inf_nan=False)] = Field(
+        description="shift of the end of the sustained range (a curve that holds to the largest "
+                    "level counts one level step past it)"
+    )
+    beyond_noise: bool = Field(description="the knee or the sustained range moved right beyond "
+                                           "run-to-run noise")
+    noise: NonEmptyStr = Field(description="how run-to-run noise was judged")
     summary: NonEmptyStr
 
 
@@ -190,11 +203,17 @@ class Provenance(_Strict):
     mode: Literal["simulation", "ingested"]
     inputs: Annotated[list[InputFile], Field(min_length=1)]
     seed: int | None = Field(description="the workload seed; null only for ingested data")
+    seeds: Annotated[list[int], Field(min_length=1)] | None = Field(
+        description="every workload seed the sweep ran with, ``seed`` first (the repeats that "
+                    "give the run-to-run noise); null only for ingested data"
+    )
 
     @model_validator(mode="after")
     def _seed_for_simulation(self) -> Provenance:
-        if self.mode == "simulation" and self.seed is None:
-            raise ValueError("seed is required for a simulated investigation")
+        if self.mode == "simulation" and (self.seed is None or self.seeds is None):
+            raise ValueError("seed and seeds are required for a simulated investigation")
+        if self.seeds is not None and self.seeds[0] != self.seed:
+            raise ValueError(f"seeds must start with seed {self.seed}, got {self.seeds[0]}")
         return self
 
 
