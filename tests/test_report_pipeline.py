@@ -83,6 +83,8 @@ def test_index_html_verdict_first_with_embedded_figures(simulated):
     first_img = page.index("<img")
     assert verdict < first_img
     assert page.index(load_record(simulated.record_path).status) < first_img
+    # the verdict shows the curve it speaks of: the headline figure sits inside its section
+    assert first_img < page.index("</section>", verdict)
     images = embedded_images(page)
     assert len(images) >= 8
     assert all(img.startswith(PNG_MAGIC) for img in images)

@@ -98,8 +98,9 @@ def _rows(rows: Iterable[tuple[str, str]], css: str = "") -> str:
     return f'<div class="table-wrap"><table{cls}>{body}</table></div>'
 
 
-def verdict_html(record: Record) -> str:
-    """The first screen: status, the sentence that explains it, key numbers, evidence, remedies."""
+def verdict_html(record: Record, headline: str = "") -> str:
+    """The first screen: status, the sentence that explains it, the headline figure (the curve
+    with its knee), key numbers, evidence, remedies."""
     s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
     knee = p.knee
     kind = "kv" if record.status == STATUS_KV_BOUND else (
@@ -169,7 +170,7 @@ def verdict_html(record: Record) -> str:
     return (
         f'<section id="verdict" class="verdict {kind}">'
         f'<span class="status">{_e(record.status)}</span>'
-        f'<p class="lead">{lead}</p>{comp_html}<ul>{reasons}</ul></section>'
+        f'<p class="lead">{lead}</p>{headline}{comp_html}<ul>{reasons}</ul></section>'
         f"<h3>Key numbers</h3>{_rows(numbers)}"
         "<h3>Symptom checklist</h3><div class='table-wrap'><table class='text'>"
         "<tr><th>symptom</th><th>holds</th><th>observed</th><th>metric</th></tr>"
@@ -219,6 +220,18 @@ def notebook_html(nb: Any) -> str:
     return "\n".join(p for p in parts if p)
 
 
+def headline_figure(notebooks: list[tuple[str, Any]]) -> str:
+    """The first figure of a cell tagged ``headline`` (the throughput curve with its knee), so
+    the verdict shows the curve it speaks of."""
+    for _, nb in notebooks:
+        for cell in nb.cells:
+            if cell.cell_type == "code" and "headline" in cell.get("metadata", {}).get("tags", []):
+                for output in cell.get("outputs", []):
+                    if "image/png" in output.get("data", {}):
+                        return _output_html(output)
+    return ""
+
+
 def _title(nb: Any, fallback: str) -> str:
     for cell in nb.cells:
         if cell.cell_type == "markdown":
@@ -250,7 +263,7 @@ def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str) -> 
         f'<p class="subtitle">{_e(record.workload.model_name)} · policy '
         f"{_e(record.scheduler.policy)} · {record.scheduler.num_gpu_blocks:,} KV blocks of "
         f"{record.scheduler.block_size} tokens · {_e(prov.mode)} data</p>"
-        f"{verdict_html(record)}"
+        f"{verdict_html(record, headline_figure(notebooks))}"
         f'<nav class="toc">Stages: {toc}</nav>\n{sections}'
         f"<footer>kvpressure {_e(__version__)} (vLLM {_e(VLLM_BEHAVIOUR_VERSION)} behaviour) · "
         f"inputs: {inputs}{_e(seed)} · record: {RECORD_YAML} · executed notebooks: "
