@@ -51,12 +51,7 @@ from kvpressure.errors import InputError
 from kvpressure.paths import data_dir
 from kvpressure.simulation.cost_model import CostCoefficients, StepCostModel
 from kvpressure.simulation.workload import (
-    LengthDistribution,
-    PrefixGroup,
-    PriorityMix,
-    Trace,
     WorkloadSpec,
-    _coerce_length,
     format_validation_error,
     generate_requests,
 )
@@ -115,28 +110,18 @@ class EngineArgs(_Strict):
         return data
 
 
-class ExperimentWorkload(_Strict):
+class ExperimentWorkload(WorkloadSpec):
     """The workload section: a ``WorkloadSpec`` plus the levels to sweep."""
 
-    num_requests: int | None = Field(None, ge=1)
-    seed: int = 0
-    input_len: LengthDistribution | None = None
-    output_len: LengthDistribution | None = None
-    prefix_groups: dict[str, PrefixGroup] = Field(default_factory=dict)
-    priority: int | PriorityMix | None = None
-    trace: Trace | None = None
     concurrency: list[int] | None = None
     request_rates: list[float] | None = None
     burstiness: float = Field(1.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
-    def _fixed_lengths(cls, data: Any) -> Any:
+    def _single_level_as_list(cls, data: Any) -> Any:
         if isinstance(data, dict):
             data = dict(data)
-            for key in ("input_len", "output_len"):
-                if key in data:
-                    data[key] = _coerce_length(data[key])
             if isinstance(data.get("concurrency"), int):
                 data["concurrency"] = [data["concurrency"]]
             if isinstance(data.get("request_rates"), int | float):
@@ -168,11 +153,8 @@ class ExperimentWorkload(_Strict):
         return self
 
     def spec(self) -> WorkloadSpec:
-        return WorkloadSpec(
-            num_requests=self.num_requests, seed=self.seed, input_len=self.input_len,
-            output_len=self.output_len, prefix_groups=self.prefix_groups,
-            priority=self.priority, trace=self.trace,
-        )
+        """The request-set part alone (what ``generate_requests`` builds from)."""
+        return WorkloadSpec.model_validate({k: getattr(self, k) for k in WorkloadSpec.model_fields})
 
 
 class SettingChange(_Strict):
