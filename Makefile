@@ -49,8 +49,11 @@ $(VENV)/.lab: $(VENV)/.synced
 	$(UV) sync --locked --extra test --extra lab --inexact
 	@touch $@
 
+# JupyterLab refuses to run as root without --allow-root (containers, CI machines).
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(VENV)/.lab
-	JUPYTER_RUNTIME_DIR=$(CURDIR)/.venv/jupyter-runtime $(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+	JUPYTER_RUNTIME_DIR=$(CURDIR)/.venv/jupyter-runtime $(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ROOT) $(LAB_ARGS)
 
 bench: $(VENV)/.synced
 	$(BIN)/python benchmarks/run_all.py
