@@ -18,8 +18,10 @@ Rules, checked in this order (the first that fires decides):
    right beyond run-to-run noise confirms (by :mod:`kvpressure.analysis.compare`'s rule: the
    point of diminishing returns or the end of the sustained range moved right, the decline
    disappearing included); a knee that did not move leaves the status "not established".
-   Without a comparison the status stands on the symptoms alone (``confirmed`` False).
-3. **not established** otherwise, with the reason.
+   Without a comparison the status stands on the symptoms alone (``confirmed`` False, and
+   the rule says so).
+3. **not established** otherwise, with the reason; when none of the engine metrics was given
+   (bench results alone) the reason says that, not that the symptoms are absent.
 
 Prefill interference is a separate finding (``prefill_interference``) and never sets the status.
 """
@@ -130,10 +132,19 @@ def decide_status(
             return done(NOT_ESTABLISHED,
                         rule + f"; but the knee did not move right beyond noise when "
                         f"{comparison.parameter} changed", False)
-        return done(KV_BOUND, rule + " (no single-variable comparison yet)", False)
+        return done(KV_BOUND, rule + "; from the engine metrics alone, not confirmed: the data "
+                    "holds no single-variable comparison (change max_num_seqs and measure the "
+                    "curve again)", False)
 
-    missing = [k for k in ("kv_usage_near_full", "running_below_max_num_seqs",
-                           "preemption_recompute") if verdicts.get(k) == "no data"]
+    engine = ("waiting_persists", "kv_usage_near_full", "running_below_max_num_seqs",
+              "preemption_recompute")
+    missing = [k for k in engine[1:] if verdicts.get(k) == "no data"]
+    if all(verdicts.get(k) == "no data" for k in engine):
+        return done(NOT_ESTABLISHED,
+                    "3: no engine metrics were given (vllm:kv_cache_usage_perc, "
+                    "vllm:num_requests_waiting/running, vllm:num_preemptions_total): the "
+                    "throughput curve and latencies alone cannot tell KV pressure from other "
+                    "limits; scrape the server's /metrics during the load test", False)
     reason = "3: KV usage not near full, or neither capacity waiting nor recompute"
     if missing:
         reason += f" (no data for {', '.join(missing)})"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -188,15 +189,43 @@ def _decide_origin(acc: RunSamples, times: np.ndarray, requested: str) -> dict[s
     }
 
 
-def _bench_window(row: dict[str, Any]) -> tuple[float, float] | None:
-    """Unix-time window of a bench run: vLLM stamps ``date`` (local time) when it ends."""
+def bench_tzinfo(zone: str | None) -> _dt.tzinfo | None:
+    """The time zone ``vllm bench serve`` wrote its ``date`` in: None/"local" (this machine's),
+    "UTC", an offset such as "+08:00" / "-0500", or an IANA name such as "Asia/Shanghai"."""
+    if zone is None or str(zone).strip().lower() in ("", "local"):
+        return None
+    text = str(zone).strip()
+    if text.upper() in ("UTC", "Z", "GMT"):
+        return _dt.UTC
+    m = re.fullmatch(r"(?:UTC)?([+-])(\d{1,2}):?(\d{2})?", text, re.IGNORECASE)
+    if m:
+        hours, minutes = int(m.group(2)), int(m.group(3) or 0)
+        if hours > 14 or minutes >= 60:
+            raise InputError(f"bench_timezone {zone!r}: offset out of range")
+        sign = 1 if m.group(1) == "+" else -1
+        return _dt.timezone(sign * _dt.timedelta(hours=hours, minutes=minutes))
+    try:
+        from zoneinfo import ZoneInfo
+
+        return ZoneInfo(text)
+    except Exception:  # unknown name, or no time-zone database on this machine
+        raise InputError(
+            f"bench_timezone {zone!r}: not a time zone; give 'local', 'UTC', an offset such as "
+            "'+08:00', or an IANA name such as 'Asia/Shanghai'"
+        ) from None
+
+
+def bench_window(row: dict[str, Any], tz: _dt.tzinfo | None = None) -> tuple[float, float] | None:
+    """Unix-time window of a bench run: vLLM stamps ``date`` (local time, whole seconds) when it
+    ends, so the run spans ``[date - duration, date + 1)`` at most."""
     date, duration = row.get("date"), row.get("duration_s")
     if not isinstance(date, str) or not isinstance(duration, float) or math.isnan(duration):
         return None
     try:
-        end = _dt.datetime.strptime(date, "%Y%m%d-%H%M%S").timestamp()
+        naive = _dt.datetime.strptime(date, "%Y%m%d-%H%M%S")
     except ValueError:
         return None
+    end = naive.timestamp() if tz is None else naive.replace(tzinfo=tz).timestamp()
     return end - duration, end + 1.0
 
 
@@ -236,6 +265,7 @@ def ingest(
     num_gpu_blocks: int | None = None,
     block_size: int | None = None,
     prefix_caching: bool | None = None,
+    bench_timezone: str | None = None,
 ) -> IngestResult:
     """Read every SOURCE into the canonical tables.
 
@@ -245,6 +275,8 @@ def ingest(
     list of names. ``counter_origin``: "auto", "zero" (counters were 0 when the log began) or
     "first" (count from the first sample). ``num_gpu_blocks``/``block_size``/
     ``prefix_caching`` stand in for ``vllm:cache_config_info`` in the recompute estimate.
+    ``bench_timezone``: the zone of the bench results' ``date`` when they are matched to a
+    scrape log by time (default: this machine's; "UTC", "+08:00", "Asia/Shanghai").
     """
     if isinstance(sources, str | Path):
         sources = [sources]
@@ -253,6 +285,7 @@ def ingest(
     if step is not None and (not isinstance(step, int | float) or not step > 0):
         raise InputError(f"--step must be a positive number of seconds, got {step!r}")
     families = _families_filter(metrics)
+    tz = bench_tzinfo(bench_timezone)
     warnings: list[str] = []
     report: dict[str, Any] = {
         "kvpressure_version": __version__,
@@ -269,6 +302,7 @@ def ingest(
             "start": start,
             "end": end,
             "step": step,
+            "bench_timezone": bench_timezone,
         },
     }
     accs: dict[str, RunSamples] = {}
@@ -329,7 +363,7 @@ def ingest(
         report["runs"][name] = info
         frames.append(frame)
 
-    runs_rows = _merge_runs(bench_rows, scrape_rows, frames, accs, warnings)
+    runs_rows = _merge_runs(bench_rows, scrape_rows, frames, accs, warnings, tz)
     series = _concat_series(frames)
     runs = pd.DataFrame(runs_rows, columns=RUNS_COLUMNS) if runs_rows else pd.DataFrame(
         columns=RUNS_COLUMNS
@@ -447,14 +481,34 @@ def _run_report(
     return info
 
 
+def _snap_end(times: np.ndarray, end: float, limit: float | None) -> float:
+    """The first scrape at or after ``end`` (the counts of a run's last seconds are seen only
+    by the next scrape), unless it falls at or after ``limit`` (the next run's start)."""
+    i = int(np.searchsorted(times, end, side="left"))
+    if i < len(times) and (limit is None or times[i] < limit):
+        return float(times[i])
+    return end
+
+
+def _fmt_time(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _merge_runs(
     bench_rows: list[dict[str, Any]],
     scrape_rows: dict[str, dict[str, Any]],
     frames: list[pd.DataFrame],
     accs: dict[str, RunSamples],
     warnings: list[str],
+    tz: _dt.tzinfo | None = None,
 ) -> list[dict[str, Any]]:
-    """Bench rows get the preemption and gauge columns of a scrape log of the same run."""
+    """Bench rows get the preemption and gauge columns of a scrape log of the same run.
+
+    A log with wall-clock times is cut at each bench run's window (``date`` - ``duration``);
+    the window's end moves to the first scrape after the run (before the next run starts) so
+    that the last interval's counts are not lost. A bench run whose window lies outside the log
+    is refused: the times do not line up (a wrong time zone, or another load test).
+    """
     out: list[dict[str, Any]] = []
     merged: set[str] = set()
     frame_of = {name: f for name, f in zip(accs, frames, strict=True)}
@@ -464,14 +518,34 @@ def _merge_runs(
     for name, rows in by_run.items():
         scrape = scrape_rows.get(name)
         frame = frame_of.get(name)
-        for row in rows:
+        windows = [bench_window(row, tz) for row in rows]
+        starts = sorted(w[0] for w in windows if w)
+        times = _distinct_times(frame) if frame is not None else np.array([])
+        for row, window in zip(rows, windows, strict=True):
             full = {c: row.get(c, math.nan) for c in RUNS_COLUMNS}
             if scrape is not None and frame is not None:
-                window = _bench_window(row)
                 t_first, t_last = scrape["t_start"], scrape["t_end"]
-                if t_first > 1e9 and window and window[0] < t_last and window[1] > t_first:
-                    sub, _ = scrape_row(frame, name, t0=window[0], t1=window[1], source="")
-                    how = f"scrapes in [{window[0]:.0f}, {window[1]:.0f}] (bench 'date' - duration)"
+                if t_first > 1e9 and window:
+                    if not (window[0] < t_last and window[1] > t_first):
+                        raise InputError(
+                            f"{row['source']}: the bench run ({row.get('date')}, "
+                            f"{row['duration_s']:.0f} s: {_fmt_time(window[0])} to "
+                            f"{_fmt_time(window[1])}) lies outside the scrape log "
+                            f"({_fmt_time(t_first)} to {_fmt_time(t_last)}); the times do not "
+                            "line up. vLLM writes 'date' in the bench machine's local time: "
+                            "give its time zone (bench_timezone, e.g. '+08:00' or "
+                            "'Asia/Shanghai'), or a log recorded during this load test"
+                        )
+                    if window[0] < t_first or window[1] - 1.0 > t_last:
+                        warnings.append(
+                            f"{row['source']}: the scrape log covers only part of the bench run "
+                            f"({_fmt_time(window[0])} to {_fmt_time(window[1])}): its counters "
+                            "miss what happened outside the log"
+                        )
+                    later = [s for s in starts if s > window[0]]
+                    end = _snap_end(times, window[1], later[0] if later else None)
+                    sub, _ = scrape_row(frame, name, t0=window[0], t1=end, source="")
+                    how = f"scrapes in [{window[0]:.0f}, {end:.0f}] (bench 'date' - duration)"
                 elif len(rows) == 1:
                     sub, how = scrape, "the whole scrape log"
                 else:

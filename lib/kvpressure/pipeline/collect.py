@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
@@ -105,6 +106,8 @@ def focus_level(baseline_runs: pd.DataFrame, requested: int | None = None) -> tu
                 f"{', '.join(map(str, levels))}"
             )
         return int(requested), "given as a parameter"
+    if len(levels) == 1:
+        return levels[0], "the only level measured"
     if len(levels) < 3:
         return levels[-1], "the largest level (too few levels for a knee)"
     knee = find_knee(baseline_runs["concurrency"], baseline_runs["output_throughput"])
@@ -278,9 +281,50 @@ def _parse_variant(name: str) -> dict[str, Any]:
     return out
 
 
+LOAD_TEST = "load_test"  # the run a continuous scrape log and its bench results share
+
+
+def _kinds(sources: list[str]) -> set[str]:
+    from kvpressure.ingestion.sources import detect
+
+    return {src.kind for s in sources for src in detect(s)}
+
+
+def _run_names(runs: pd.DataFrame) -> list[str]:
+    """``<variant>/c<C>`` per row (``#2``, ``#3`` for repeated runs of a level); rows of an
+    unknown concurrency keep their ingested name."""
+    names, seen = [], {}
+    for _, r in runs.iterrows():
+        c = r["concurrency"]
+        name = str(r["run"]) if pd.isna(c) else f"{r['variant']}/c{int(c)}"
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return names
+
+
+def _crop(series: pd.DataFrame, t0: float, t1: float) -> pd.DataFrame:
+    """The window's samples plus a margin: the scrape before it (the counters' baseline) and a
+    little of the load around it for the figures."""
+    t = pd.to_numeric(series["t"], errors="coerce")
+    times = np.sort(t.dropna().unique())
+    step = float(np.median(np.diff(times))) if len(times) > 1 else 0.0
+    pad = max(2.0 * step, 0.05 * (t1 - t0))
+    return series[(t >= t0 - pad) & (t <= t1 + pad)].reset_index(drop=True)
+
+
 def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
-                      engine_args: Mapping[str, Any], model_name: str) -> dict[str, Any]:
-    from kvpressure.ingestion.api import ingest
+                      engine_args: Mapping[str, Any], model_name: str,
+                      bench_timezone: str = "") -> dict[str, Any]:
+    """Ingested data in one of four shapes:
+
+    * scrape folders laid out as ``<variant>/c<C>/metrics.prom.jsonl``: one run per point;
+    * ``vllm bench serve`` results plus a scrape log recorded through the whole load test: one
+      run per bench result, its engine metrics cut from the log at the bench run's time window;
+    * bench results alone: the curve and latencies, no engine metrics;
+    * one scrape log of one load level: the engine metrics, no curve (``focus_concurrency``
+      names the level when it is known).
+    """
+    from kvpressure.ingestion.api import bench_tzinfo, bench_window, ingest
 
     files: list[tuple[Path, str, int | None]] = []
     others: list[str] = []
@@ -305,13 +349,28 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         focus_series[run_name] = res.series
         reports[run_name] = res.report
         inputs.append({"path": display_path(path), "sha256": sha256_file(path)})
+    kinds = _kinds(others) if others else set()
+    has_bench = "bench" in kinds
+    has_scrapes = bool(kinds - {"bench"}) or bool(files)
+    shared_log = has_bench and bool(kinds - {"bench"})
+    matched = "scrape folders laid out by point" if files else None
     if others:
-        res = ingest(others)
+        # A log recorded through the whole load test and its bench results are one run, so
+        # ingestion cuts the log at each bench run's time window.
+        res = ingest(others, run=LOAD_TEST if shared_log else None,
+                     metrics=_INGESTED_FAMILIES, bench_timezone=bench_timezone or None)
         for _, r in res.runs.iterrows():
             rows.append(r.to_dict())
         for run_name in pd.unique(res.series["run"]) if len(res.series) else []:
             focus_series[str(run_name)] = res.series[res.series["run"] == run_name]
         reports["other"] = res.report
+        if shared_log:
+            matched = ("each bench run's time window ('date' - 'duration', in "
+                       f"{bench_timezone or 'local time'}) cut from one continuous scrape log")
+        elif has_bench:
+            matched = "bench results only (no engine metrics)"
+        elif not files:
+            matched = "one scrape log per run"
         for s in others:
             for p in ([Path(s)] if Path(s).is_file() else sorted(Path(s).rglob("*"))):
                 if p.is_file():
@@ -320,31 +379,71 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         raise InputError(f"{', '.join(sources)}: no measured run found")
     runs = pd.DataFrame(rows)
     runs["variant"] = runs["variant"].fillna(BASELINE).replace({"default": BASELINE})
+    runs["concurrency"] = pd.to_numeric(runs["concurrency"], errors="coerce")
+    if focus_concurrency and runs["concurrency"].isna().all() and len(runs) == 1:
+        # One scrape log of one load level: the level is what the user says it was.
+        runs["concurrency"] = float(focus_concurrency)
     runs = runs.sort_values(["variant", "concurrency"], kind="stable").reset_index(drop=True)
+    source_run = runs["run"].astype(str).tolist()
+    runs["run"] = _run_names(runs)
     runs.to_csv(run_dir / RUNS_CSV, index=False)
     variants = [str(v) for v in pd.unique(runs["variant"])]
     base = BASELINE if BASELINE in variants else variants[0]
     base_runs = runs[runs["variant"] == base]
-    if base_runs["concurrency"].isna().all():
+    measured = base_runs.dropna(subset=["concurrency"])
+    if measured.empty and len(base_runs) > 1:
         raise InputError(
-            f"{', '.join(sources)}: no concurrency levels found; lay scrapes out as "
-            "<variant>/c<concurrency>/metrics.prom.jsonl or give vllm bench results"
+            f"{', '.join(sources)}: {len(base_runs)} runs and no concurrency levels; lay scrapes "
+            "out as <variant>/c<concurrency>/metrics.prom.jsonl or give vllm bench results"
         )
-    level, why = focus_level(base_runs.dropna(subset=["concurrency"]), focus_concurrency)
-    run_name = str(base_runs.loc[base_runs["concurrency"] == level, "run"].iloc[0])
-    series = focus_series.get(run_name)
-    if series is None or series.empty:
-        raise InputError(f"run {run_name}: no scrapes to read the counters from")
+    if measured.empty:
+        level, why = None, ("the concurrency is not known (the metrics do not carry it; "
+                            "give focus_concurrency)")
+        focus_row = base_runs.iloc[0]
+    else:
+        level, why = focus_level(measured, focus_concurrency)
+        focus_row = measured[measured["concurrency"] == level].iloc[0]
+    run_name = str(focus_row["run"])
+    series = focus_series.get(source_run[int(focus_row.name)])
+    window = (_finite(focus_row.get("t_start")), _finite(focus_row.get("t_end")))
+    if series is not None and not series.empty:
+        if shared_log and None not in window:
+            series = _crop(series, *window)
+            t0, t1 = window
+        else:
+            t0, t1 = steady_window(None, series)
+        series = series.assign(run=run_name)
+    else:
+        series = pd.DataFrame(columns=["run", "t", "metric", "labels", "value"])
+        w = bench_window({"date": focus_row.get("date"),
+                          "duration_s": _finite(focus_row.get("duration_s"))},
+                         bench_tzinfo(bench_timezone or None))
+        duration = _finite(focus_row.get("duration_s")) or 0.0
+        t0, t1 = (w[0], w[0] + duration) if w else (0.0, duration)
     series.to_csv(run_dir / SERIES_CSV, index=False)
     (run_dir / INGEST_JSON).write_text(
         json.dumps(_ingest_report({"runs": reports}), indent=2, sort_keys=True) + "\n")
-    t0, t1 = steady_window(None, series)
-    geometry = _cache_config(series)
+    engine_metrics = bool(len(series))
+    geometry = _cache_config(series) if engine_metrics else {}
     settings = {**geometry, **dict(engine_args)}
     variant_settings = {}
     for v in variants:
         variant_settings[v] = {**settings, **_parse_variant(v)} if v != base else dict(settings)
     params = sorted({k for v in variants if v != base for k in _parse_variant(v)})
+    bench_source = _bench_source(focus_row.get("source"))
+    lengths = _bench_lengths(bench_source) if bench_source else {}
+    # The whole log from the process start counts from zero; a window cut from it does not.
+    from_start = not shared_log
+    for key, base_name in (("input_len_distribution", "vllm:request_prompt_tokens"),
+                           ("output_len_distribution", "vllm:request_generation_tokens")):
+        bench_len = lengths.get(key)
+        if (bench_len is None or bench_len["p50"] is None) and engine_metrics:
+            hist = _length_from_histogram(series, base_name, None if from_start else t0, t1)
+            if hist["mean"] is not None:
+                lengths[key] = hist | _keep_mean(bench_len or {})
+        lengths.setdefault(key, _unmeasured(base_name))
+    model = (model_name or (_model_name(series) if engine_metrics else None)
+             or _dropped_model_name(reports) or _first(runs.get("model")) or "unknown model")
     return {
         "mode": "ingested",
         "name": run_dir.name,
@@ -352,22 +451,111 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "inputs": inputs,
         "seed": None,
         "seeds": None,
-        "model_name": model_name or _model_name(series) or "unknown model",
+        "model_name": model,
         "baseline_variant": base,
         "variants": variants,
         "variant_settings": variant_settings,
         "comparison_parameter": params[0] if len(params) == 1 else None,
         "comparison_variants": [v for v in variants if v != base] if len(params) == 1 else [],
-        "concurrency_levels": sorted(int(c) for c in base_runs["concurrency"].dropna().unique()),
+        "concurrency_levels": sorted(int(c) for c in measured["concurrency"].unique()),
         "settings": settings,
         "num_requests": _finite_int(base_runs.loc[base_runs["run"] == run_name, "num_requests"]),
-        "input_len_distribution": _length_from_histogram(
-            series, "vllm:request_prompt_tokens", t0, t1),
-        "output_len_distribution": _length_from_histogram(
-            series, "vllm:request_generation_tokens", t0, t1),
+        "input_len_distribution": lengths["input_len_distribution"],
+        "output_len_distribution": lengths["output_len_distribution"],
+        "engine_metrics": engine_metrics,
+        "bench_results": has_bench,
+        "scrapes": has_scrapes,
+        "matched": matched,
+        "bench_timezone": bench_timezone or "local",
         "focus": {"variant": base, "concurrency": level, "run": run_name, "why": why,
                   "t0": t0, "t1": t1, "point_dir": None},
     }
+
+
+def _dropped_model_name(reports: Mapping[str, Any]) -> str | None:
+    """The served model's name when ingestion dropped the ``model_name`` label (one model)."""
+    for report in reports.values():
+        for run in (report.get("runs") or {}).values():
+            name = (run.get("dropped_labels") or {}).get("model_name")
+            if name:
+                return str(name)
+    return None
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _first(values: Any) -> str | None:
+    if values is None:
+        return None
+    for v in values:
+        if isinstance(v, str) and v.strip():
+            return v
+    return None
+
+
+def _bench_source(source: Any) -> tuple[Path, int] | None:
+    """(file, index of the result in it) from a runs row's ``source`` (``path#k + log``)."""
+    if not isinstance(source, str) or not source:
+        return None
+    first = source.split(" + ")[0]
+    path, sep, k = first.rpartition("#")
+    if sep and k.isdigit():
+        return Path(path), int(k) - 1
+    return Path(first), 0
+
+
+def _bench_lengths(where: tuple[Path, int]) -> dict[str, Any]:
+    """Length distributions from a bench result: exact from ``--save-detailed``'s
+    ``input_lens``/``output_lens``, else only the means from its token totals."""
+    from kvpressure.ingestion.bench import load_results
+
+    path, index = where
+    if path.suffix not in (".json", ".jsonl", ".gz") or not path.is_file():
+        return {}
+    try:
+        results = load_results(path)
+    except InputError:
+        return {}
+    if index >= len(results) or not isinstance(results[index][1], dict):
+        return {}
+    res = results[index][1]
+    if "completed" not in res:
+        return {}
+    out = {}
+    for key, array, total in (("input_len_distribution", "input_lens", "total_input_tokens"),
+                              ("output_len_distribution", "output_lens", "total_output_tokens")):
+        values = res.get(array)
+        if isinstance(values, list) and values:
+            errors = res.get("errors")
+            if isinstance(errors, list) and len(errors) == len(values):
+                values = [v for v, e in zip(values, errors, strict=True) if not e]
+            out[key] = _length_stats(pd.Series(values), f"per request, from {array}",
+                                     f"{path.name} ({array}, exact)")
+        elif isinstance(res.get(total), int | float) and res.get("completed"):
+            mean = float(res[total]) / float(res["completed"])
+            out[key] = {"description": f"{total} / completed (mean only)", "mean": mean,
+                        "p50": None, "p95": None, "max": None,
+                        "source": f"{path.name} ({total})"}
+    return out
+
+
+def _keep_mean(bench: dict[str, Any]) -> dict[str, Any]:
+    """A bench result's exact mean wins over a histogram's bucket-interpolated one."""
+    if bench.get("mean") is None:
+        return {}
+    return {"mean": bench["mean"], "description": "quantiles from the histogram, mean from the "
+            "bench result's token totals"}
+
+
+def _unmeasured(base: str) -> dict[str, Any]:
+    return {"description": f"not measured ({base} missing, no bench result)", "mean": None,
+            "p50": None, "p95": None, "max": None, "source": base}
 
 
 def _finite_int(values: pd.Series) -> int | None:
@@ -402,14 +590,18 @@ def _model_name(series: pd.DataFrame) -> str | None:
     return None
 
 
-def _length_from_histogram(series: pd.DataFrame, base: str, t0: float, t1: float
+def _length_from_histogram(series: pd.DataFrame, base: str, t0: float | None, t1: float
                            ) -> dict[str, Any]:
+    """Length statistics of the requests finished in ``(t0, t1]`` (``t0`` None: since the
+    process started, the log's counters read from zero)."""
     from kvpressure.ingestion.counters import histogram_mean, histogram_quantile
 
-    def q(x: float) -> float:
-        return histogram_quantile(series, base, x, None, t1, origin="zero")
+    origin = "zero" if t0 is None else "first"
 
-    mean = histogram_mean(series, base, None, t1, origin="zero")
+    def q(x: float) -> float:
+        return histogram_quantile(series, base, x, t0, t1, origin=origin)
+
+    mean = histogram_mean(series, base, t0, t1, origin=origin)
     stats = {"mean": mean, "p50": q(0.5), "p95": q(0.95), "max": q(1.0)}
     if any(not isinstance(v, float) or math.isnan(v) for v in stats.values()):
         return {"description": f"not measured ({base} missing)", "mean": None, "p50": None,
@@ -427,6 +619,7 @@ def collect(
     focus_concurrency: int = 0,
     engine_args: Mapping[str, Any] | None = None,
     model_name: str = "",
+    bench_timezone: str = "",
     jobs: int = 1,
     progress: Callable[[str], None] | None = _stderr,
 ) -> dict[str, Any]:
@@ -437,7 +630,7 @@ def collect(
     say = progress or (lambda _m: None)
     if sources:
         info = _collect_ingested(run_dir, sources, focus_concurrency, engine_args or {},
-                                 model_name)
+                                 model_name, bench_timezone)
     else:
         if not experiment:
             raise InputError("collect: give an experiment file or a source")

@@ -65,13 +65,15 @@ def plot_band(ax: Any, frame: Any, y: str = "output_throughput", x: str = "concu
                             else None)
 
 
-def show_table(frame: Any, digits: int = 3, index: bool = False, text: bool = False) -> None:
-    """Display a DataFrame rounded for reading; ``text`` left-aligns every column."""
+def show_table(frame: Any, digits: int = 3, index: bool = False, text: bool = False,
+               missing: str = "") -> None:
+    """Display a DataFrame rounded for reading; ``text`` left-aligns every column; ``missing``
+    is shown for empty cells (e.g. "no data" where a measurement is missing, never zero)."""
     from IPython.display import HTML, display
 
     shown = frame.round(digits) if hasattr(frame, "round") else frame
     classes = ["kv-table", "text"] if text else "kv-table"
-    display(HTML(shown.to_html(index=index, border=0, classes=classes, na_rep="")))
+    display(HTML(shown.to_html(index=index, border=0, classes=classes, na_rep=missing)))
 
 
 def say(text: str) -> None:

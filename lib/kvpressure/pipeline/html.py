@@ -98,58 +98,117 @@ def _rows(rows: Iterable[tuple[str, str]], css: str = "") -> str:
     return f'<div class="table-wrap"><table{cls}>{body}</table></div>'
 
 
+NO_DATA = "no data"
+
+
+def _or(value: Any, fmt: Any, missing: str = NO_DATA) -> str:
+    """``fmt(value)``, or the words for a measurement the data did not give."""
+    return missing if value is None else fmt(value)
+
+
+def _pct(digits: int = 1) -> Any:
+    return lambda v: f"{v:.{digits}%}"
+
+
+def _holds(check: Any) -> str:
+    if check.holds:
+        return "yes"
+    return NO_DATA if check.observed.startswith(NO_DATA) else "no"
+
+
+def _lead(record: Record) -> str:
+    s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
+    knee = p.knee
+    parts = []
+    if knee is not None:
+        last = max(w.concurrency_levels or [knee.peak_x])
+        if knee.declines:
+            decline = f", then falls {knee.decline_pct:.0f}% by concurrency {_num(last)}"
+        elif knee.decline_pct >= 1:
+            decline = (f"; by concurrency {_num(last)} it is {knee.decline_pct:.0f}% lower, a "
+                       "fall the analysis does not separate from noise")
+        else:
+            decline = ", then stays flat"
+        knee_txt = ("there is no knee inside the range" if knee.knee_x is None
+                    else f"the knee is at <b>{_num(knee.knee_x)}</b>")
+        parts.append(f"Output throughput peaks at <b>{_num(knee.peak_y)} tok/s</b> at "
+                     f"concurrency <b>{_num(knee.peak_x)}</b>; {knee_txt}{decline}.")
+    elif p.throughput_by_concurrency:
+        pt = p.throughput_by_concurrency[-1]
+        parts.append(f"One load level measured: <b>{_num(pt.output_throughput)} tok/s</b> at "
+                     f"concurrency {pt.concurrency} (no curve, so no knee).")
+    else:
+        parts.append("One load of unknown concurrency measured (no curve, so no knee).")
+    at = f"At concurrency {w.concurrency}" if w.concurrency is not None else "Over the window"
+    if c.kv_cache_usage_perc is None and c.num_requests_running is None:
+        parts.append(f"{at}, the engine's own metrics were not measured (running, waiting, KV "
+                     "usage, preemptions: no data), so the cause of the curve's shape is open.")
+    else:
+        mns = _or(s.max_num_seqs, str, "an unknown max_num_seqs")
+        parts.append(
+            f"{at}, {_or(c.num_requests_running, lambda v: f'{v:.1f}')} sequences run on "
+            f"average (at most {_or(s.max_num_seqs_effective, _num)}) against max_num_seqs "
+            f"{mns}, {_or(c.num_requests_waiting, lambda v: f'{v:.1f}')} wait, the KV cache is "
+            f"{_or(c.kv_cache_usage_perc, _pct(0))} full, and "
+            + (f"{c.recompute_ratio:.1%} of the processed tokens are recomputed"
+               + ("" if c.recompute_exact or c.recompute_ratio_range is None else
+                  f" (estimated range {c.recompute_ratio_range[0]:.1%}–"
+                  f"{c.recompute_ratio_range[1]:.1%})")
+               if c.recompute_ratio is not None else "the recompute ratio is not measured")
+            + ".")
+    return " ".join(parts)
+
+
 def verdict_html(record: Record, headline: str = "") -> str:
     """The first screen: status, the sentence that explains it, the headline figure (the curve
-    with its knee), key numbers, evidence, remedies."""
+    with its knee), key numbers, evidence, remedies, and what the data could not give."""
     s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
     knee = p.knee
     kind = "kv" if record.status == STATUS_KV_BOUND else (
         "open" if record.status == STATUS_NOT_ESTABLISHED else "seq")
-    last = max(w.concurrency_levels)
-    if knee.declines:
-        decline = f", then falls {knee.decline_pct:.0f}% by concurrency {last}"
-    elif knee.decline_pct >= 1:
-        decline = (f"; by concurrency {last} it is {knee.decline_pct:.0f}% lower, a fall the "
-                   "analysis does not separate from noise")
+    lead = _lead(record)
+    if c.recompute_ratio is None:
+        ratio = NO_DATA
+    elif c.recompute_exact or c.recompute_ratio_range is None:
+        ratio = f"{c.recompute_ratio:.1%}"
     else:
-        decline = ", then stays flat"
-    knee_txt = ("there is no knee inside the range" if knee.knee_x is None
-                else f"the knee is at <b>{_num(knee.knee_x)}</b>")
-    lead = (
-        f"Output throughput peaks at <b>{_num(knee.peak_y)} tok/s</b> at concurrency "
-        f"<b>{_num(knee.peak_x)}</b>; {knee_txt}{decline}. "
-        f"At concurrency {w.concurrency}, {c.num_requests_running:.1f} sequences run on average "
-        f"(at most {_num(s.max_num_seqs_effective)}) against max_num_seqs {s.max_num_seqs}, "
-        f"{c.num_requests_waiting:.1f} wait, the KV cache is {c.kv_cache_usage_perc:.0%} full, "
-        f"and {c.recompute_ratio:.1%} of the processed tokens are recomputed."
-    )
-    ratio = (
-        f"{c.recompute_ratio:.1%}" if c.recompute_exact
-        else f"{c.recompute_ratio:.1%} (range {c.recompute_ratio_range[0]:.1%}–"
-        f"{c.recompute_ratio_range[1]:.1%})"
-    )
+        ratio = (f"{c.recompute_ratio:.1%} (range {c.recompute_ratio_range[0]:.1%}–"
+                 f"{c.recompute_ratio_range[1]:.1%})")
+
+    def one(v: float | None) -> str:
+        return _or(v, lambda x: f"{x:.1f}")
+
+    window = (f"{_or(w.concurrency, str, 'unknown')} ({c.window.run}, "
+              f"{c.window.start_s:.0f}–{c.window.end_s:.0f} s)")
     numbers = [
         ("knee / peak concurrency",
+         NO_DATA + " (too few levels)" if knee is None else
          f"{'none' if knee.knee_x is None else _num(knee.knee_x)} / {_num(knee.peak_x)}"),
-        ("peak output throughput", f"{_num(knee.peak_y)} tok/s"),
-        ("decline after the peak", f"{knee.decline_pct:.1f}%" + ("" if knee.declines else
-                                                                   " (within noise)")),
-        ("counters read at concurrency", f"{w.concurrency} ({c.window.run}, "
-                                          f"{c.window.start_s:.0f}–{c.window.end_s:.0f} s)"),
+        ("peak output throughput", NO_DATA if knee is None else f"{_num(knee.peak_y)} tok/s"),
+        ("decline after the peak", NO_DATA if knee is None else
+         f"{knee.decline_pct:.1f}%" + ("" if knee.declines else " (within noise)")),
+        ("counters read at concurrency", window),
         ("running (mean / max) vs max_num_seqs",
-         f"{c.num_requests_running:.1f} / {_num(s.max_num_seqs_effective)} vs {s.max_num_seqs}"),
-        ("waiting: capacity / deferred",
-         f"{c.waiting_capacity:.1f} / {c.waiting_deferred:.1f}"),
-        ("KV cache usage (mean)", f"{c.kv_cache_usage_perc:.1%}"),
-        ("preemptions in window", _num(c.num_preemptions_total)),
-        ("recomputed tokens", _num(c.recomputed_tokens)),
+         f"{one(c.num_requests_running)} / {_or(s.max_num_seqs_effective, _num)} vs "
+         f"{_or(s.max_num_seqs, str, 'unknown')}"),
+        ("waiting: capacity / deferred", f"{one(c.waiting_capacity)} / {one(c.waiting_deferred)}"),
+        ("KV cache usage (mean)", _or(c.kv_cache_usage_perc, _pct())),
+        ("preemptions in window", _or(c.num_preemptions_total, _num)),
+        ("recomputed tokens", _or(c.recomputed_tokens, _num)),
         ("recompute ratio", ratio),
-        ("ITL mean / p95", f"{_ms(p.itl_mean)} / {_ms(p.itl_p95)}"),
-        ("TTFT p95", _ms(p.ttft_p95)),
+        ("ITL mean / p95", f"{_or(p.itl_mean, _ms)} / {_or(p.itl_p95, _ms)}"),
+        ("TTFT p95", _or(p.ttft_p95, _ms)),
     ]
+    missing = "".join(f"<tr><td><code>{_e(k)}</code></td><td>{_e(v)}</td></tr>"
+                      for k, v in record.missing.items())
+    missing_html = (
+        "<h3>Not measured</h3><p>These fields of the record are null: the data given could not "
+        "measure them (a missing value is never read as zero).</p><div class='table-wrap'>"
+        f"<table class='text'><tr><th>field</th><th>why</th></tr>{missing}</table></div>"
+        if missing else "")
     checks = "".join(
         f"<tr><td>{_e(ch.name)}</td><td class='{'yes' if ch.holds else 'no'}'>"
-        f"{'yes' if ch.holds else 'no'}</td><td>{_e(ch.observed)}</td>"
+        f"{_holds(ch)}</td><td>{_e(ch.observed)}</td>"
         f"<td><code>{_e(ch.metric)}</code></td></tr>"
         for ch in record.evidence.checks
     )
@@ -174,7 +233,7 @@ def verdict_html(record: Record, headline: str = "") -> str:
         f"<h3>Key numbers</h3>{_rows(numbers)}"
         "<h3>Symptom checklist</h3><div class='table-wrap'><table class='text'>"
         "<tr><th>symptom</th><th>holds</th><th>observed</th><th>metric</th></tr>"
-        f"{checks}</table></div>{remedies_html}"
+        f"{checks}</table></div>{remedies_html}{missing_html}"
     )
 
 
@@ -241,6 +300,13 @@ def _title(nb: Any, fallback: str) -> str:
     return fallback
 
 
+def _pool(record: Record) -> str:
+    s = record.scheduler
+    if s.num_gpu_blocks is None or s.block_size is None:
+        return "KV pool size unknown"
+    return f"{s.num_gpu_blocks:,} KV blocks of {s.block_size} tokens"
+
+
 def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str) -> str:
     """The whole page from a record and the executed notebooks (name, NotebookNode)."""
     from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
@@ -261,8 +327,8 @@ def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str) -> 
         f"<title>{_e(title)} — kvpressure</title><style>{CSS}</style></head><body><main>"
         f"<h1>{_e(title)}</h1>"
         f'<p class="subtitle">{_e(record.workload.model_name)} · policy '
-        f"{_e(record.scheduler.policy)} · {record.scheduler.num_gpu_blocks:,} KV blocks of "
-        f"{record.scheduler.block_size} tokens · {_e(prov.mode)} data</p>"
+        f"{_e(_or(record.scheduler.policy, str, 'unknown'))} · {_pool(record)} · "
+        f"{_e(prov.mode)} data</p>"
         f"{verdict_html(record, headline_figure(notebooks))}"
         f'<nav class="toc">Stages: {toc}</nav>\n{sections}'
         f"<footer>kvpressure {_e(__version__)} (vLLM {_e(VLLM_BEHAVIOUR_VERSION)} behaviour) · "

@@ -95,6 +95,8 @@ def recompute_stage(tables: Tables) -> StageOutput:
     t0, t1 = tables.window
     settings = info["settings"]
     mns = settings.get("max_num_seqs")
+    if not has_engine_metrics(tables):
+        return _no_engine_metrics(tables, mns)
     waiting = waiting_from_series(tables.series, t0, t1, max_num_seqs=mns)
     if tables.steps is not None:
         rec = recompute_from_steps(tables.steps, t0, t1)
@@ -138,6 +140,7 @@ def recompute_stage(tables: Tables) -> StageOutput:
         "recompute_ratio_low": ratio_low,
         "recompute_ratio_high": ratio_high,
         "exact": exact,
+        "available": True,
         "recompute_time_share": detail.get("recompute_time_share"),
         "waiting": wr,
         "recompute": detail,
@@ -152,6 +155,35 @@ def recompute_stage(tables: Tables) -> StageOutput:
     return StageOutput(result, frames)
 
 
+NO_ENGINE_METRICS = ("no engine metrics: only vllm bench results were given (no Prometheus "
+                     "scrapes of the server's /metrics)")
+
+
+def has_engine_metrics(tables: Tables) -> bool:
+    """Whether the investigation has the server's own metrics (simulated or scraped)."""
+    return tables.steps is not None or len(tables.series) > 0
+
+
+def _no_engine_metrics(tables: Tables, mns: Any) -> StageOutput:
+    """What stage 02 can say without engine metrics: every counter missing, never zero."""
+    focus = tables.info["focus"]
+    t0, t1 = tables.window
+    keys = ("running_mean", "running_max", "waiting_mean", "waiting_capacity_mean",
+            "waiting_deferred_mean", "frac_waiting", "frac_silent", "kv_usage_mean",
+            "preemptions", "recomputed_tokens", "recomputed_tokens_low",
+            "recomputed_tokens_high", "recompute_ratio", "recompute_ratio_low",
+            "recompute_ratio_high", "recompute_time_share")
+    result = {
+        "window": {"run": focus["run"], "concurrency": focus["concurrency"], "t0": t0, "t1": t1},
+        "max_num_seqs": mns, "available": False, "missing": NO_ENGINE_METRICS, "exact": False,
+        **dict.fromkeys(keys), "waiting": {}, "recompute": {},
+    }
+    empty = pd.DataFrame(columns=["t", "metric", "value"])
+    return StageOutput(result, {"timeline": empty,
+                                "preemptions": pd.DataFrame(columns=["t", "preemptions"]),
+                                "by_concurrency": pd.DataFrame(columns=["concurrency"])})
+
+
 def _kv_mean(series: pd.DataFrame, run: str, t0: float | None, t1: float | None) -> float | None:
     from kvpressure.ingestion.counters import gauge_mean
 
@@ -159,6 +191,7 @@ def _kv_mean(series: pd.DataFrame, run: str, t0: float | None, t1: float | None)
 
 
 # --------------------------------------------------------------------------- 03 knee
+MIN_KNEE_LEVELS = 3  # the symptom "rises, flattens, then falls" needs as many
 def curve(runs: pd.DataFrame) -> pd.DataFrame:
     """Per variant and level: the mean of each curve column over the repeats, ``repeats``, and
     the spread of ``output_throughput`` (``_sd``, ``_min``, ``_max``) for a band."""
@@ -171,14 +204,25 @@ def knee_stage(tables: Tables) -> StageOutput:
     from kvpressure.analysis.knee import find_knee
 
     base = tables.baseline_runs
-    knee = find_knee(base["concurrency"], base["output_throughput"])
     focus = tables.info["focus"]
-    points = curve(base)
-    at = points[points["concurrency"] == focus["concurrency"]].iloc[0]
+    points = curve(base.dropna(subset=["concurrency"]))
+    levels = len(points)
+    enough = levels >= MIN_KNEE_LEVELS
+    measured = base.dropna(subset=["concurrency"])
+    knee = find_knee(measured["concurrency"], measured["output_throughput"]) if enough else None
+    at = (points[points["concurrency"] == focus["concurrency"]].iloc[0] if levels
+          else base.iloc[0])
+    why = None if enough else (
+        "the concurrency of the one run is not known: no curve" if levels == 0 else
+        f"{levels} concurrency level{'s' if levels > 1 else ''} measured; a knee needs at "
+        f"least {MIN_KNEE_LEVELS} (a curve that rises, bends and flattens)")
     result = {
         "variant": tables.info["baseline_variant"],
         "repeats": tables.repeats,
-        "knee": knee.to_dict(),
+        "available": enough,
+        "why_not": why,
+        "levels": levels,
+        "knee": knee.to_dict() if knee is not None else None,
         "curve": points.drop(columns=["variant"], errors="ignore").to_dict(orient="records"),
         "focus_concurrency": focus["concurrency"],
         "itl_mean_s": _num(at.get("itl_mean_s")),
@@ -212,8 +256,13 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
     runs, settings = comparison_runs(tables)
     param = tables.info.get("comparison_parameter")
     if param is None or len(settings) < 2:
-        result = {"available": False, "parameter": param,
-                  "summary": "no single-variable comparison in the data (one variant only)"}
+        levels = int(pd.to_numeric(tables.baseline_runs["concurrency"], errors="coerce")
+                     .nunique())
+        what = ("one load level measured, one engine configuration: a comparison needs the "
+                "curve of each of two configurations" if levels <= 1 else
+                "one engine configuration measured (one variant): no single-variable comparison "
+                "in the data")
+        result = {"available": False, "parameter": param, "summary": what}
         return StageOutput(result, {"curves": curve(runs)})
     cmp = compare_variants(runs, settings, parameter=param,
                            baseline=tables.info["baseline_variant"], seed=seed)
@@ -296,6 +345,13 @@ def interference_stage(tables: Tables) -> StageOutput:
         view["kind"] = np.where(view["preempting"], "preemption / recompute",
                                 np.where(view["prefill_tokens"] >= long, "long prefill",
                                          "other"))
+    elif not has_engine_metrics(tables):
+        result = {"source": "none", "prefill_interference": None, "preemption": None,
+                  "notes": [NO_ENGINE_METRICS],
+                  "summary": "prefill interference and preemption-driven slow steps not "
+                             "measurable: " + NO_ENGINE_METRICS}
+        return StageOutput(result, {"steps": pd.DataFrame(
+            columns=["t", "step_ms", "prefill_tokens", "kind"])})
     else:
         rep = interference_from_series(tables.series, t0, t1, run=tables.info["focus"]["run"])
         view = pd.DataFrame(columns=["t", "step_ms", "prefill_tokens", "kind"])

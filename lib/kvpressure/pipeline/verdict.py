@@ -112,8 +112,9 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     settings = info["settings"]
     t0, t1 = tables.window
     base = tables.baseline_runs  # every repeat: the symptoms' curve and the remedies average them
+    series = tables.series if len(tables.series) else None  # missing, never read as zero
     checklist = check_symptoms(
-        tables.series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info["focus"]["run"],
+        series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info["focus"]["run"],
         max_num_seqs=settings.get("max_num_seqs"),
     )
     comparison = comparison_from_dict(read_stage(run_dir, "compare"))

@@ -10,7 +10,7 @@ from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
 from kvpressure.errors import InputError
 from kvpressure.pipeline.run_folder import read_stage
 from kvpressure.record.io import validate_record
-from kvpressure.record.schema import Record
+from kvpressure.record.schema import Record, null_fields
 
 
 def _required(value: Any, what: str) -> Any:
@@ -20,9 +20,68 @@ def _required(value: Any, what: str) -> Any:
 
 
 def _length(d: dict[str, Any], what: str) -> dict[str, Any]:
-    if d.get("mean") is None:
-        raise InputError(f"record: workload.{what}: {d.get('description', 'not measured')}")
-    return {k: d[k] for k in ("description", "mean", "p50", "p95", "max", "source")}
+    if not d.get("description"):
+        raise InputError(f"record: workload.{what}: no description of where it comes from")
+    return {k: d.get(k) for k in ("description", "mean", "p50", "p95", "max", "source")}
+
+
+# The metric behind each counter of the record, for a reason when it is missing.
+_COUNTER_METRICS = {
+    "num_requests_running": "vllm:num_requests_running",
+    "num_requests_waiting": "vllm:num_requests_waiting",
+    "waiting_capacity": 'vllm:num_requests_waiting_by_reason{reason="capacity"}',
+    "waiting_deferred": 'vllm:num_requests_waiting_by_reason{reason="deferred"}',
+    "kv_cache_usage_perc": "vllm:kv_cache_usage_perc",
+    "num_preemptions_total": "vllm:num_preemptions_total",
+}
+_ENGINE_ARGS = ("policy", "max_num_seqs", "max_num_batched_tokens")
+_CACHE_CONFIG = ("num_gpu_blocks", "block_size", "gpu_memory_utilization")
+_NO_ENGINE_METRICS = ("no engine metrics: only vllm bench results were given (no Prometheus "
+                      "scrapes of the server's /metrics)")
+
+
+def _why_missing(path: str, collect: dict[str, Any], knee: dict[str, Any]) -> str:
+    """Why the data could not give the field at ``path`` (a dotted path of the record)."""
+    field = path.rsplit(".", 1)[-1]
+    no_engine = not collect.get("engine_metrics", True)
+    engine_fields = path.startswith("counters.") or path in (
+        "scheduler.max_num_seqs_effective", *(f"scheduler.{f}" for f in _CACHE_CONFIG),
+        "perf.throughput_by_concurrency[*].preemptions",
+        "perf.throughput_by_concurrency[*].recompute_ratio")
+    unknown_c = ("the load's concurrency is not known: the metrics do not carry it (give "
+                 "--param focus_concurrency=C)")
+    if path in ("counters.window.concurrency", "workload.concurrency",
+                "workload.concurrency_levels", "perf.throughput_by_concurrency"):
+        return unknown_c
+    if no_engine and engine_fields:
+        return _NO_ENGINE_METRICS
+    if path == "perf.knee":
+        return knee.get("why_not") or "too few concurrency levels for a knee"
+    if path.startswith("scheduler.") and field in ("policy", "max_num_seqs",
+                                                   "max_num_batched_tokens"):
+        arg = "scheduling_policy" if field == "policy" else field
+        return (f"an engine argument the metrics do not carry: give it with --param "
+                f"'engine_args={{{arg}: ...}}'")
+    if path.startswith("scheduler.") and field in _CACHE_CONFIG:
+        return (f"vllm:cache_config_info (which carries {field}) is not in the scrapes: give it "
+                f"with --param 'engine_args={{{field}: ...}}'")
+    if path == "scheduler.max_num_seqs_effective":
+        return "vllm:num_requests_running is not in the scrapes"
+    if path.startswith("workload.") and "_len_distribution" in path:
+        dist = collect.get(path.split(".")[1], {})
+        return f"{dist.get('description', 'not measured')} ({dist.get('source', 'no source')})"
+    if path == "workload.num_requests":
+        return "neither a bench result nor vllm:request_success_total gives the request count"
+    if field in _COUNTER_METRICS:
+        return f"{_COUNTER_METRICS[field]} is not in the scrapes"
+    if path.startswith("counters."):
+        return ("vllm:num_preemptions_total or the token counters to size the recompute are not "
+                "in the scrapes")
+    if "itl" in field or "ttft" in field:
+        return ("neither the bench result nor the scrapes give it (vllm bench serve "
+                "--percentile-metrics ttft,tpot,itl --metric-percentiles 95,99, or the "
+                "vllm:inter_token_latency_seconds / vllm:time_to_first_token_seconds histograms)")
+    return "not measured by the given data"
 
 
 def _checks(symptoms: dict[str, Any]) -> list[dict[str, Any]]:
@@ -47,6 +106,10 @@ def _checks(symptoms: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _range(low: Any, high: Any) -> list[Any] | None:
+    return None if low is None or high is None else [low, high]
+
+
 def build_record(run_dir: str | os.PathLike[str]) -> Record:
     """The record of the investigation in ``run_dir`` (validated; InputError naming a field)."""
     run_dir = Path(run_dir)
@@ -58,7 +121,7 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
     verdict = read_stage(run_dir, "record")
     s = collect["settings"]
     focus = collect["focus"]
-    k = knee["knee"]
+    k = knee.get("knee")
     comparison = None
     if compare.get("available"):
         shifts = compare["shifts"]
@@ -95,9 +158,10 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
             "num_preemptions_total": rec["preemptions"],
             "recomputed_tokens": rec["recomputed_tokens"],
             "recompute_ratio": rec["recompute_ratio"],
-            "recomputed_tokens_range": [rec["recomputed_tokens_low"],
-                                        rec["recomputed_tokens_high"]],
-            "recompute_ratio_range": [rec["recompute_ratio_low"], rec["recompute_ratio_high"]],
+            "recomputed_tokens_range": _range(rec["recomputed_tokens_low"],
+                                              rec["recomputed_tokens_high"]),
+            "recompute_ratio_range": _range(rec["recompute_ratio_low"],
+                                            rec["recompute_ratio_high"]),
             "recompute_exact": rec["exact"],
         },
         "workload": {
@@ -118,11 +182,11 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
                  "ttft_p95_s": p.get("ttft_p95_s"), "preemptions": p.get("preemptions"),
                  "recompute_ratio": p.get("recompute_ratio")}
                 for p in knee["curve"]
-            ],
-            "knee": {key: k[key] for key in ("knee_x", "peak_x", "peak_y", "declines",
-                                             "decline_pct")} | {
-                "plateau": k["plateau"][1] > k["plateau"][0],
-                "sustained_to": k["sustained_end"]},
+            ] or None,
+            "knee": None if k is None else {
+                key: k[key] for key in ("knee_x", "peak_x", "peak_y", "declines", "decline_pct")
+            } | {"plateau": k["plateau"][1] > k["plateau"][0],
+                 "sustained_to": k["sustained_end"]},
             "itl_mean": knee["itl_mean_s"],
             "itl_p95": knee["itl_p95_s"],
             "ttft_p95": knee["ttft_p95_s"],
@@ -145,4 +209,6 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
             "seeds": collect.get("seeds"),
         },
     }
+    data["missing"] = {path: _why_missing(path, collect, knee)
+                       for path in sorted(null_fields(data))}
     return validate_record(data, where=f"{run_dir / 'record.yaml'}")

@@ -21,6 +21,7 @@ HEADER = (
     "# kvpressure investigation record (fields as in the workflow's record form).\n"
     "# Gauges are means over counters.window; counters are increases over it; times in seconds.\n"
 )
+NULL_NOTE = "# A null is a measurement the data could not give (never zero): 'missing' says why.\n"
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -55,10 +56,12 @@ def validate_record(data: Record | dict[str, Any], where: str = "record") -> Rec
 
 
 def record_to_yaml(record: Record) -> str:
-    body = yaml.safe_dump(
-        record.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100
-    )
-    return HEADER + body
+    data = record.model_dump(mode="json")
+    header = HEADER + NULL_NOTE if data.get("missing") else HEADER
+    if not data.get("missing"):
+        data.pop("missing", None)  # a complete record reads as the seed's form
+    body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+    return header + body
 
 
 def write_record(record: Record | dict[str, Any], path: str | os.PathLike[str]) -> Path:

@@ -3,8 +3,10 @@
 The seed's fields keep their names (``scheduler``, ``counters``, ``workload``, ``perf``,
 ``status``); what the kit adds (provenance, evidence, remedies, recompute ranges) sits beside them
 so that a reader who knows the seed's form finds every field where it expects it. Every field is
-required and may not be empty: an investigation that could not fill a field says why in a string
-rather than leaving it blank.
+required and may not be empty. A measured value the data cannot give (engine counters when only
+bench results were given, ``max_num_seqs`` when the metrics do not carry it, a knee from one
+level) is null, never zero, and ``missing`` names it with the reason; a null without a reason, or
+a reason for a field that has a value, is refused.
 """
 
 from __future__ import annotations
@@ -32,23 +34,23 @@ class _Strict(BaseModel):
 
 
 class Scheduler(_Strict):
-    policy: NonEmptyStr
-    max_num_seqs: Annotated[int, Field(ge=1)]
-    max_num_seqs_effective: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = Field(
+    policy: NonEmptyStr | None
+    max_num_seqs: Annotated[int, Field(ge=1)] | None
+    max_num_seqs_effective: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = Field(
         description="sequences actually running at once (max of vllm:num_requests_running)"
     )
-    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)]
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | None
     preemption_mode: Literal["recompute"]
-    num_gpu_blocks: Annotated[int, Field(ge=1)]
-    block_size: Annotated[int, Field(ge=1)]
-    max_num_batched_tokens: Annotated[int, Field(ge=1)]
+    num_gpu_blocks: Annotated[int, Field(ge=1)] | None
+    block_size: Annotated[int, Field(ge=1)] | None
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] | None
 
 
 class Window(_Strict):
     """Where the counters were read: one measured point and its time span."""
 
     run: NonEmptyStr
-    concurrency: Annotated[int, Field(ge=1)]
+    concurrency: Annotated[int, Field(ge=1)] | None
     start_s: NonNegative
     end_s: NonNegative
 
@@ -63,24 +65,27 @@ class Counters(_Strict):
     """Engine metrics over the window. Gauges are window means; counters are increases."""
 
     window: Window
-    num_requests_running: NonNegative
-    num_requests_waiting: NonNegative
-    waiting_capacity: NonNegative
-    waiting_deferred: NonNegative
-    kv_cache_usage_perc: Fraction
-    num_preemptions_total: NonNegative
-    recomputed_tokens: NonNegative
-    recompute_ratio: Fraction
-    recomputed_tokens_range: tuple[NonNegative, NonNegative]
-    recompute_ratio_range: tuple[Fraction, Fraction]
+    num_requests_running: NonNegative | None
+    num_requests_waiting: NonNegative | None
+    waiting_capacity: NonNegative | None
+    waiting_deferred: NonNegative | None
+    kv_cache_usage_perc: Fraction | None
+    num_preemptions_total: NonNegative | None
+    recomputed_tokens: NonNegative | None
+    recompute_ratio: Fraction | None
+    recomputed_tokens_range: tuple[NonNegative, NonNegative] | None
+    recompute_ratio_range: tuple[Fraction, Fraction] | None
     recompute_exact: bool = Field(description="true for simulation; ingested data gives a range")
 
     @model_validator(mode="after")
     def _ranges_hold_value(self) -> Counters:
-        for name, value, (low, high) in (
+        for name, value, bounds in (
             ("recomputed_tokens", self.recomputed_tokens, self.recomputed_tokens_range),
             ("recompute_ratio", self.recompute_ratio, self.recompute_ratio_range),
         ):
+            if value is None or bounds is None:
+                continue
+            low, high = bounds
             if not (low <= value <= high) and not math.isclose(value, low) and not math.isclose(
                 value, high
             ):
@@ -90,18 +95,19 @@ class Counters(_Strict):
 
 class LengthDistribution(_Strict):
     description: NonEmptyStr
-    mean: NonNegative
-    p50: NonNegative
-    p95: NonNegative
-    max: NonNegative
+    mean: NonNegative | None
+    p50: NonNegative | None
+    p95: NonNegative | None
+    max: NonNegative | None
     source: NonEmptyStr = Field(description="where the numbers come from")
 
 
 class Workload(_Strict):
     model_name: NonEmptyStr
-    concurrency: Annotated[int, Field(ge=1)] = Field(description="the point the counters describe")
-    concurrency_levels: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
-    num_requests: Annotated[int, Field(ge=1)]
+    concurrency: Annotated[int, Field(ge=1)] | None = Field(
+        description="the point the counters describe")
+    concurrency_levels: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] | None
+    num_requests: Annotated[int, Field(ge=1)] | None
     input_len_distribution: LengthDistribution
     output_len_distribution: LengthDistribution
 
@@ -112,11 +118,11 @@ class ThroughputPoint(_Strict):
 
     concurrency: Annotated[int, Field(ge=1)]
     output_throughput: NonNegative
-    itl_mean_s: NonNegative
-    itl_p95_s: NonNegative
-    ttft_p95_s: NonNegative
-    preemptions: NonNegative
-    recompute_ratio: Fraction
+    itl_mean_s: NonNegative | None
+    itl_p95_s: NonNegative | None
+    ttft_p95_s: NonNegative | None
+    preemptions: NonNegative | None
+    recompute_ratio: Fraction | None
 
 
 class Knee(_Strict):
@@ -136,15 +142,15 @@ class Knee(_Strict):
 
 class Perf(_Strict):
     variant: NonEmptyStr
-    throughput_by_concurrency: Annotated[list[ThroughputPoint], Field(min_length=2)]
-    knee: Knee
-    itl_mean: NonNegative = Field(description="seconds, at workload.concurrency")
-    itl_p95: NonNegative
-    ttft_p95: NonNegative
+    throughput_by_concurrency: Annotated[list[ThroughputPoint], Field(min_length=1)] | None
+    knee: Knee | None = Field(description="null when too few levels were measured for a knee")
+    itl_mean: NonNegative | None = Field(description="seconds, at workload.concurrency")
+    itl_p95: NonNegative | None
+    ttft_p95: NonNegative | None
 
     @model_validator(mode="after")
     def _sorted_unique(self) -> Perf:
-        xs = [p.concurrency for p in self.throughput_by_concurrency]
+        xs = [p.concurrency for p in self.throughput_by_concurrency or []]
         if xs != sorted(set(xs)):
             raise ValueError(f"concurrency levels must be increasing and unique, got {xs}")
         return self
@@ -217,6 +223,26 @@ class Provenance(_Strict):
         return self
 
 
+# Nulls with a meaning of their own, not missing measurements.
+_MEANINGFUL_NULLS = frozenset({"perf.knee.knee_x", "provenance.seed", "provenance.seeds",
+                               "evidence.comparison"})
+
+
+def null_fields(node: object, path: str = "") -> set[str]:
+    """Dotted paths of the null measurements in a dumped record (list items as ``[*]``)."""
+    out: set[str] = set()
+    if node is None:
+        return {path} if path not in _MEANINGFUL_NULLS else set()
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if path or k != "missing":
+                out |= null_fields(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list | tuple):
+        for v in node:
+            out |= null_fields(v, f"{path}[*]")
+    return out
+
+
 class Record(_Strict):
     scheduler: Scheduler
     counters: Counters
@@ -226,6 +252,22 @@ class Record(_Strict):
     evidence: Evidence
     remedies: list[Remedy]
     provenance: Provenance
+    missing: dict[NonEmptyStr, NonEmptyStr] = Field(
+        default_factory=dict,
+        description="each null measurement (dotted path, list items as [*]) and why the data "
+                    "could not give it; empty (and left out of record.yaml) when nothing is",
+    )
+
+    @model_validator(mode="after")
+    def _nulls_are_explained(self) -> Record:
+        nulls = null_fields(self.model_dump(mode="python"))
+        unexplained = sorted(nulls - set(self.missing))
+        if unexplained:
+            raise ValueError(f"{', '.join(unexplained)}: null without a reason in 'missing'")
+        stale = sorted(set(self.missing) - nulls)
+        if stale:
+            raise ValueError(f"missing names {', '.join(stale)}, which has a value")
+        return self
 
     @model_validator(mode="after")
     def _complete_for_its_kind(self) -> Record:
