@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-gpu-blocks", type=int, help="N, if vllm:cache_config_info lacks it")
     parser.add_argument("--block-size", type=int, help="B, if vllm:cache_config_info lacks it")
     parser.add_argument("--keep-created", action="store_true", help="keep _created samples")
+    parser.add_argument(
+        "--bench-timezone",
+        help="time zone of the machine that wrote the bench results' `date` (e.g. +08:00, UTC, "
+        "Asia/Shanghai), to match them with scrape logs; default: this machine's",
+    )
     parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
 
 
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         keep_created=args.keep_created,
         num_gpu_blocks=args.num_gpu_blocks,
         block_size=args.block_size,
+        bench_timezone=args.bench_timezone,
     )
     written = result.write(out)
     summary = {
