@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -205,3 +206,20 @@ def test_scrapes_are_periodic_and_final(tmp_path):
     assert last[("vllm:generation_tokens_total", labels)] == result.summary["total_output_tokens"]
     assert last[("vllm:request_success_total", labels[:1] + (("finished_reason", "length"),)
                  + labels[1:])] == result.summary["num_requests"]
+
+
+def test_sample_values_are_written_as_the_client_library_writes_them():
+    """Our own formatter (kept off the light simulate path) agrees with prometheus_client's."""
+    import random
+
+    from prometheus_client.utils import floatToGoString
+
+    from kvpressure.simulation.prom_view import format_value
+
+    rng = random.Random(7)
+    values = [0.0, -0.0, 1.0, math.inf, -math.inf, math.nan, 999999.0, 1e6, 1234567.0, 1e21,
+              4558.96875, 2.5e-7]
+    values += [rng.choice([1, -1]) * 10 ** rng.uniform(-8, 25) for _ in range(5000)]
+    values += [float(rng.randint(0, 10**12)) for _ in range(5000)]
+    for v in values:
+        assert format_value(v) == floatToGoString(v), v

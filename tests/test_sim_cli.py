@@ -26,7 +26,7 @@ def test_outputs_are_byte_identical_across_runs_and_paths(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     assert main(["simulate", str(LIGHT), "--out", str(a)]) == 0
     assert main(["simulate", str(LIGHT), "--out", str(b), "--step-by-step"]) == 0
-    for f in ("steps.csv", "requests.csv"):
+    for f in ("steps.csv", "requests.csv", "metrics.prom.jsonl"):
         assert (a / f).read_bytes() == (b / f).read_bytes()
     sa = json.loads((a / "summary.json").read_text())
     sb = json.loads((b / "summary.json").read_text())
@@ -64,3 +64,28 @@ def test_invalid_input_exits_2_naming_the_problem(tmp_path, capsys):
                  "--set", "nonsense=1"]) == 2
     assert main(["simulate", str(tmp_path / "missing.json"), "--out",
                  str(tmp_path / "q")]) == 2
+
+
+def test_step_level_run_writes_its_prometheus_view_on_the_step_clock(tmp_path):
+    """The light reference run's view: scrapes every 50 steps of 15.625 ms plus a final one,
+    and its counters at the end agree with the run's own totals."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = tmp_path / "run"
+    assert main(["simulate", str(LIGHT), "--out", str(out)]) == 0
+    scrapes = [json.loads(line) for line in (out / "metrics.prom.jsonl").read_text().splitlines()]
+    assert [s["t"] for s in scrapes[:3]] == [0.78125, 1.5625, 2.34375]
+    final = {
+        (sample.name, sample.labels.get("finished_reason")): sample.value
+        for family in text_string_to_metric_families(scrapes[-1]["text"])
+        for sample in family.samples
+    }
+    summary = json.loads((out / "summary.json").read_text())
+    assert final[("vllm:prompt_tokens_total", None)] == summary["total_prompt_tokens"]
+    assert final[("vllm:generation_tokens_total", None)] == summary["total_output_tokens"]
+    assert final[("vllm:request_success_total", "length")] == summary["num_requests"]
+    assert final[("vllm:num_preemptions_total", None)] == summary["preemptions"] == 0
+    assert final[("vllm:prefix_cache_hits_total", None)] == summary["prefix_cache_hits"]
+    assert not (tmp_path / "bare").exists()
+    assert main(["simulate", str(LIGHT), "--out", str(tmp_path / "bare"), "--no-metrics"]) == 0
+    assert not (tmp_path / "bare" / "metrics.prom.jsonl").exists()

@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write into an existing non-empty output folder")
     parser.add_argument("--step-by-step", action="store_true",
                         help="disable the event-driven fast path (same results, slower)")
+    parser.add_argument("--no-metrics", action="store_true",
+                        help="skip the Prometheus view (metrics.prom.jsonl) of a step-level "
+                             "workload")
     parser.add_argument("--concurrency", type=int, default=None,
                         help="experiment only: the closed-loop concurrency level to simulate "
                              "(default: the experiment's focus point)")
@@ -65,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
         scenario = load_scenario(path, overrides=overrides or None)
         cost_model = recorder = None
+        if not args.no_metrics:
+            from kvpressure.simulation.prom_view import PromRecorder
+
+            recorder = PromRecorder.for_step_clock(scenario)
     try:
         result = simulate(scenario, cost_model=cost_model, recorder=recorder,
                           event_driven=not args.step_by_step)

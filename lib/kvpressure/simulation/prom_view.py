@@ -33,14 +33,11 @@ from __future__ import annotations
 
 import json
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-from prometheus_client.utils import floatToGoString
 
 # --- vLLM 0.33.0's bucket families (v1/metrics/buckets.py) --------------------------------------
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
@@ -98,11 +95,10 @@ plain text-only server without connectors, multimodal input or MFU accounting sh
 class _Histogram:
     """Cumulative-bucket histogram with prometheus_client's ``le`` rule (value <= bound)."""
 
-    __slots__ = ("bounds", "_bounds_array", "counts", "total", "n")
+    __slots__ = ("bounds", "counts", "total", "n")
 
     def __init__(self, bounds: Sequence[float]):
         self.bounds = tuple(float(b) for b in bounds)
-        self._bounds_array = np.asarray(self.bounds)
         self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf)
         self.total = 0.0
         self.n = 0
@@ -123,15 +119,40 @@ class _Histogram:
         self.total = total
         self.n += times
 
-    def observe_many(self, values: np.ndarray | list[float]) -> None:
-        values = np.asarray(values, dtype=float)
-        if values.size == 0:
-            return
-        idx = np.searchsorted(self._bounds_array, values, side="left")
-        for i, c in enumerate(np.bincount(idx, minlength=len(self.counts)).tolist()):
-            self.counts[i] += c
-        self.total += float(values.sum())
-        self.n += int(values.size)
+    def observe_many(self, values: Iterable[float]) -> None:
+        bounds, counts = self.bounds, self.counts
+        total, n = self.total, self.n
+        for v in values:
+            counts[bisect_left(bounds, v)] += 1
+            total += v
+            n += 1
+        self.total, self.n = total, n
+
+
+def format_value(value: float) -> str:
+    """A sample value or ``le`` bound written as vLLM's exporter (prometheus_client) writes it:
+    Python's shortest repr, ``+Inf``/``-Inf``/``NaN``, and the exponent form Go uses once a
+    positive number has seven or more integer digits (``1.234567e+06``). Written here rather
+    than imported so that ``kvpressure simulate`` does not load the whole client library."""
+    value = float(value)
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "+Inf" if value > 0 else "-Inf"
+    text = repr(value)
+    point = text.find(".")
+    if value > 0 and point > 6:
+        digits = (text[:point] + text[point + 1:]).rstrip("0")
+        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{mantissa}e+{point - 1:02d}"
+    return text
+
+
+def _floats(values: Sequence[float]) -> list[float]:
+    """Plain floats: numpy arrays (timed runs) and lists (step-clock runs) alike, so this
+    module needs no numpy on the light ``kvpressure simulate`` path."""
+    tolist = getattr(values, "tolist", None)
+    return tolist() if tolist is not None else [float(v) for v in values]
 
 
 class _RequestStats:
@@ -227,7 +248,7 @@ class PromRecorder:
         self._boundary = self.time_origin_s + self.scrape_interval_s
         self._last_t = self.time_origin_s
         self._closed = False
-        self._pending_leap: tuple[list[_RequestStats], np.ndarray] | None = None
+        self._pending_leap: tuple[list[_RequestStats], list[float]] | None = None
 
         # per-request frontend state
         self._reqs: dict[str, _RequestStats] = {}
@@ -274,6 +295,22 @@ class PromRecorder:
         self._base_str = _labels(self._base)
         self._bucket_label_cache: dict[tuple[float, ...], list[str]] = {}
         self._itl_buf: list[float] = []
+
+    @classmethod
+    def for_step_clock(cls, scenario: Any, t0: float = 1.0, dt: float = 0.015625,
+                       scrape_every_steps: int = 50) -> PromRecorder:
+        """The Prometheus view of a step-level workload under the engine's fixed clock (step k
+        at ``t0 + k * dt``), scraped every ``scrape_every_steps`` steps like the reference
+        runs' own metrics."""
+        s = scenario.settings
+        return cls(
+            scenario.name or "simulated",
+            scrape_interval_s=scrape_every_steps * dt,
+            max_model_len=s.max_model_len,
+            cache_config={"num_gpu_blocks": s.num_gpu_blocks, "block_size": s.block_size,
+                          "enable_prefix_caching": s.enable_prefix_caching},
+            time_origin_s=t0,
+        )
 
     # --- scrape clock ------------------------------------------------------------------------
     @property
@@ -381,15 +418,15 @@ class PromRecorder:
         if finished:
             self._finish_request(req, st, t)
 
-    def on_decode_leap(self, reqs: Iterable[Any], times: Sequence[float] | np.ndarray) -> None:
+    def on_decode_leap(self, reqs: Iterable[Any], times: Sequence[float]) -> None:
         """Each request in ``reqs`` emitted one token at each of ``times`` (consecutive pure
         decode steps, in order; none of them finishes a request or admits one).
 
         Held until the matching ``on_steps_end`` brings the per-step gauges, so that a scrape
         falling inside the leap shows the state of the step before it."""
         self._apply_pending_leap()
-        times = np.asarray(times, dtype=float)
-        if times.size:
+        times = _floats(times)
+        if times:
             self._pending_leap = ([self._reqs[_req_id(r)] for r in reqs], times)
 
     def on_steps_end(self, times: Sequence[float], num_running: Sequence[int],
@@ -397,13 +434,13 @@ class PromRecorder:
                      kv_usage: Sequence[float], prefix_queries: Sequence[int],
                      prefix_hits: Sequence[int]) -> None:
         """``on_step_end`` for a run of leapt steps (one entry per step)."""
-        times = np.asarray(times, dtype=float)
+        times = _floats(times)
         pending = self._pending_leap
         self._pending_leap = None
         start = 0
-        while start < times.size:
-            self._flush_before(float(times[start]))
-            end = int(np.searchsorted(times, self.next_scrape_time, side="right"))
+        while start < len(times):
+            self._flush_before(times[start])
+            end = bisect_right(times, self.next_scrape_time)
             end = max(end, start + 1)
             if pending is not None:
                 self._leap_segment(pending[0], times[start:end])
@@ -421,32 +458,32 @@ class PromRecorder:
         states, times = self._pending_leap
         self._pending_leap = None
         start = 0
-        while start < times.size:
-            self._flush_before(float(times[start]))
-            end = int(np.searchsorted(times, self.next_scrape_time, side="right"))
+        while start < len(times):
+            self._flush_before(times[start])
+            end = bisect_right(times, self.next_scrape_time)
             end = max(end, start + 1)
             self._leap_segment(states, times[start:end])
             start = end
 
-    def _leap_segment(self, states: list[_RequestStats], times: np.ndarray) -> None:
+    def _leap_segment(self, states: list[_RequestStats], times: list[float]) -> None:
         k = len(states)
         if k == 0:
             return
-        m = int(times.size)
+        m = len(times)
         self.generation_tokens += k * m
         self.h_iteration.observe_repeated(float(k), m)
-        first = times[0]
-        gaps = np.diff(times)
+        first, last = times[0], times[-1]
         for st in states:
             if st.pending_preemptions:
                 self.num_preemptions += st.pending_preemptions
                 st.num_preemptions += st.pending_preemptions
                 st.pending_preemptions = 0
             self.h_itl.observe(first - st.last_token_ts)
-            st.last_token_ts = float(times[-1])
+            st.last_token_ts = last
             st.num_generation_tokens += m
-        if gaps.size:
-            self.h_itl.observe_many(np.repeat(gaps, k))
+        # each step of the leap: k requests see the same gap, in step order as a server would
+        for a, b in zip(times[:-1], times[1:], strict=True):
+            self.h_itl.observe_repeated(b - a, k)
 
     def on_step_end(
         self,
@@ -504,7 +541,7 @@ class PromRecorder:
     def _bucket_labels(self, bounds: tuple[float, ...]) -> list[str]:
         cached = self._bucket_label_cache.get(bounds)
         if cached is None:
-            cached = [_labels({**self._base, "le": floatToGoString(b)})
+            cached = [_labels({**self._base, "le": format_value(b)})
                       for b in (*bounds, math.inf)]
             self._bucket_label_cache[bounds] = cached
         return cached
@@ -519,13 +556,13 @@ class PromRecorder:
             self._itl_buf = []
         out: list[str] = []
         base = self._base_str
-        created = floatToGoString(self.epoch_s + self.time_origin_s)
+        created = format_value(self.epoch_s + self.time_origin_s)
 
         def family(name: str, kind: str, help_text: str, samples: list[tuple[str, str, float]],
                    created_labels: list[str] | None = None) -> None:
             out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
             for sname, labels, value in samples:
-                out.append(f"{sname}{labels} {floatToGoString(value)}\n")
+                out.append(f"{sname}{labels} {format_value(value)}\n")
             if created_labels is not None:
                 stem = name.removesuffix("_total") if kind == "counter" else name
                 cname = f"{stem}_created"
