@@ -437,11 +437,7 @@ class PromRecorder:
         times = _floats(times)
         pending = self._pending_leap
         self._pending_leap = None
-        start = 0
-        while start < len(times):
-            self._flush_before(times[start])
-            end = bisect_right(times, self.next_scrape_time)
-            end = max(end, start + 1)
+        for start, end in self._segments(times):
             if pending is not None:
                 self._leap_segment(pending[0], times[start:end])
             last = end - 1
@@ -449,6 +445,15 @@ class PromRecorder:
             self.num_waiting = int(num_waiting[last])
             self.num_waiting_deferred = int(num_waiting_deferred[last])
             self.kv_usage = float(kv_usage[last])
+
+    def _segments(self, times: list[float]) -> Iterable[tuple[int, int]]:
+        """Split a run of step times at the scrape boundaries, taking each scrape that falls
+        before a segment first (so a scrape shows the state of the step before it)."""
+        start = 0
+        while start < len(times):
+            self._flush_before(times[start])
+            end = max(bisect_right(times, self.next_scrape_time), start + 1)
+            yield start, end
             start = end
 
     def _apply_pending_leap(self) -> None:
@@ -457,13 +462,8 @@ class PromRecorder:
             return
         states, times = self._pending_leap
         self._pending_leap = None
-        start = 0
-        while start < len(times):
-            self._flush_before(times[start])
-            end = bisect_right(times, self.next_scrape_time)
-            end = max(end, start + 1)
+        for start, end in self._segments(times):
             self._leap_segment(states, times[start:end])
-            start = end
 
     def _leap_segment(self, states: list[_RequestStats], times: list[float]) -> None:
         k = len(states)
