@@ -16,6 +16,7 @@ from kvpressure.analysis.recompute import (
     recompute_from_steps,
     validate_recompute_estimator,
 )
+from kvpressure.ingestion.recompute_estimate import recompute_range
 
 DATA = Path(__file__).parent / "data" / "analysis"
 
@@ -121,6 +122,19 @@ def test_estimate_priority_policy_uses_d4():
     e = recompute_from_series(constructed_series(), 0.0, 10.0, policy="priority")
     assert e.recomputed_high == pytest.approx(4 * 1592)
     assert e.recomputed_low == pytest.approx(4 * 7.5)
+
+
+def test_analysis_and_ingestion_share_one_estimator():
+    """The runs table (ingestion) and the analysis give the same numbers for the same window."""
+    s = constructed_series(prefix_caching=True)
+    for rule in (True, False, None):
+        a = recompute_from_series(s, 0.0, 10.0, scheduler_reserve_full_isl=rule)
+        i = recompute_range(s, 0.0, 10.0, policy="fcfs", scheduler_reserve_full_isl=rule)
+        assert (a.recomputed_low, a.recomputed_point, a.recomputed_high) == (
+            i["low"], i["point"], i["high"])
+        assert (a.ratio_low, a.recompute_ratio, a.ratio_high) == (
+            i["ratio_low"], i["ratio_point"], i["ratio_high"])
+        assert a.ratio_low <= a.recompute_ratio <= a.ratio_high
 
 
 def test_missing_preemption_counter_is_no_data_not_zero():

@@ -103,6 +103,19 @@ def test_runs_with_two_columns_give_curve_only():
     assert all(v[k] == "no data" for k in v if k != "curve_falls")
 
 
+def test_silent_form_without_engine_metrics_names_the_metrics_first():
+    runs = pd.DataFrame({"concurrency": [16, 32, 64], "output_throughput": [160, 320, 300]})
+    silent = check_symptoms(None, runs=runs).by_id("running_below_max_num_seqs")
+    assert silent.verdict == "no data"
+    assert silent.evidence["missing"] == ("vllm:num_requests_running, vllm:num_requests_waiting, "
+                                          "max_num_seqs")
+    known = check_symptoms(None, runs=runs, max_num_seqs=256).by_id("running_below_max_num_seqs")
+    assert known.evidence["missing"] == "vllm:num_requests_running, vllm:num_requests_waiting"
+    # With the gauges, only the setting is missing.
+    gauged = check_symptoms(gauges([8, 8], [1, 1], [0, 0], [1.0, 1.0]))
+    assert gauged.by_id("running_below_max_num_seqs").evidence["missing"] == "max_num_seqs"
+
+
 def test_itl_jitter_from_runs():
     runs = pd.DataFrame({"concurrency": [8, 16, 32], "output_throughput": [1, 2, 3],
                          "itl_mean_s": [0.010, 0.011, 0.012],

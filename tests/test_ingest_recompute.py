@@ -1,5 +1,6 @@
-"""The recomputed-token range (spec D4): constructed series with a known answer, and vLLM's
-own metrics of the heavy reference run against the scheduler's exact count."""
+"""The recomputed-token estimate (FCFS victim rule, spec D4 range): constructed series with a
+known answer, and vLLM's own metrics of the heavy reference run against the scheduler's exact
+count."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from kvpressure.errors import InputError
 from kvpressure.ingestion.api import ingest
+from kvpressure.ingestion.counters import window_increase
 from kvpressure.ingestion.recompute_estimate import recompute_range
 
 HEAVY = Path(__file__).parent / "data" / "prom" / "heavy_closed_c64_fcfs.metrics.prom.jsonl.gz"
@@ -99,6 +102,56 @@ def test_unknown_pool_geometry_gives_no_estimate_unless_given() -> None:
     assert r["params"]["prefix_caching"] is False
 
 
+def with_prompts(spread: bool = False) -> pd.DataFrame:
+    """``series()`` plus 10 new requests of 100 prompt tokens on average; with ``spread``, half
+    of them in the (0, 100] bucket and half in (100, 200]."""
+    rows = [("r", 0.0, "vllm:prompt_tokens_total", "", 0.0),
+            ("r", 3.0, "vllm:prompt_tokens_total", "", 1000.0),
+            ("r", 0.0, "vllm:time_to_first_token_seconds_count", "", 0.0),
+            ("r", 3.0, "vllm:time_to_first_token_seconds_count", "", 10.0)]
+    if spread:
+        for le, n in (("100.0", 5.0), ("200.0", 10.0), ("+Inf", 10.0)):
+            rows += [("r", 0.0, "vllm:request_prompt_tokens_bucket", f"le={le}", 0.0),
+                     ("r", 3.0, "vllm:request_prompt_tokens_bucket", f"le={le}", n)]
+    df = series()
+    return pd.concat([df, pd.DataFrame(rows, columns=df.columns)], ignore_index=True)
+
+
+def test_fcfs_victim_is_a_new_prompt_and_the_rule_decides_the_range() -> None:
+    df = with_prompts()
+    full = recompute_range(df, policy="fcfs", scheduler_reserve_full_isl=True)
+    # Victim = mean new prompt 1000 / 10 + B/2 = 108 tokens, 3 victims; no spread known. D4's
+    # resident context is 152 > 108: a quarter of the victims may hold it (resumed victims).
+    assert full["point"] == full["low"] == 3 * 108
+    assert full["high"] == pytest.approx(3 * 108 + 0.25 * 3 * (152 - 108))
+    assert math.isclose(full["ratio_point"], 324 / (1544 + 324))
+    assert full["d4"]["high"] == 3 * 152 and full["victim_context_tokens"] == 108
+    # Admission by first chunk, or the priority policy: D4's range and point.
+    for kw in ({"scheduler_reserve_full_isl": False}, {"policy": "priority"}):
+        d4 = recompute_range(df, **kw)
+        assert (d4["low"], d4["point"], d4["high"]) == (22.5, 456, 456)
+    # Unknown rule or policy: the FCFS point inside both ranges.
+    for kw in ({"policy": "fcfs"}, {"scheduler_reserve_full_isl": True}, {}):
+        u = recompute_range(df, **kw)
+        assert (u["low"], u["point"], u["high"]) == (22.5, 324, 456)
+
+
+def test_prompt_spread_widens_the_fcfs_range() -> None:
+    r = recompute_range(with_prompts(spread=True), policy="fcfs",
+                        scheduler_reserve_full_isl=True)
+    # Buckets (0,100] x5, (100,200] x5, uniform inside: var = 50^2 + 100^2/12 = 10000/3;
+    # +- 2 sd * sqrt(3 victims) = +- 200 tokens around 324.
+    assert r["point"] == 324
+    assert r["low"] == pytest.approx(124) and r["high"] == pytest.approx(524)
+
+
+def test_bad_engine_arguments_are_refused_naming_them() -> None:
+    with pytest.raises(InputError, match="policy"):
+        recompute_range(series(), policy="lifo")
+    with pytest.raises(InputError, match="scheduler_reserve_full_isl"):
+        ingest([HEAVY], scheduler_reserve_full_isl="yes")  # type: ignore[arg-type]
+
+
 @pytest.fixture(scope="module")
 def heavy():
     return ingest([HEAVY])
@@ -121,10 +174,32 @@ def test_heavy_reference_truth_lies_in_the_range(heavy) -> None:
 
 def test_heavy_reference_by_windows_adds_up(heavy) -> None:
     s = heavy.series
-    whole = recompute_range(s, origin="zero")
+    # D4's range is a sum over scrape intervals (the FCFS spread grows as sqrt(P) and does not
+    # add): the priority policy uses it alone.
+    whole = recompute_range(s, origin="zero", policy="priority")
     t = sorted(s["t"].unique())
     cut = t[len(t) // 2]
-    first = recompute_range(s, None, cut, origin="zero")
-    second = recompute_range(s, cut, None, origin="zero")
+    first = recompute_range(s, None, cut, origin="zero", policy="priority")
+    second = recompute_range(s, cut, None, origin="zero", policy="priority")
     assert first["preemptions"] + second["preemptions"] == whole["preemptions"]
     assert math.isclose(first["high"] + second["high"], whole["high"])
+
+
+def test_ingest_narrows_the_runs_row_with_the_engine_arguments(heavy) -> None:
+    told = ingest([HEAVY], policy="fcfs", scheduler_reserve_full_isl=True)
+    row, wide = told.runs.iloc[0], heavy.runs.iloc[0]
+    est = told.report["runs"]["heavy_closed_c64_fcfs"]["recompute_estimate"]
+    # The log starts with the process: every prompt counts, 95 victims of mean prompt + B/2.
+    s = told.series
+    prompt = window_increase(s, "vllm:prompt_tokens_total", origin="zero")
+    firsts = window_increase(s, "vllm:time_to_first_token_seconds_count", origin="zero")
+    assert row["recomputed_tokens"] == pytest.approx(95 * (prompt / firsts + 8))
+    assert (row["recomputed_tokens_low"], row["recompute_ratio"]) == (est["low"],
+                                                                      est["ratio_point"])
+    # The same point as with the rule unknown, inside a range narrower than it and than D4's.
+    assert row["recompute_ratio"] == wide["recompute_ratio"]
+    assert wide["recompute_ratio_low"] < row["recompute_ratio_low"]
+    assert row["recompute_ratio_high"] < wide["recompute_ratio_high"] == est["d4"]["ratio_high"]
+    true_ratio = HEAVY_RECOMPUTED / HEAVY_SCHEDULED
+    assert row["recompute_ratio_low"] <= true_ratio <= row["recompute_ratio_high"]
+    assert abs(row["recomputed_tokens"] - HEAVY_RECOMPUTED) / HEAVY_RECOMPUTED < 0.05

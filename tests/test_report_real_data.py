@@ -227,3 +227,39 @@ def test_one_scrape_log_of_one_level(one_level):
                                 "scheduler.max_num_batched_tokens"}
     page = one_level.index_path.read_text()
     assert "One load level measured" in page and "No curve, no knee" in page
+
+
+def _focus_runs_row(report) -> pd.Series:
+    runs = pd.read_csv(report.run_dir / "runs.csv")
+    focus = read_stage(report.run_dir, "recompute")["window"]
+    return runs[runs["run"] == focus["run"]].iloc[0]
+
+
+def test_runs_table_and_record_give_one_recompute_ratio(one_level):
+    """One estimator: runs.csv and the record (stage 02) say the same over the same window."""
+    row = _focus_runs_row(one_level)
+    stage = read_stage(one_level.run_dir, "recompute")
+    c = load_record(one_level.record_path).counters
+    assert (stage["window"]["t0"], stage["window"]["t1"]) == (row["t_start"], row["t_end"])
+    assert row["preemptions"] == stage["preemptions"] == c.num_preemptions_total == 95
+    for col in ("recompute_ratio", "recompute_ratio_low", "recompute_ratio_high",
+                "recomputed_tokens"):
+        assert row[col] == pytest.approx(stage[col], rel=1e-12), col
+    assert c.recompute_ratio == pytest.approx(row["recompute_ratio"], rel=1e-12)
+    for low, high in ((row["recompute_ratio_low"], row["recompute_ratio_high"]),
+                      c.recompute_ratio_range):
+        assert low <= round(TRUE_RATIO, 4) <= high
+    # The log starts with the process: both count the prompts before the first scrape, so the
+    # processed tokens are the run's scheduled ones less its recompute (one token a request).
+    processed = stage["recompute"]["processed_without_recompute"]
+    assert abs(processed + 127_201 - 601_608) <= 256
+
+
+def test_bench_windows_of_one_log_give_one_recompute_ratio(full):
+    row = _focus_runs_row(full)
+    stage = read_stage(full.run_dir, "recompute")
+    assert row["preemptions"] == stage["preemptions"]
+    for col in ("recompute_ratio", "recompute_ratio_low", "recompute_ratio_high"):
+        assert row[col] == pytest.approx(stage[col], rel=1e-12), col
+    # The engine arguments name the policy, and ingestion was told it as stage 02 was.
+    assert stage["recompute"]["inputs"]["policy"] == "fcfs"

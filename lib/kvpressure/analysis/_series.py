@@ -189,24 +189,3 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None
     """Prometheus' ``histogram_quantile`` on window bucket counts; None when empty."""
     v = bucket_quantile(q, pd.Series(dict(buckets)).sort_index())
     return None if math.isnan(v) else float(v)
-
-
-def histogram_moments(buckets: Mapping[float, float]) -> tuple[float, float] | None:
-    """Mean and standard deviation implied by bucket counts (uniform inside each bucket).
-
-    Used where only the bucket layout is known; coarse, but enough for a spread estimate.
-    """
-    les = [le for le in sorted(buckets) if not math.isinf(le)]
-    if not les:
-        return None
-    cum = np.maximum.accumulate(np.array([buckets[le] for le in les], dtype=float))
-    counts = np.diff(np.concatenate([[0.0], cum]))
-    if cum[-1] <= 0:
-        return None
-    lowers = np.concatenate([[0.0], les[:-1]])
-    uppers = np.array(les)
-    mids = (lowers + uppers) / 2
-    p = counts / counts.sum()
-    mean = float((p * mids).sum())
-    var = float((p * ((mids - mean) ** 2 + (uppers - lowers) ** 2 / 12)).sum())
-    return mean, math.sqrt(max(var, 0.0))

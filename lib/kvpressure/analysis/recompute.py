@@ -9,22 +9,11 @@ Token share is the simplest attribution of a step's compute and needs no cost mo
 overstates the cost in memory-bound decode steps, where added prefill tokens ride along almost
 free, so read it as an upper figure of the time recompute took.
 
-Estimated (real server): vLLM 0.33.0 exports no counter of recomputed tokens. Every preemption
-is counted by ``vllm:num_preemptions_total`` when its victim next emits output, i.e. at the end of
-the re-prefill that does the recompute, so preemption counts and recompute land in the same
-window. Recomputed tokens = Σ over preemptions of the victim's context minus what survives in the
-prefix cache. How big a victim's context is depends on the policy:
-
-* FCFS with full-sequence admission (``scheduler_reserve_full_isl``, vLLM 0.33.0's default)
-  takes the tail of the running list: the most recently (re)admitted request, which has its
-  prompt computed and few output tokens. Its context is close to a prompt length, so the window's
-  mean prompt (Δ``vllm:prompt_tokens_total`` / Δ``vllm:time_to_first_token_seconds_count``) plus
-  half a block is the point estimate, and the spread of prompt lengths (from
-  ``vllm:request_prompt_tokens``) over P victims gives the range (±z·sd·√P).
-* Otherwise (priority, admission by first chunk, or no prompt counters) the mean context held per running request while the
-  pool is full, ``usage·(N−1)·B/running − B/2`` (N, B from ``vllm:cache_config_info``), is used.
-* With prefix caching on, a victim's full blocks may survive and come back as hits that no
-  exporter shows, so the low end drops to the partial tail, (B−1)/2 per preemption.
+Estimated (real server): vLLM 0.33.0 exports no counter of recomputed tokens. The estimate
+is ``kvpressure.ingestion.recompute_estimate.recompute_range`` (FCFS victims sized by the mean
+prompt of newly started requests, the spec's D4 range otherwise; the module says how), the one
+estimator behind both the ``runs`` table and this module, so the two never disagree over the
+same window.
 
 The estimator is checked against the simulation, which knows every recomputed token, by
 ``validate_recompute_estimator``.
@@ -44,16 +33,6 @@ from kvpressure.errors import InputError
 from kvpressure.ingestion.recompute_estimate import recompute_range
 
 PREEMPTIONS = "vllm:num_preemptions_total"
-RUNNING = "vllm:num_requests_running"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
-PROMPT_HIST = "vllm:request_prompt_tokens"
-CACHE_CONFIG = "vllm:cache_config_info"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
 
 
 def _clean(value: object) -> object:
@@ -158,49 +137,8 @@ def recompute_from_steps(
     return out
 
 
-def _pool_shape(
-    series: pd.DataFrame,
-    num_gpu_blocks: int | None,
-    block_size: int | None,
-    enable_prefix_caching: bool | None,
-) -> tuple[int | None, int | None, bool | None]:
-    rows = series[series["metric"] == CACHE_CONFIG]
-    labels = S.parse_labels(rows["labels"].iloc[-1]) if not rows.empty else {}
-
-    def as_int(v: str | None) -> int | None:
-        try:
-            return int(float(v)) if v not in (None, "None", "") else None
-        except ValueError:
-            return None
-
-    n = num_gpu_blocks if num_gpu_blocks is not None else as_int(labels.get("num_gpu_blocks"))
-    b = block_size if block_size is not None else as_int(labels.get("block_size"))
-    pc = enable_prefix_caching
-    if pc is None and "enable_prefix_caching" in labels:
-        pc = labels["enable_prefix_caching"].lower() == "true"
-    return n, b, pc
-
-
-def _prompt_stats(series: pd.DataFrame, window: S.Window) -> tuple[float | None, float | None]:
-    """Mean prompt of requests whose first token fell in the window, and the prompt spread."""
-    mean = None
-    prompt = S.metric_values(series, PROMPT_TOKENS)
-    firsts = S.metric_values(series, TTFT_COUNT)
-    for w in (window, (None, None)):
-        dp, dn = S.counter_increase(prompt, w), S.counter_increase(firsts, w)
-        if dp is not None and dn:
-            mean = dp / dn
-            break
-    sd = None
-    hist = S.histogram_window(series, PROMPT_HIST)
-    if hist is not None:
-        buckets, hsum, hcount = hist
-        moments = S.histogram_moments(buckets)
-        if moments is not None:
-            sd = moments[1]
-            if mean is None and hcount > 0:
-                mean = hsum / hcount
-    return mean, sd
+def _num(value: object) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
 def recompute_from_series(
@@ -212,11 +150,14 @@ def recompute_from_series(
     num_gpu_blocks: int | None = None,
     block_size: int | None = None,
     enable_prefix_caching: bool | None = None,
-    policy: str = "fcfs",
+    policy: str | None = "fcfs",
     scheduler_reserve_full_isl: bool | None = None,
     z: float = 2.0,
+    origin: str = "first",
 ) -> RecomputeEstimate:
-    """Estimated recomputed tokens and recompute ratio over ``(t0, t1]`` from counters.
+    """Estimated recomputed tokens and recompute ratio over ``(t0, t1]`` from counters: the
+    ingestion estimator (``kvpressure.ingestion.recompute_estimate.recompute_range``, the same
+    numbers as the ``runs`` table) as a ``RecomputeEstimate``.
 
     ``available`` is False (and every number None) when ``vllm:num_preemptions_total`` is
     missing: missing is never read as zero. ``scheduler_reserve_full_isl`` is the admission
@@ -224,114 +165,48 @@ def recompute_from_series(
     prompt fits, so an FCFS victim has its prompt computed; False admits by first chunk, and
     victims are often cut mid-prompt with far less computed (the simulation shows a few hundred
     tokens against prompts of thousands), so only the wide D4 range holds; None (unknown) uses
-    the FCFS point inside the union of both ranges.
+    the FCFS point inside the union of both ranges, as does ``policy=None``.
     """
-    series = S.check_series(series)
-    series = S.select_run(series, run)
+    series = S.select_run(S.check_series(series), run)
     window = (t0, t1)
-    p = S.counter_increase(S.metric_values(series, PREEMPTIONS), window)
-    if p is None:
+    est = recompute_range(
+        series, t0, t1, run=run, num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+        prefix_caching=enable_prefix_caching, policy=policy,
+        scheduler_reserve_full_isl=scheduler_reserve_full_isl, origin=origin, z=z,
+    )
+    params = est["params"]
+    inputs = {
+        "num_gpu_blocks": params["num_gpu_blocks"], "block_size": params["block_size"],
+        "enable_prefix_caching": params["prefix_caching"], "policy": policy, "z": z,
+        "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
+        "prompt_mean": params.get("prompt_mean"), "prompt_sd": params.get("prompt_sd"),
+        "resident_context": params.get("mean_victim_context_tokens"),
+        "processed_tokens_from": params.get("processed_tokens_from"), "origin": origin,
+        "d4": est["d4"],
+    }
+    preemptions = _num(est["preemptions"])
+    if preemptions is None:
         return RecomputeEstimate(
             window=window, available=False, preemptions=None,
-            method="no data: vllm:num_preemptions_total is not in the series",
+            method=f"no data: {PREEMPTIONS} is not in the series",
+            assumptions=est["assumptions"], inputs=inputs,
         )
-    n, b, prefix_caching = _pool_shape(series, num_gpu_blocks, block_size, enable_prefix_caching)
-    b_eff = b if b is not None else 16
-    d4 = recompute_range(series, t0, t1, num_gpu_blocks=n, block_size=b,
-                         prefix_caching=prefix_caching)
-    d4_ok = not math.isnan(d4["high"])
-    ctx_res = d4["params"].get("mean_victim_context_tokens")
-    prompt_mean, prompt_sd = _prompt_stats(series, window)
-
-    by_source = S.metric_values(series, PROMPT_BY_SOURCE, {"source": "local_compute"})
-    prompt_inc = S.counter_increase(by_source, window)
-    if prompt_inc is None:
-        prompt_inc = S.counter_increase(S.metric_values(series, PROMPT_TOKENS), window)
-    gen_inc = S.counter_increase(S.metric_values(series, GENERATION_TOKENS), window)
-    base = None if prompt_inc is None or gen_inc is None else prompt_inc + gen_inc
-
-    assumptions: list[str] = [
-        "a preemption is counted when its victim next emits output, right after the re-prefill "
-        "that recomputes it, so counts and recompute fall in the same window (edges can shift)",
-    ]
-    if b is None:
-        assumptions.append("block_size unknown (no vllm:cache_config_info): 16 assumed")
-    sd = prompt_sd if prompt_sd is not None else 0.0
-    fcfs_prompt = policy == "fcfs" and prompt_mean is not None
-    if fcfs_prompt and scheduler_reserve_full_isl is False and d4_ok:
-        fcfs_prompt = False
-        assumptions.append("admission by first chunk (scheduler_reserve_full_isl off): victims "
-                           "may be cut mid-prompt, so the FCFS prompt rule does not apply")
-    if fcfs_prompt:
-        victim = prompt_mean + b_eff / 2
-        spread = z * sd * math.sqrt(p) if p > 0 else 0.0
-        low, point, high = p * victim - spread, p * victim, p * victim + spread
-        low = max(low, p * b_eff / 2)
-        method = "FCFS victim = most recently admitted request: prompt computed + a partial block"
-        assumptions.append(
-            f"victim context ~ mean prompt of newly started requests ({prompt_mean:.0f} tokens) "
-            f"+ B/2; range +-{z:g} sd of prompt lengths over sqrt(P) victims"
-        )
-        if ctx_res is not None and ctx_res > victim:
-            # A resumed request goes to the tail of the running list and is the next victim,
-            # now with output tokens too: allow a quarter of the victims the mean resident
-            # context (the D4 figure), never above D4's high end.
-            high = max(high, min(p * ctx_res, high + 0.25 * p * (ctx_res - victim)))
-    elif d4_ok:
-        victim = ctx_res
-        low, point, high = d4["low"], d4["point"], d4["high"]
-        method = "mean context held per running request (spec D4, ingestion.recompute_range)"
-        assumptions.extend(d4["assumptions"])
-    else:
-        return RecomputeEstimate(
-            window=window, available=False, preemptions=p,
-            method="no data: neither prompt counters nor pool shape to size a victim's context",
-            assumptions=list(d4["assumptions"]),
-            inputs={"num_gpu_blocks": n, "block_size": b},
-        )
-    if fcfs_prompt and scheduler_reserve_full_isl is None and d4_ok:
-        low, high = min(low, d4["low"]), max(high, d4["high"])
-        assumptions.append("admission rule unknown: the range spans the D4 range too "
-                           "(pass scheduler_reserve_full_isl to narrow it)")
-    if prefix_caching and fcfs_prompt:
-        hits = S.counter_increase(S.metric_values(series, PREFIX_HITS), window)
-        queries = S.counter_increase(S.metric_values(series, PREFIX_QUERIES), window)
-        hit_rate = hits / queries if hits is not None and queries else 0.0
-        point *= 1.0 - hit_rate
-        low = p * (b_eff - 1) / 2
-        assumptions.append(
-            "prefix caching on: hits at resume are not exported; low end = only the partial tail "
-            "block recomputed per preemption, point reduced by the window's prefix hit rate"
-        )
-    elif prefix_caching is None:
-        assumptions.append("prefix caching state unknown: treated as off")
-
-    def ratio(r: float) -> float | None:
-        if base is None or base + r <= 0:
-            return None
-        return r / (base + r)
-
+    available = _num(est["point"]) is not None
     return RecomputeEstimate(
         window=window,
-        available=True,
-        preemptions=p,
-        recomputed_low=low,
-        recomputed_point=point,
-        recomputed_high=high,
-        processed_without_recompute=base,
-        ratio_low=ratio(low),
-        recompute_ratio=ratio(point),
-        ratio_high=ratio(high),
-        victim_context_tokens=victim,
-        method=method,
-        assumptions=assumptions,
-        inputs={
-            "num_gpu_blocks": n, "block_size": b, "enable_prefix_caching": prefix_caching,
-            "policy": policy, "z": z, "scheduler_reserve_full_isl": scheduler_reserve_full_isl, "prompt_mean": prompt_mean, "prompt_sd": prompt_sd,
-            "resident_context": ctx_res, "prompt_tokens_increase": prompt_inc,
-            "generation_tokens_increase": gen_inc,
-            "d4": {k: d4[k] for k in ("low", "point", "high", "ratio_low", "ratio_high")},
-        },
+        available=available,
+        preemptions=preemptions,
+        recomputed_low=_num(est["low"]),
+        recomputed_point=_num(est["point"]),
+        recomputed_high=_num(est["high"]),
+        processed_without_recompute=_num(est["processed_tokens"]),
+        ratio_low=_num(est["ratio_low"]),
+        recompute_ratio=_num(est["ratio_point"]),
+        ratio_high=_num(est["ratio_high"]),
+        victim_context_tokens=_num(est["victim_context_tokens"]),
+        method=est["method"] if available else "no data: " + est["method"],
+        assumptions=est["assumptions"],
+        inputs=inputs,
     )
 
 

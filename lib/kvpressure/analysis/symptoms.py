@@ -27,9 +27,11 @@ from kvpressure.analysis.recompute import (
     recompute_from_steps,
     to_jsonable,
 )
-from kvpressure.analysis.waiting import waiting_from_series, waiting_from_steps
+from kvpressure.analysis.waiting import WaitingReport, waiting_from_series, waiting_from_steps
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
 PREEMPTIONS = "vllm:num_preemptions_total"
 ITL = "vllm:inter_token_latency_seconds"
 
@@ -163,8 +165,7 @@ def _gauge_symptoms(
     name = "vllm:num_requests_running stays below --max-num-seqs while requests wait"
     thr = {"silent_frac": th.silent_frac, "max_num_seqs": max_num_seqs}
     if wr is None or wr.frac_silent is None:
-        missing = "max_num_seqs" if max_num_seqs is None else "vllm:num_requests_running"
-        ev = {"missing": missing}
+        ev = {"missing": ", ".join(_silent_form_missing(wr, max_num_seqs))}
         if wr is not None and wr.mean_running is not None:
             ev.update(mean_running=wr.mean_running, max_running=wr.max_running)
         out.append(Symptom("running_below_max_num_seqs", name, "no data", ev, thr))
@@ -185,6 +186,19 @@ def _gauge_symptoms(
         out.append(Symptom("kv_usage_near_full", name,
                            _verdict(kv_frac >= th.kv_full_frac), ev, thr))
     return out
+
+
+def _silent_form_missing(wr: WaitingReport | None, max_num_seqs: int | None) -> list[str]:
+    """What the silent-form test lacks, the engine's metrics first: without them knowing
+    ``max_num_seqs`` would not help."""
+    out = []
+    if wr is None or wr.mean_running is None:
+        out.append(RUNNING)
+    if wr is None or (wr.mean_waiting is None and wr.mean_capacity is None):
+        out.append(WAITING)
+    if max_num_seqs is None:
+        out.append("max_num_seqs")
+    return out or [RUNNING]
 
 
 def _recompute(
@@ -211,7 +225,8 @@ def _recompute(
         ok = ex.preemptions > 0 and (ex.recompute_ratio or 0) >= th.recompute_ratio
         return Symptom(sid, name, _verdict(ok), ev, thr)
     if series is not None:
-        est = recompute_from_series(series, *window)
+        # The checklist is not told the engine arguments: policy and admission rule unknown.
+        est = recompute_from_series(series, *window, policy=None)
         if est.available and est.preemptions is not None:
             ev.update(preemptions=est.preemptions, recompute_ratio=est.recompute_ratio,
                       ratio_low=est.ratio_low, ratio_high=est.ratio_high,

@@ -32,6 +32,7 @@ from kvpressure.ingestion import names
 from kvpressure.ingestion.bench import read_bench
 from kvpressure.ingestion.prom_api import fetch_live, read_query_range_file, scrape_exporter
 from kvpressure.ingestion.prom_text import RunSamples, add_scrape
+from kvpressure.ingestion.recompute_estimate import check_scheduler_args
 from kvpressure.ingestion.scrape_runs import RUNS_COLUMNS, SCRAPE_COLUMNS, scrape_row
 from kvpressure.ingestion.sources import (
     Source,
@@ -265,6 +266,8 @@ def ingest(
     num_gpu_blocks: int | None = None,
     block_size: int | None = None,
     prefix_caching: bool | None = None,
+    policy: str | None = None,
+    scheduler_reserve_full_isl: bool | None = None,
     bench_timezone: str | None = None,
 ) -> IngestResult:
     """Read every SOURCE into the canonical tables.
@@ -274,7 +277,9 @@ def ingest(
     (default), "core" (the families the analysis reads: smaller and faster on long logs) or a
     list of names. ``counter_origin``: "auto", "zero" (counters were 0 when the log began) or
     "first" (count from the first sample). ``num_gpu_blocks``/``block_size``/
-    ``prefix_caching`` stand in for ``vllm:cache_config_info`` in the recompute estimate.
+    ``prefix_caching`` stand in for ``vllm:cache_config_info`` in the recompute estimate;
+    ``policy`` ("fcfs", "priority") and ``scheduler_reserve_full_isl`` (the engine arguments,
+    not exported; None = unknown) narrow it.
     ``bench_timezone``: the zone of the bench results' ``date`` when they are matched to a
     scrape log by time (default: this machine's; "UTC", "+08:00", "Asia/Shanghai").
     """
@@ -284,6 +289,7 @@ def ingest(
         raise InputError("ingest: no SOURCE given")
     if step is not None and (not isinstance(step, int | float) or not step > 0):
         raise InputError(f"--step must be a positive number of seconds, got {step!r}")
+    check_scheduler_args(policy, scheduler_reserve_full_isl)
     families = _families_filter(metrics)
     tz = bench_tzinfo(bench_timezone)
     warnings: list[str] = []
@@ -303,6 +309,8 @@ def ingest(
             "end": end,
             "step": step,
             "bench_timezone": bench_timezone,
+            "policy": policy,
+            "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
         },
     }
     accs: dict[str, RunSamples] = {}
@@ -337,6 +345,8 @@ def ingest(
         "num_gpu_blocks": num_gpu_blocks,
         "block_size": block_size,
         "prefix_caching": prefix_caching,
+        "policy": policy,
+        "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
     }
     for name, acc in accs.items():
         frame, label_info = acc.frame(drop_single_target_labels=drop_target_labels)
@@ -363,7 +373,7 @@ def ingest(
         report["runs"][name] = info
         frames.append(frame)
 
-    runs_rows = _merge_runs(bench_rows, scrape_rows, frames, accs, warnings, tz)
+    runs_rows = _merge_runs(bench_rows, scrape_rows, frames, accs, warnings, tz, estimate_opts)
     series = _concat_series(frames)
     runs = pd.DataFrame(runs_rows, columns=RUNS_COLUMNS) if runs_rows else pd.DataFrame(
         columns=RUNS_COLUMNS
@@ -501,6 +511,7 @@ def _merge_runs(
     accs: dict[str, RunSamples],
     warnings: list[str],
     tz: _dt.tzinfo | None = None,
+    estimate_opts: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Bench rows get the preemption and gauge columns of a scrape log of the same run.
 
@@ -544,7 +555,8 @@ def _merge_runs(
                         )
                     later = [s for s in starts if s > window[0]]
                     end = _snap_end(times, window[1], later[0] if later else None)
-                    sub, _ = scrape_row(frame, name, t0=window[0], t1=end, source="")
+                    sub, _ = scrape_row(frame, name, t0=window[0], t1=end, source="",
+                                        estimate_opts=estimate_opts)
                     how = f"scrapes in [{window[0]:.0f}, {end:.0f}] (bench 'date' - duration)"
                 elif len(rows) == 1:
                     sub, how = scrape, "the whole scrape log"

@@ -1,18 +1,37 @@
 """Recomputed tokens estimated from what a real vLLM exports (no counter sees recompute).
 
 vLLM 0.33.0 counts a request's prompt once, at its first output; a preempted request's
-re-prefill moves no token counter (spec D1, D3). What is exported is the number of preemptions,
-the KV usage and the number of running requests, and the pool geometry in
-``vllm:cache_config_info``. From those (spec D4), for every scrape interval in which the
-preemption counter rose by ``dP``, with the gauges of the scrape just before it:
+re-prefill moves no token counter (spec D1, D3). What is exported is the number of preemptions
+``P`` (counted when the victim next emits output, right after the re-prefill that recomputes it,
+so counts and recompute fall in the same window), the KV usage, the number of running requests,
+the prompt counters and the pool geometry in ``vllm:cache_config_info``. Recomputed tokens are
+``P`` times a victim's context minus what survives in the prefix cache; the policy and the
+admission rule decide how big a victim's context is:
 
-    Ctx  = usage * (N - 1) * B / running - B / 2     tokens held by an average running request
-    high = sum dP * Ctx                              nothing of a victim survives (no prefix hit)
-    low  = sum dP * (B - 1) / 2                      all its full blocks survive; only the
-                                                     partly filled last block is redone
-    point: prefix caching off -> high (nothing can survive);
-           on -> sum dP * max((1 - hit_rate) * Ctx, (B - 1) / 2), ``hit_rate`` the share of
-           looked-up tokens the prefix cache served in the window.
+* FCFS with full-sequence admission (``scheduler_reserve_full_isl``, vLLM 0.33.0's default)
+  preempts the tail of the running list: the most recently (re)admitted request, which has its
+  prompt computed and few output tokens. Its context is about a prompt: the window's mean
+  prompt of newly started requests (Δ``vllm:prompt_tokens_total`` /
+  Δ``vllm:time_to_first_token_seconds_count``) plus half a block is the point, and the spread
+  of prompt lengths (``vllm:request_prompt_tokens``) over ``P`` victims gives the range
+  (±z·sd·√P). A resumed request goes back to the tail and may be preempted again, now with
+  output tokens too, so the high end lets a quarter of the victims hold the mean resident
+  context (D4's figure below).
+* Otherwise (priority, or admission by first chunk, where victims are often cut mid-prompt with
+  far less computed, or no prompt counters) the spec's D4 range: for every scrape interval in
+  which the preemption counter rose by ``dP``, with the gauges of the scrape just before it,
+
+      Ctx  = usage * (N - 1) * B / running - B / 2     tokens held by an average running request
+      high = sum dP * Ctx                              nothing of a victim survives
+      low  = sum dP * (B - 1) / 2                      all its full blocks survive in the prefix
+                                                       cache; only the partly filled last block
+                                                       is redone
+      point: prefix caching off -> high; on -> sum dP * max((1 - hit_rate) * Ctx, (B - 1) / 2)
+
+* Policy or admission rule unknown: the FCFS point (vLLM's defaults) inside the union of both
+  ranges.
+* Prefix caching on: hits at resume are not exported (R5.6), so the low end is the partial tail
+  block per preemption and the point is reduced by the window's prefix hit rate.
 
 The ratio puts the estimate over all processed tokens: prompt tokens computed locally
 (``prompt_tokens_by_source{source=local_compute}``, else ``prompt_tokens`` minus
@@ -29,9 +48,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvpressure.errors import InputError
 from kvpressure.ingestion.counters import (
-    LabelMatch,
     gauge_mean,
+    histogram_buckets,
     interval_increases,
     select,
     window_increase,
@@ -42,6 +62,15 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 USAGE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
 CACHE_INFO = "vllm:cache_config_info"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+FIRST_TOKENS = "vllm:time_to_first_token_seconds_count"
+PROMPT_HIST = "vllm:request_prompt_tokens"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+
+POLICIES = ("fcfs", "priority")
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only to size the FCFS victim's partial block
+RESUMED_VICTIM_SHARE = 0.25  # share of FCFS victims allowed the mean resident context (high end)
 
 
 def cache_geometry(series: pd.DataFrame, run: str | None = None) -> dict[str, Any]:
@@ -107,7 +136,7 @@ def _base_tokens(
     if not math.isnan(local):
         prompt, how = local, "prompt_tokens_by_source{source=local_compute}"
     else:
-        prompt = window_increase(series, "vllm:prompt_tokens_total", t0, t1, **kw)
+        prompt = window_increase(series, PROMPT_TOKENS, t0, t1, **kw)
         cached = window_increase(series, "vllm:prompt_tokens_cached_total", t0, t1, **kw)
         how = "prompt_tokens"
         if not math.isnan(prompt) and not math.isnan(cached):
@@ -117,15 +146,138 @@ def _base_tokens(
     return prompt + gen, how + " + generation_tokens"
 
 
-def _point_rule(caching: bool | None, hit_rate: float) -> str:
+def _histogram_sd(buckets: pd.Series) -> float | None:
+    """Standard deviation implied by cumulative bucket counts (uniform inside each bucket):
+    coarse, but enough for a spread when only the bucket layout is known."""
+    bounds = [float(le) for le in buckets.index if not math.isinf(le)]
+    if not bounds:
+        return None
+    cum = buckets.loc[bounds].to_numpy(dtype=float)
+    if cum[-1] <= 0:
+        return None
+    counts = np.diff(np.concatenate([[0.0], cum]))
+    lowers = np.concatenate([[0.0], bounds[:-1]])
+    uppers = np.array(bounds)
+    p = counts / counts.sum()
+    mids = (lowers + uppers) / 2
+    mean = float((p * mids).sum())
+    var = float((p * ((mids - mean) ** 2 + (uppers - lowers) ** 2 / 12)).sum())
+    return math.sqrt(max(var, 0.0))
+
+
+def _prompt_stats(
+    series: pd.DataFrame, t0: float | None, t1: float | None, run: str | None, origin: str
+) -> tuple[float | None, float | None]:
+    """Mean prompt of the requests whose first token fell in the window (else of the whole
+    series), and the spread of prompt lengths."""
+    mean = None
+    for a, b in ((t0, t1), (None, None)):
+        dp = window_increase(series, PROMPT_TOKENS, a, b, run=run, origin=origin)
+        dn = window_increase(series, FIRST_TOKENS, a, b, run=run, origin=origin)
+        if not math.isnan(dp) and not math.isnan(dn) and dn > 0:
+            mean = dp / dn
+            break
+    # The spread is a property of the workload: the whole series gives more requests to read it
+    # from than a short window.
+    buckets = histogram_buckets(series, PROMPT_HIST, run=run, origin=origin)
+    sd = _histogram_sd(buckets) if len(buckets) else None
+    if mean is None and len(buckets):
+        total = window_increase(series, PROMPT_HIST + "_sum", run=run, origin=origin)
+        count = window_increase(series, PROMPT_HIST + "_count", run=run, origin=origin)
+        if not math.isnan(total) and not math.isnan(count) and count > 0:
+            mean = total / count
+    return mean, sd
+
+
+def _d4(
+    series: pd.DataFrame,
+    t0: float | None,
+    t1: float | None,
+    run: str | None,
+    origin: str,
+    n_blocks: int | None,
+    b_size: int | None,
+    caching: bool | None,
+    hit_rate: float,
+) -> dict[str, Any]:
+    """Spec D4 over the window: ``preemptions``, ``low``/``point``/``high`` (NaN when the pool
+    geometry or the gauges are missing), the mean resident context and the gauge fallbacks."""
+    out: dict[str, Any] = {"preemptions": 0.0, "low": 0.0, "point": 0.0, "high": 0.0,
+                           "context": None, "fallbacks": 0}
+    weighted = 0.0
+    for key, s in select(series, PREEMPTIONS, None, run).items():
+        starts, incs = _window_points(s.index.to_numpy(), s.to_numpy(), t0, t1, origin)
+        out["preemptions"] += float(incs.sum())
+        moved = incs > 0
+        if not moved.any():
+            continue
+        if n_blocks is None or b_size is None:
+            out["low"] = out["point"] = out["high"] = math.nan
+            continue
+        # Gauges of the same engine as the counter (its labels), just before the preemptions.
+        gauge_labels = parse_labels(key)
+        u_s = next(iter(select(series, USAGE, gauge_labels, run).values()), pd.Series(dtype=float))
+        r_s = next(iter(select(series, RUNNING, gauge_labels, run).values()),
+                   pd.Series(dtype=float))
+        t_before, d_p = starts[moved], incs[moved]
+        u, r = _values_at(u_s, t_before), _values_at(r_s, t_before)
+        bad = ~((u > 0) & (r > 0))
+        out["fallbacks"] += int(bad.sum())
+        u[bad] = gauge_mean(series, USAGE, t0, t1, gauge_labels, run=run)
+        r[bad] = gauge_mean(series, RUNNING, t0, t1, gauge_labels, run=run)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ctx = u * (n_blocks - 1) * b_size / r - b_size / 2
+        ctx[~((u > 0) & (r > 0))] = math.nan
+        floor = (b_size - 1) / 2
+        out["low"] += float(d_p.sum()) * floor
+        if np.isnan(ctx).any():
+            out["point"] = out["high"] = math.nan
+            continue
+        ctx = np.maximum(ctx, floor)
+        weighted += float(np.dot(d_p, ctx))
+        out["high"] += float(np.dot(d_p, ctx))
+        rate = 0.0 if not caching or math.isnan(hit_rate) else hit_rate
+        out["point"] += float(np.dot(d_p, np.maximum((1.0 - rate) * ctx, floor)))
+    if out["preemptions"] > 0 and not math.isnan(out["high"]):
+        out["context"] = weighted / out["preemptions"]
+    return out
+
+
+def _d4_assumptions(caching: bool | None, hit_rate: float, fallbacks: int,
+                    with_point: bool = True) -> list[str]:
     if not caching:
-        return "prefix caching is off, so nothing of a victim survives: point = high"
-    if math.isnan(hit_rate):
-        return "prefix caching is on but no hit rate is known: point = high"
-    return (
-        "prefix caching is on: that share of the victim's context is served from the cache "
-        f"at resume which the window's first admissions got ({hit_rate:.3f})"
-    )
+        point = "prefix caching is off, so nothing of a victim survives: point = high"
+    elif math.isnan(hit_rate):
+        point = "prefix caching is on but no hit rate is known: point = high"
+    else:
+        point = ("prefix caching is on: that share of the victim's context is served from the "
+                 f"cache at resume which the window's first admissions got ({hit_rate:.3f})")
+    out = [
+        "each preemption re-prefills the average running request's context, "
+        "Ctx = usage*(N-1)*B/running - B/2, from the gauges of the scrape before the interval "
+        "in which the preemption counter rose",
+        "high: no prefix hit at resume (every computed token of the victim is redone)",
+        "low: every full block of the victim survives in the prefix cache; only the partly "
+        "filled last block, (B-1)/2 tokens on average, is redone",
+        *(["point: " + point] if with_point else []),
+        "shared prefix blocks count once in usage, so Ctx is too small when prompts share them",
+    ]
+    if fallbacks:
+        out.append(f"{fallbacks} interval(s) had no usable usage/running gauge before them: the "
+                   "window means were used")
+    return out
+
+
+def check_scheduler_args(policy: str | None, scheduler_reserve_full_isl: bool | None) -> None:
+    """InputError naming the parameter when the policy or the admission rule is not one vLLM
+    knows (None = unknown is fine)."""
+    if policy is not None and policy not in POLICIES:
+        raise InputError(f"policy: expected one of {', '.join(POLICIES)} (vLLM's "
+                         f"--scheduling-policy) or unknown, got {policy!r}")
+    if scheduler_reserve_full_isl is not None and not isinstance(scheduler_reserve_full_isl,
+                                                                 bool | np.bool_):
+        raise InputError("scheduler_reserve_full_isl: expected true, false or unknown, got "
+                         f"{scheduler_reserve_full_isl!r}")
 
 
 def recompute_range(
@@ -134,152 +286,159 @@ def recompute_range(
     t1: float | None = None,
     *,
     run: str | None = None,
-    labels: LabelMatch = None,
     num_gpu_blocks: int | None = None,
     block_size: int | None = None,
     prefix_caching: bool | None = None,
+    policy: str | None = None,
+    scheduler_reserve_full_isl: bool | None = None,
     origin: str = "first",
+    z: float = 2.0,
 ) -> dict[str, Any]:
-    """The recomputed-token range over ``(t0, t1]`` (spec D4).
+    """Estimated recomputed tokens over ``(t0, t1]``: a range, a point and its assumptions.
 
-    Returns ``low``, ``high``, ``point``, ``preemptions``, ``ratio_low``, ``ratio_high``,
-    ``ratio_point``, ``processed_tokens`` (without recompute), ``params`` and ``assumptions``.
-    N, B and prefix caching come from ``vllm:cache_config_info`` unless given.
+    N, B and prefix caching come from ``vllm:cache_config_info`` unless given; ``policy``
+    ("fcfs", "priority") and ``scheduler_reserve_full_isl`` are not exported, None = unknown.
+    ``origin="zero"``: the counters were 0 when the log began (a window from its start counts
+    what happened before the first scrape).
+
+    Returns ``low``, ``point``, ``high`` (recomputed tokens; NaN when nothing sizes a victim),
+    ``preemptions`` (NaN when the counter is missing: never read as zero), ``ratio_low``,
+    ``ratio_point``, ``ratio_high``, ``processed_tokens`` (prompt computed + generated, without
+    the recompute), ``victim_context_tokens``, ``method``, ``params``, ``assumptions`` and
+    ``d4`` (the spec's wide range, for comparison).
     """
+    check_scheduler_args(policy, scheduler_reserve_full_isl)
     nan = math.nan
     result: dict[str, Any] = {
-        "low": nan,
-        "high": nan,
-        "point": nan,
-        "preemptions": nan,
-        "ratio_low": nan,
-        "ratio_high": nan,
-        "ratio_point": nan,
-        "processed_tokens": nan,
-        "params": {},
-        "assumptions": [],
+        "low": nan, "point": nan, "high": nan, "preemptions": nan,
+        "ratio_low": nan, "ratio_point": nan, "ratio_high": nan, "processed_tokens": nan,
+        "victim_context_tokens": nan, "method": "", "params": {}, "assumptions": [],
+        "d4": dict.fromkeys(("low", "point", "high", "ratio_low", "ratio_point", "ratio_high"),
+                            nan),
     }
     assumptions: list[str] = result["assumptions"]
     geometry = cache_geometry(series, run)
     n_blocks = num_gpu_blocks if num_gpu_blocks is not None else geometry["num_gpu_blocks"]
     b_size = block_size if block_size is not None else geometry["block_size"]
-    source_n = "given" if num_gpu_blocks is not None else CACHE_INFO
-    source_b = "given" if block_size is not None else CACHE_INFO
-
-    queries = window_increase(series, "vllm:prefix_cache_queries_total", t0, t1, run=run, origin=origin)
-    hits = window_increase(series, "vllm:prefix_cache_hits_total", t0, t1, run=run, origin=origin)
+    kw: dict[str, Any] = {"run": run, "origin": origin}
+    queries = window_increase(series, PREFIX_QUERIES, t0, t1, **kw)
+    hits = window_increase(series, PREFIX_HITS, t0, t1, **kw)
     caching = prefix_caching if prefix_caching is not None else geometry["prefix_caching"]
-    caching_source = "given" if prefix_caching is not None else CACHE_INFO
+    caching_from = "given" if prefix_caching is not None else CACHE_INFO
     if caching is None and not math.isnan(queries):
         # With prefix caching off vLLM makes no lookup, so the query counter stays at 0 (R5.6).
-        caching, caching_source = queries > 0, "prefix_cache_queries moved" if queries > 0 else (
-            "prefix_cache_queries stayed 0"
-        )
+        caching = queries > 0
+        caching_from = f"prefix_cache_queries {'moved' if caching else 'stayed 0'}"
     hit_rate = hits / queries if not math.isnan(queries) and queries > 0 else nan
-
-    result["params"] = {
+    params: dict[str, Any] = {
         "num_gpu_blocks": n_blocks,
-        "num_gpu_blocks_from": source_n if n_blocks is not None else None,
+        "num_gpu_blocks_from": (("given" if num_gpu_blocks is not None else CACHE_INFO)
+                                if n_blocks is not None else None),
         "block_size": b_size,
-        "block_size_from": source_b if b_size is not None else None,
+        "block_size_from": (("given" if block_size is not None else CACHE_INFO)
+                            if b_size is not None else None),
         "prefix_caching": caching,
-        "prefix_caching_from": caching_source if caching is not None else None,
+        "prefix_caching_from": caching_from if caching is not None else None,
         "prefix_hit_rate": hit_rate,
+        "policy": policy,
+        "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
         "origin": origin,
+        "z": z,
     }
+    result["params"] = params
 
-    parts = select(series, PREEMPTIONS, labels, run)
-    if not parts:
+    if not select(series, PREEMPTIONS, None, run):
         assumptions.append(f"{PREEMPTIONS} is missing: no estimate")
         return result
-
-    total_p = 0.0
-    high = low = point = 0.0
-    ctx_weighted = 0.0
-    fallbacks = 0
-    for key, s in parts.items():
-        starts, incs = _window_points(s.index.to_numpy(), s.to_numpy(), t0, t1, origin)
-        if len(incs) == 0:
-            continue
-        total_p += float(incs.sum())
-        moved = incs > 0
-        if not moved.any():
-            continue
-        if n_blocks is None or b_size is None:
-            continue
-        gauge_labels = parse_labels(key)
-        usage = select(series, USAGE, gauge_labels, run)
-        running = select(series, RUNNING, gauge_labels, run)
-        u_s = next(iter(usage.values()), pd.Series(dtype=float))
-        r_s = next(iter(running.values()), pd.Series(dtype=float))
-        mean_u = gauge_mean(series, USAGE, t0, t1, gauge_labels, run=run)
-        mean_r = gauge_mean(series, RUNNING, t0, t1, gauge_labels, run=run)
-        t_before, d_p = starts[moved], incs[moved]
-        u = _values_at(u_s, t_before)
-        r = _values_at(r_s, t_before)
-        bad = ~((u > 0) & (r > 0))
-        fallbacks += int(bad.sum())
-        u[bad], r[bad] = mean_u, mean_r
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ctx = u * (n_blocks - 1) * b_size / r - b_size / 2
-        ctx[~((u > 0) & (r > 0))] = nan
-        floor = (b_size - 1) / 2
-        low += float(d_p.sum()) * floor
-        if np.isnan(ctx).any():
-            high = point = nan
-            continue
-        ctx = np.maximum(ctx, floor)
-        ctx_weighted += float(np.dot(d_p, ctx))
-        high += float(np.dot(d_p, ctx))
-        if caching:
-            rate = 0.0 if math.isnan(hit_rate) else hit_rate
-            point += float(np.dot(d_p, np.maximum((1.0 - rate) * ctx, floor)))
-        else:
-            point += float(np.dot(d_p, ctx))
-
-    result["preemptions"] = total_p
-    if total_p == 0:
-        result.update(low=0.0, high=0.0, point=0.0)
-        assumptions.append("no preemption in the window: no recompute")
-    elif n_blocks is None or b_size is None:
-        missing = [n for n, v in (("num_gpu_blocks", n_blocks), ("block_size", b_size)) if v is None]
-        assumptions.append(
-            f"{' and '.join(missing)} unknown ({CACHE_INFO} missing or without them; pass "
-            "num_gpu_blocks= / block_size=): no estimate"
-        )
-    else:
-        result.update(low=low, high=high, point=point)
-        if not math.isnan(high):
-            result["params"]["mean_victim_context_tokens"] = ctx_weighted / total_p
-        assumptions += [
-            "each preemption re-prefills the average running request's context, "
-            "Ctx = usage*(N-1)*B/running - B/2, from the gauges of the scrape before the "
-            "interval in which the preemption counter rose",
-            "high: no prefix hit at resume (every computed token of the victim is redone)",
-            "low: every full block of the victim survives in the prefix cache; only the partly "
-            "filled last block, (B-1)/2 tokens on average, is redone",
-            "point: " + _point_rule(caching, hit_rate),
-            "the preemption counter moves when the victim next emits output (up to a queue "
-            "wait later), so preemptions near a window edge land in the next window",
-            "FCFS victims are the most recently admitted requests, whose context can differ "
-            "from the average; shared prefix blocks count once in usage (Ctx too small)",
-        ]
-        if fallbacks:
-            assumptions.append(
-                f"{fallbacks} interval(s) had no usable usage/running gauge before them: the "
-                "window means were used"
-            )
-
+    d4 = _d4(series, t0, t1, run, origin, n_blocks, b_size, caching, hit_rate)
+    p = d4["preemptions"]
+    result["preemptions"] = p
+    prompt_mean, prompt_sd = _prompt_stats(series, t0, t1, run, origin)
+    params.update(prompt_mean=prompt_mean, prompt_sd=prompt_sd,
+                  mean_victim_context_tokens=d4["context"])
     base, base_how = _base_tokens(series, t0, t1, run, origin)
     result["processed_tokens"] = base
-    result["params"]["processed_tokens_from"] = base_how
-    if not math.isnan(base):
-        for name in ("low", "high", "point"):
-            r = result[name]
-            denom = base + r
-            result[f"ratio_{name}"] = r / denom if denom > 0 and not math.isnan(r) else nan
+    params["processed_tokens_from"] = base_how
+
+    def ratio(r: float) -> float:
+        denom = base + r
+        return r / denom if not math.isnan(r) and denom > 0 else nan
+
+    result["d4"] = {name: d4[name] for name in ("low", "point", "high")}
+    result["d4"].update({f"ratio_{name}": ratio(d4[name]) for name in ("low", "point", "high")})
+    if p == 0:
+        result.update(low=0.0, point=0.0, high=0.0, ratio_low=ratio(0.0),
+                      ratio_point=ratio(0.0), ratio_high=ratio(0.0),
+                      method="no preemption in the window")
+        assumptions.append("no preemption in the window: no recompute")
+        return result
+
+    d4_ok = not math.isnan(d4["high"])
+    assumptions.append(
+        "a preemption is counted when its victim next emits output, right after the re-prefill "
+        "that recomputes it, so counts and recompute fall in the same window; preemptions near "
+        "a window edge can land in the next one")
+    fcfs = policy in ("fcfs", None) and prompt_mean is not None
+    if fcfs and scheduler_reserve_full_isl is False and d4_ok:
+        fcfs = False
+        assumptions.append("admission by first chunk (scheduler_reserve_full_isl off): victims "
+                           "may be cut mid-prompt, so the FCFS prompt rule does not apply")
+    if fcfs:
+        b_eff = b_size if b_size is not None else DEFAULT_BLOCK_SIZE
+        if b_size is None:
+            assumptions.append(f"block_size unknown ({CACHE_INFO} missing or without it): "
+                               f"{DEFAULT_BLOCK_SIZE} assumed for the victim's partial block")
+        victim = prompt_mean + b_eff / 2
+        spread = z * (prompt_sd or 0.0) * math.sqrt(p)
+        low, point, high = max(p * victim - spread, p * b_eff / 2), p * victim, p * victim + spread
+        method = "FCFS victim = most recently admitted request: prompt computed + a partial block"
         assumptions.append(
-            "ratio = recomputed / (" + base_how + " + recomputed), the tokens the engine "
-            "processed (within one token per request)"
-        )
+            f"victim context ~ mean prompt of newly started requests ({prompt_mean:.0f} tokens) "
+            f"+ B/2; range +-{z:g} sd of prompt lengths over sqrt(P) victims")
+        ctx = d4["context"]
+        if ctx is not None and ctx > victim:
+            # A resumed request goes back to the tail of the running list and is the next
+            # victim, now with output tokens too: a share of the victims may hold the mean
+            # resident context, never above D4's high end.
+            high = max(high, min(p * ctx, high + RESUMED_VICTIM_SHARE * p * (ctx - victim)))
+            assumptions.append(
+                f"high: {RESUMED_VICTIM_SHARE:.0%} of the victims may be resumed requests "
+                f"preempted again, holding the mean resident context ({ctx:.0f} tokens)")
+        if (policy is None or scheduler_reserve_full_isl is None) and d4_ok:
+            low, high = min(low, d4["low"]), max(high, d4["high"])
+            unknown = " and ".join(name for name, v in (("policy", policy), (
+                "scheduler_reserve_full_isl", scheduler_reserve_full_isl)) if v is None)
+            assumptions.append(f"{unknown} unknown: the FCFS point with full-sequence admission "
+                               "(vLLM's defaults), the range spanning the D4 range too (give "
+                               "the engine arguments to narrow it)")
+            assumptions.extend(_d4_assumptions(caching, hit_rate, d4["fallbacks"],
+                                               with_point=False))
+        if caching:
+            point *= 1.0 - (0.0 if math.isnan(hit_rate) else hit_rate)
+            low = min(low, p * (b_eff - 1) / 2)
+            assumptions.append(
+                "prefix caching on: hits at resume are not exported; low end = only the partial "
+                "tail block recomputed per preemption, point reduced by the window's prefix hit "
+                "rate")
+    elif d4_ok:
+        low, point, high, victim = d4["low"], d4["point"], d4["high"], d4["context"]
+        method = "mean context held per running request (spec D4)"
+        assumptions.extend(_d4_assumptions(caching, hit_rate, d4["fallbacks"]))
+    else:
+        missing = [name for name, v in (("num_gpu_blocks", n_blocks), ("block_size", b_size))
+                   if v is None]
+        result["method"] = "no estimate: neither prompt counters nor pool shape size a victim"
+        assumptions.append(
+            (f"{' and '.join(missing)} unknown ({CACHE_INFO} missing or without them; pass "
+             "num_gpu_blocks= / block_size=)" if missing else
+             f"no usable {USAGE}/{RUNNING} gauges") + " and no prompt counters: no estimate")
+        return result
+    if caching is None:
+        assumptions.append("prefix caching state unknown: treated as off")
+    point = min(max(point, low), high)
+    result.update(low=low, point=point, high=high, victim_context_tokens=victim, method=method,
+                  ratio_low=ratio(low), ratio_point=ratio(point), ratio_high=ratio(high))
+    if not math.isnan(base):
+        assumptions.append(f"ratio = recomputed / ({base_how} + recomputed), the tokens the "
+                           "engine processed (within one token per request)")
     return result

@@ -342,7 +342,8 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     reports: dict[str, Any] = {}
     for path, variant, level in files:
         run_name = f"{variant}/c{level}"
-        res = ingest([path], run=run_name, metrics=_INGESTED_FAMILIES)
+        res = ingest([path], run=run_name, metrics=_INGESTED_FAMILIES,
+                     **recompute_args({**engine_args, **_parse_variant(variant)}))
         row = res.runs.iloc[0].to_dict()
         row.update(run=run_name, variant=variant, concurrency=level)
         rows.append(row)
@@ -358,7 +359,8 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         # A log recorded through the whole load test and its bench results are one run, so
         # ingestion cuts the log at each bench run's time window.
         res = ingest(others, run=LOAD_TEST if shared_log else None,
-                     metrics=_INGESTED_FAMILIES, bench_timezone=bench_timezone or None)
+                     metrics=_INGESTED_FAMILIES, bench_timezone=bench_timezone or None,
+                     **recompute_args(engine_args))
         for _, r in res.runs.iterrows():
             rows.append(r.to_dict())
         for run_name in pd.unique(res.series["run"]) if len(res.series) else []:
@@ -406,12 +408,16 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     run_name = str(focus_row["run"])
     series = focus_series.get(source_run[int(focus_row.name)])
     window = (_finite(focus_row.get("t_start")), _finite(focus_row.get("t_end")))
+    origin = "first"
     if series is not None and not series.empty:
         if shared_log and None not in window:
             series = _crop(series, *window)
             t0, t1 = window
         else:
             t0, t1 = steady_window(None, series)
+            # The runs row of a whole log counts from the process start when ingestion found
+            # that the log starts with it; the focus window, the same span, counts the same way.
+            origin = _counter_origin(reports, source_run[int(focus_row.name)])
         series = series.assign(run=run_name)
     else:
         series = pd.DataFrame(columns=["run", "t", "metric", "labels", "value"])
@@ -468,8 +474,31 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "matched": matched,
         "bench_timezone": bench_timezone or "local",
         "focus": {"variant": base, "concurrency": level, "run": run_name, "why": why,
-                  "t0": t0, "t1": t1, "point_dir": None},
+                  "t0": t0, "t1": t1, "point_dir": None, "counter_origin": origin},
     }
+
+
+def recompute_args(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """What the recompute estimate takes from the engine arguments (vLLM exports only the pool
+    geometry): the same for the ``runs`` table and stage 02, so both give one number."""
+    return {
+        "num_gpu_blocks": settings.get("num_gpu_blocks"),
+        "block_size": settings.get("block_size"),
+        "prefix_caching": settings.get("enable_prefix_caching"),
+        "policy": settings.get("scheduling_policy", settings.get("policy")),
+        "scheduler_reserve_full_isl": settings.get("scheduler_reserve_full_isl"),
+    }
+
+
+def _counter_origin(reports: Mapping[str, Any], run: str) -> str:
+    """The counter origin ingestion decided for ``run`` ("zero": the log starts with the
+    process), "first" when it is not reported."""
+    for report in reports.values():
+        info = (report.get("runs") or {}).get(run) or {}
+        origin = (info.get("counter_origin") or {}).get("origin")
+        if origin:
+            return str(origin)
+    return "first"
 
 
 def _dropped_model_name(reports: Mapping[str, Any]) -> str | None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvpressure.pipeline.collect import Tables
+from kvpressure.pipeline.collect import Tables, recompute_args
 from kvpressure.pipeline.levels import level_means
 
 RUNNING = "vllm:num_requests_running"
@@ -108,10 +108,16 @@ def recompute_stage(tables: Tables) -> StageOutput:
         exact = True
         detail = rec.to_dict()
     else:
+        args = recompute_args(settings)
+        # A window from the start of a log that starts with the process counts from zero,
+        # as the runs table does over the same span.
+        zero = focus.get("counter_origin") == "zero"
         est = recompute_from_series(
-            tables.series, t0, t1, run=focus["run"],
-            num_gpu_blocks=settings.get("num_gpu_blocks"), block_size=settings.get("block_size"),
-            enable_prefix_caching=settings.get("enable_prefix_caching"),
+            tables.series, None if zero else t0, t1, run=focus["run"],
+            num_gpu_blocks=args["num_gpu_blocks"], block_size=args["block_size"],
+            enable_prefix_caching=args["prefix_caching"], policy=args["policy"],
+            scheduler_reserve_full_isl=args["scheduler_reserve_full_isl"],
+            origin="zero" if zero else "first",
         )
         recomputed = _num(est.recomputed_point)
         low, high = _num(est.recomputed_low), _num(est.recomputed_high)
