@@ -246,6 +246,10 @@ def test_runs_table_and_record_give_one_recompute_ratio(one_level):
                 "recomputed_tokens"):
         assert row[col] == pytest.approx(stage[col], rel=1e-12), col
     assert c.recompute_ratio == pytest.approx(row["recompute_ratio"], rel=1e-12)
+    # ... and so does the symptom checklist's evidence in stage 06
+    symptom = next(s for s in read_stage(one_level.run_dir, "record")["symptoms"]["symptoms"]
+                   if s["id"] == "preemption_recompute")
+    assert symptom["evidence"]["recompute_ratio"] == pytest.approx(c.recompute_ratio, rel=1e-12)
     for low, high in ((row["recompute_ratio_low"], row["recompute_ratio_high"]),
                       c.recompute_ratio_range):
         assert low <= round(TRUE_RATIO, 4) <= high

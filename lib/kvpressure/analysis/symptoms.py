@@ -23,6 +23,7 @@ from kvpressure.analysis import _series as S
 from kvpressure.analysis._steps import is_timed, steps_in_window
 from kvpressure.analysis.knee import find_knee
 from kvpressure.analysis.recompute import (
+    RecomputeEstimate,
     recompute_from_series,
     recompute_from_steps,
     to_jsonable,
@@ -208,6 +209,7 @@ def _recompute(
     window: S.Window,
     th: Thresholds,
     x: str,
+    estimate: RecomputeEstimate | None = None,
 ) -> Symptom:
     sid, name = "preemption_recompute", "preemptions rise and so does the recompute ratio"
     thr = {"preemptions_gt": 0, "recompute_ratio": th.recompute_ratio}
@@ -225,8 +227,8 @@ def _recompute(
         ok = ex.preemptions > 0 and (ex.recompute_ratio or 0) >= th.recompute_ratio
         return Symptom(sid, name, _verdict(ok), ev, thr)
     if series is not None:
-        # The checklist is not told the engine arguments: policy and admission rule unknown.
-        est = recompute_from_series(series, *window, policy=None)
+        # Without the caller's estimate the engine arguments are unknown (policy, admission).
+        est = estimate or recompute_from_series(series, *window, policy=None)
         if est.available and est.preemptions is not None:
             ev.update(preemptions=est.preemptions, recompute_ratio=est.recompute_ratio,
                       ratio_low=est.ratio_low, ratio_high=est.ratio_high,
@@ -294,10 +296,13 @@ def check_symptoms(
     thresholds: Thresholds | None = None,
     x: str = "concurrency",
     y: str = "output_throughput",
+    recompute: RecomputeEstimate | None = None,
 ) -> SymptomChecklist:
     """The six symptoms over ``(t0, t1]`` of one run's series/steps, plus the runs curve.
 
     ``max_num_seqs`` defaults to the ``max_num_seqs`` column of ``runs`` when it has one value.
+    ``recompute`` is the window's estimate made with the engine arguments the data came with
+    (policy, admission rule, pool); without it the estimate from series assumes them unknown.
     """
     th = thresholds or Thresholds()
     window = (t0, t1)
@@ -312,6 +317,6 @@ def check_symptoms(
             max_num_seqs = int(vals[0])
     symptoms = [_curve(runs, th, x, y)]
     symptoms += _gauge_symptoms(series, steps, window, max_num_seqs, th)
-    symptoms.append(_recompute(series, steps, runs, window, th, x))
+    symptoms.append(_recompute(series, steps, runs, window, th, x, recompute))
     symptoms.append(_itl(series, runs, window, th, x))
     return SymptomChecklist(symptoms=symptoms, window=window, thresholds=th)

@@ -42,6 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, help="B, if vllm:cache_config_info lacks it")
     parser.add_argument("--keep-created", action="store_true", help="keep _created samples")
     parser.add_argument(
+        "--policy", choices=("fcfs", "priority"),
+        help="the server's --scheduling-policy (sharpens the recomputed-token estimate)",
+    )
+    parser.add_argument(
+        "--scheduler-reserve-full-isl", choices=("true", "false"),
+        help="the server's admission rule (vLLM 0.33.0 default: true); unknown when left out",
+    )
+    parser.add_argument(
         "--bench-timezone",
         help="time zone of the machine that wrote the bench results' `date` (e.g. +08:00, UTC, "
         "Asia/Shanghai), to match them with scrape logs; default: this machine's",
@@ -70,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
         num_gpu_blocks=args.num_gpu_blocks,
         block_size=args.block_size,
         bench_timezone=args.bench_timezone,
+        policy=args.policy,
+        scheduler_reserve_full_isl=(None if args.scheduler_reserve_full_isl is None
+                                    else args.scheduler_reserve_full_isl == "true"),
     )
     written = result.write(out)
     summary = {

@@ -85,9 +85,29 @@ def preemption_intervals(tables: Tables) -> pd.DataFrame:
     return pd.DataFrame({"t": t[1:], "preemptions": inc})
 
 
+def focus_recompute_estimate(tables: Tables) -> Any:
+    """The recompute estimate from the focus window's counters, with the engine arguments
+    the data came with: the one estimate stage 02, the symptoms and the record all show."""
+    from kvpressure.analysis.recompute import recompute_from_series
+
+    focus = tables.info["focus"]
+    t0, t1 = tables.window
+    args = recompute_args(tables.info["settings"])
+    # A window from the start of a log that starts with the process counts from zero, as the
+    # runs table does over the same span.
+    zero = focus.get("counter_origin") == "zero"
+    return recompute_from_series(
+        tables.series, None if zero else t0, t1, run=focus["run"],
+        num_gpu_blocks=args["num_gpu_blocks"], block_size=args["block_size"],
+        enable_prefix_caching=args["prefix_caching"], policy=args["policy"],
+        scheduler_reserve_full_isl=args["scheduler_reserve_full_isl"],
+        origin="zero" if zero else "first",
+    )
+
+
 def recompute_stage(tables: Tables) -> StageOutput:
     """Counters over the focus window, the waiting split, and recompute (exact or a range)."""
-    from kvpressure.analysis.recompute import recompute_from_series, recompute_from_steps
+    from kvpressure.analysis.recompute import recompute_from_steps
     from kvpressure.analysis.waiting import waiting_from_series
 
     info = tables.info
@@ -108,17 +128,7 @@ def recompute_stage(tables: Tables) -> StageOutput:
         exact = True
         detail = rec.to_dict()
     else:
-        args = recompute_args(settings)
-        # A window from the start of a log that starts with the process counts from zero,
-        # as the runs table does over the same span.
-        zero = focus.get("counter_origin") == "zero"
-        est = recompute_from_series(
-            tables.series, None if zero else t0, t1, run=focus["run"],
-            num_gpu_blocks=args["num_gpu_blocks"], block_size=args["block_size"],
-            enable_prefix_caching=args["prefix_caching"], policy=args["policy"],
-            scheduler_reserve_full_isl=args["scheduler_reserve_full_isl"],
-            origin="zero" if zero else "first",
-        )
+        est = focus_recompute_estimate(tables)
         recomputed = _num(est.recomputed_point)
         low, high = _num(est.recomputed_low), _num(est.recomputed_high)
         ratio, ratio_low, ratio_high = (_num(est.recompute_ratio), _num(est.ratio_low),

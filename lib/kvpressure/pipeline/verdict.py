@@ -107,6 +107,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     from kvpressure.analysis.remedies import evaluate_remedies
     from kvpressure.analysis.status import KV_BOUND, NOT_ESTABLISHED, SEQ_BOUND, decide_status
     from kvpressure.analysis.symptoms import check_symptoms
+    from kvpressure.pipeline.stages import focus_recompute_estimate
 
     info = tables.info
     settings = info["settings"]
@@ -116,6 +117,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     checklist = check_symptoms(
         series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info["focus"]["run"],
         max_num_seqs=settings.get("max_num_seqs"),
+        recompute=None if series is None else focus_recompute_estimate(tables),
     )
     comparison = comparison_from_dict(read_stage(run_dir, "compare"))
     interference = interference_from_dict(read_stage(run_dir, "interference"))
