@@ -30,8 +30,13 @@ Recorder protocol (all optional methods; times in seconds)
 * ``on_preempted(req, t)``: each preemption, ``t`` = start of the step.
 * ``on_output(req, t, new_tokens, finished)``: one output of one request, ``t`` = end of the
   step (the next step's start).
+* ``on_decode_tokens(reqs, t)`` (optional): in one step, every request of ``reqs`` emitted
+  one decode token (not its first, not its last) stamped ``t``; part of that step's
+  iteration like its ``on_output`` calls, which it replaces for those requests. Only the
+  requests' identity may be read (their counters may lag). Without it, ``on_output``.
 * ``on_decode_leap(reqs, times)``: event-driven path: every request of ``reqs`` emitted one
   token at each time of ``times`` (a sequence, one per step); none finished in these steps.
+  Only the requests' identity may be read (their counters may lag).
 * ``on_step_end(t, num_running, num_waiting, num_waiting_deferred, kv_usage,
   prefix_queries, prefix_hits)``: after ``update_from_output`` of a step; ``t`` = end of the
   step; ``prefix_*`` are that step's prefix-cache query/hit tokens (successful admissions).
@@ -145,6 +150,7 @@ class _Engine:
         self.r_preempted = getattr(rec, "on_preempted", None)
         self.r_output = getattr(rec, "on_output", None)
         self.r_leap = getattr(rec, "on_decode_leap", None)
+        self.r_tokens = getattr(rec, "on_decode_tokens", None)
         self.r_step_end = getattr(rec, "on_step_end", None)
         self.r_steps_end = getattr(rec, "on_steps_end", None)
         self.r_scrape = getattr(rec, "maybe_scrape", None)
@@ -305,6 +311,11 @@ class _Engine:
         if members:
             # Members come first in scheduling order; brought up to date for the recorder.
             lz = self.lazy
+            if self.r_tokens is not None:
+                # The bulk hook takes the plain decode tokens (its contract needs only the
+                # requests' identity); a member that finished still gets its own output.
+                self.r_tokens([r for r in members if r.status <= PREEMPTED], t1)
+                members = [r for r in members if r.status > PREEMPTED]
             for r in members:
                 if r.lz_d0 >= 0:
                     lz.sync(r)
@@ -567,10 +578,11 @@ class _Engine:
             times = [t0 + (step0 + j + 1) * dt for j in range(K)]
             t_end = times[-1]
         # Recorder: the leapt steps in aggregate; a last step with finishes as a plain step.
-        if self.r_leap is not None or self.r_output is not None:
+        bulk = self.r_tokens is not None
+        if self.r_output is not None and not bulk:
             for r in running:
                 if r.lz_d0 >= 0:
-                    lz.sync(r)  # what the recorder is handed is up to date
+                    lz.sync(r)  # what on_output is handed is up to date
         Kl = K - 1 if F else K
         if Kl:
             if self.r_leap is not None:
@@ -585,9 +597,14 @@ class _Engine:
             if self.r_scrape is not None:
                 self.r_scrape(float(times[Kl - 1]))
         if F:
+            if bulk:
+                self.r_tokens([r for r in running if r.status <= PREEMPTED], float(t_end))
             if self.r_output is not None:
                 for r in running:
-                    self.r_output(r, float(t_end), 1, r.status > PREEMPTED)
+                    if r.status > PREEMPTED or not bulk:
+                        if r.lz_d0 >= 0:
+                            lz.sync(r)
+                        self.r_output(r, float(t_end), 1, r.status > PREEMPTED)
             if self.r_step_end is not None:
                 self.r_step_end(float(t_end), R - F, W, D, usage_last, 0, 0)
             if self.r_scrape is not None:

@@ -418,6 +418,28 @@ class PromRecorder:
         if finished:
             self._finish_request(req, st, t)
 
+    def on_decode_tokens(self, reqs: Iterable[Any], t: float) -> None:
+        """``on_output`` of one decode token (neither first nor last) for each of ``reqs``, all
+        stamped ``t`` within one step: the bulk form of the hottest path of a run."""
+        if t > self._boundary or self._pending_leap is not None:
+            self._flush_before(t)
+        states, buf = self._reqs, self._itl_buf
+        n = 0
+        for req in reqs:
+            st = states[_req_id(req)]
+            if st.pending_preemptions:
+                self.num_preemptions += st.pending_preemptions
+                st.num_preemptions += st.pending_preemptions
+                st.pending_preemptions = 0
+            buf.append(t - st.last_token_ts)
+            st.last_token_ts = t
+            st.num_generation_tokens += 1
+            n += 1
+        if n:
+            self._iter_has_output = True
+            self.generation_tokens += n
+            self._iter_tokens += n
+
     def on_decode_leap(self, reqs: Iterable[Any], times: Sequence[float]) -> None:
         """Each request in ``reqs`` emitted one token at each of ``times`` (consecutive pure
         decode steps, in order; none of them finishes a request or admits one).
