@@ -18,6 +18,7 @@ from kvpressure.pipeline.notebooks import NOTEBOOKS, NotebookFailed, run_noteboo
 from kvpressure.pipeline.report import make_report, parse_params
 from kvpressure.pipeline.run_folder import read_stage
 from kvpressure.record.io import load_record
+from report_helpers import empty_fields
 
 EXPERIMENT = REPO_ROOT / "data" / "experiments" / "ci_small.yaml"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -32,22 +33,11 @@ def simulated(tmp_path_factory):
                        stream=None)
 
 
-def _empty_fields(node, path=""):
-    if node is None or node == "" or node == [] or node == {}:
-        yield path
-    elif isinstance(node, dict):
-        for k, v in node.items():
-            yield from _empty_fields(v, f"{path}.{k}" if path else k)
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _empty_fields(v, f"{path}[{i}]")
-
-
 def test_record_is_complete_and_agrees_with_the_stages(simulated):
     data = yaml.safe_load(simulated.record_path.read_text())
     # Only a status that calls for no remedy may leave the remedies empty.
     allowed = [] if data["status"] == KV_BOUND else [["remedies"], []]
-    assert list(_empty_fields(data)) in (allowed or [[]])
+    assert list(empty_fields(data)) in (allowed or [[]])
     record = load_record(simulated.record_path)
     verdict = read_stage(simulated.run_dir, "record")
     knee = read_stage(simulated.run_dir, "knee")

@@ -27,6 +27,7 @@ from kvpressure.pipeline.report import make_report
 from kvpressure.pipeline.run_folder import read_stage
 from kvpressure.pipeline.sweep import run_sweep
 from kvpressure.record.io import load_record
+from report_helpers import empty_fields
 
 pytestmark = pytest.mark.slow
 
@@ -63,17 +64,6 @@ def sim_status(sweep):
 
 def _summary(points: Path, c: int) -> dict:
     return json.loads((points / f"c{c}" / "summary.json").read_text())
-
-
-def _empty_fields(node, path=""):
-    if node is None or node == "" or node == [] or node == {}:
-        yield path
-    elif isinstance(node, dict):
-        for k, v in node.items():
-            yield from _empty_fields(v, f"{path}.{k}" if path else k)
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _empty_fields(v, f"{path}[{i}]")
 
 
 # --------------------------------------------------------------------------- ingestion
@@ -158,7 +148,7 @@ def test_bench_sweep_with_one_log_is_investigated_like_the_simulation(full, swee
     assert rec.workload.input_len_distribution.mean == pytest.approx(lens.mean())
     # Everything measured: the only nulls are the comparison the data does not hold.
     data = load_record(full.record_path).model_dump(mode="json")
-    assert list(_empty_fields(data)) == ["evidence.comparison", "provenance.seed",
+    assert list(empty_fields(data)) == ["evidence.comparison", "provenance.seed",
                                          "provenance.seeds", "missing"]
     page = full.index_path.read_text()
     assert KV_BOUND in page and "not confirmed" in page and "Not measured" not in page

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kvpressure.simulation.block_pool import BlockPool, StackBlockPool
 from kvpressure.simulation.kv_cache_manager import KVCacheManager
 from kvpressure.simulation.request import PREEMPTED, Request
-from test_sim_helpers import ManualLoop, settings
+from sim_helpers import ManualLoop, settings
 
 
 def test_null_block_is_taken_out_and_blocks_pop_in_id_order():

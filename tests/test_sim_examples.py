@@ -8,7 +8,7 @@ from __future__ import annotations
 from kvpressure.simulation.engine import simulate
 from kvpressure.simulation.request import PREEMPTED, RUNNING
 from kvpressure.simulation.scenario import load_scenario
-from test_sim_helpers import ManualLoop, settings
+from sim_helpers import ManualLoop, settings
 
 
 def _names(out) -> dict[str, int]:

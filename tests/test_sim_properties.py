@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kvpressure.simulation.engine import StepClock, _Engine, simulate
 from kvpressure.simulation.request import PREEMPTED, RUNNING, WAITING
 from kvpressure.simulation.scenario import load_scenario
-from test_sim_helpers import LinearCost, RecordingRecorder
+from sim_helpers import LinearCost, RecordingRecorder
 
 
 @st.composite
