@@ -179,6 +179,13 @@ def test_cli_runs_csv_with_two_columns_and_groups(tmp_path, capsys):
     assert list(lines[0]) == ["group", "knee_x", "peak_x", "peak_y", "plateau", "declines",
                               "decline_pct", "points"]
 
+    # Without --group a table with variants still gives one curve per variant, never a pool
+    assert main(["knee", str(p)]) == 0
+    assert [json.loads(s)["group"] for s in capsys.readouterr().out.splitlines()] == ["a", "b"]
+    assert main(["knee", str(p), "--group", "none"]) == 0
+    pooled = json.loads(capsys.readouterr().out)
+    assert pooled["group"] is None and pooled["points"][0]["n"] == 2
+
     frame[["concurrency", "output_throughput"]].iloc[:7].to_csv(p, index=False)
     assert main(["knee", str(p)]) == 0
     assert json.loads(capsys.readouterr().out)["group"] is None
@@ -203,3 +210,10 @@ def test_cli_bench_folder(tmp_path, capsys):
     assert [p["x"] for p in d["points"]] == [1, 4, 16, 32, 64]
     (tmp_path / "broken.json").write_text("{not json")
     assert main(["knee", str(tmp_path)]) == 2
+
+
+def test_short_sweep_from_near_zero_keeps_a_plateau_near_the_peak():
+    # Four levels without repeats: too few to read noise from roughness, so the plateau is the
+    # tolerance band around the peak, not a "noise" as large as the peak itself.
+    res = find_knee([1, 8, 16, 32], [1.4, 300.0, 700.0, 1024.0])
+    assert res.noise_sd is None and res.plateau == (32.0, 32.0)

@@ -100,10 +100,10 @@ def _aggregate(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 # MAD, and wastes fewer of the few second differences a sweep has.
 _QN_SMALL_N = {2: 0.399, 3: 0.994, 4: 0.512, 5: 0.844, 6: 0.611, 7: 0.857, 8: 0.669, 9: 0.872}
 _QN_NORMAL = 2.2219
-# Second differences needed for a noise estimate: two on the rising part (four levels; rough,
-# but a sweep often has no more before its peak), three over every level (where the drop after
-# the peak is one of them).
-_MIN_HELD_RESIDUALS = 2
+# Second differences needed for a noise estimate (five levels): a scale from two of them is
+# one difference, and on a short sweep that starts near zero (1.4 tok/s at one client, 1,000
+# at 32) a relative difference at the low end would pass for noise as large as the peak.
+_MIN_HELD_RESIDUALS = 3
 _MIN_RESIDUALS = 3
 
 

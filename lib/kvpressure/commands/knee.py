@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", metavar="RUNS", help="runs.csv, or a folder of vllm bench JSONs")
     parser.add_argument("--x", default="concurrency", help="x column (default: concurrency)")
     parser.add_argument("--y", default="output_throughput", help="y column (default: output_throughput)")
-    parser.add_argument("--group", default=None, help="column that splits curves (e.g. variant)")
+    parser.add_argument("--group", default=None,
+                        help="column that splits curves (default: variant, when the table has "
+                             "one; 'none' for a single curve)")
     parser.add_argument("--plateau-tol", type=float, default=0.05,
                         help="plateau: levels within this fraction of the peak (default 0.05)")
 
@@ -89,6 +91,10 @@ def knee_table(
 
 def run(args: argparse.Namespace) -> int:
     frame = load_curve_table(args.runs)
-    for obj in knee_table(frame, args.x, args.y, args.group, str(args.runs), args.plateau_tol):
+    # Curves of different variants (or servers) pooled into one would be no curve at all.
+    group = args.group or ("variant" if "variant" in frame.columns else None)
+    if group == "none":
+        group = None
+    for obj in knee_table(frame, args.x, args.y, group, str(args.runs), args.plateau_tol):
         print(json.dumps(obj, sort_keys=False))
     return 0
