@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvpressure.analysis.recompute import to_jsonable
 from kvpressure.errors import InputError
+from kvpressure.jsonable import to_jsonable
 
 CLI_KEYS = ("knee_x", "peak_x", "peak_y", "plateau", "declines", "decline_pct", "points")
 
@@ -100,11 +100,14 @@ def _aggregate(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 # MAD, and wastes fewer of the few second differences a sweep has.
 _QN_SMALL_N = {2: 0.399, 3: 0.994, 4: 0.512, 5: 0.844, 6: 0.611, 7: 0.857, 8: 0.669, 9: 0.872}
 _QN_NORMAL = 2.2219
-# Second differences needed for a noise estimate (five levels): a scale from two of them is
-# one difference, and on a short sweep that starts near zero (1.4 tok/s at one client, 1,000
-# at 32) a relative difference at the low end would pass for noise as large as the peak.
-_MIN_HELD_RESIDUALS = 3
+# Second differences needed for a noise estimate: two on the rising part (four levels; rough,
+# but a sweep often has no more before its peak), three over every level (where the drop after
+# the peak is one of them). A sweep of fewer than five levels in all gives none: on a short
+# sweep that starts near zero (1.4 tok/s at one client, 1,000 at 32) a relative difference at
+# the low end would pass for noise as large as the peak.
+_MIN_HELD_RESIDUALS = 2
 _MIN_RESIDUALS = 3
+_MIN_LEVELS = 5
 
 
 def qn_scale(values: np.ndarray) -> float:
@@ -144,6 +147,9 @@ def roughness_noise(x: np.ndarray, y: np.ndarray, plateau_tol: float = 0.05
 
     ``x`` sorted and distinct, ``y`` the level means.
     """
+    if len(x) < _MIN_LEVELS:
+        return None, (f"unknown (only {len(x)} levels, {_MIN_LEVELS} needed); min_decline_pct "
+                      "and plateau_tol alone decide")
     ipeak = int(np.argmax(y))
     end = ipeak
     while end < len(y) - 1 and y[end + 1] >= y[ipeak] * (1 - plateau_tol):
