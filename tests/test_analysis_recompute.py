@@ -90,7 +90,8 @@ def constructed_series(prefix_caching: bool = False) -> pd.DataFrame:
 
 
 def test_estimate_fcfs_victim_is_a_prompt():
-    e = recompute_from_series(constructed_series(), 0.0, 10.0, scheduler_reserve_full_isl=True)
+    e = recompute_from_series(constructed_series(), 0.0, 10.0, policy="fcfs",
+                              scheduler_reserve_full_isl=True)
     assert e.available and e.preemptions == 4
     # Victim = mean new prompt 1000 + B/2 = 1008 tokens; no prompt spread known -> point range.
     assert e.recomputed_point == pytest.approx(4 * 1008)
@@ -129,7 +130,7 @@ def test_analysis_and_ingestion_share_one_estimator():
     s = constructed_series(prefix_caching=True)
     for rule in (True, False, None):
         a = recompute_from_series(s, 0.0, 10.0, scheduler_reserve_full_isl=rule)
-        i = recompute_range(s, 0.0, 10.0, policy="fcfs", scheduler_reserve_full_isl=rule)
+        i = recompute_range(s, 0.0, 10.0, scheduler_reserve_full_isl=rule)
         assert (a.recomputed_low, a.recomputed_point, a.recomputed_high) == (
             i["low"], i["point"], i["high"])
         assert (a.ratio_low, a.recompute_ratio, a.ratio_high) == (

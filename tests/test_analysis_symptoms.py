@@ -10,6 +10,7 @@ import pytest
 
 from kvpressure.analysis.symptoms import Thresholds, check_symptoms
 from kvpressure.analysis.waiting import waiting_from_series, waiting_from_steps
+from kvpressure.ingestion.counters import gauge_mean
 
 DATA = Path(__file__).parent / "data" / "analysis"
 
@@ -31,7 +32,8 @@ def gauges(running, capacity, deferred, usage, preemptions=None) -> pd.DataFrame
 def test_waiting_reasons_kept_apart_and_silent_form():
     s = gauges(running=[8, 8, 16, 8], capacity=[0, 3, 2, 0], deferred=[2, 0, 0, 0],
                usage=[0.5, 1.0, 1.0, 0.6])
-    w = waiting_from_series(s, max_num_seqs=16)
+    # Over [0, 4] each sample holds for one second (the last until the window's end).
+    w = waiting_from_series(s, 0.0, 4.0, max_num_seqs=16)
     assert w.has_reason_split
     assert w.frac_waiting == pytest.approx(0.75)
     assert w.frac_capacity == pytest.approx(0.5)
@@ -84,11 +86,11 @@ def test_kv_bound_series_has_symptoms_2_to_5():
 
 def test_thresholds_are_parameters():
     s = gauges([8] * 4, [1, 1, 0, 0], [0] * 4, [0.96, 0.96, 0.5, 0.5])
-    c = check_symptoms(s, max_num_seqs=16)
+    c = check_symptoms(s, t0=0.0, t1=4.0, max_num_seqs=16)
     assert c.by_id("waiting_persists").verdict == "present"  # 50% >= 50%
     assert c.by_id("kv_usage_near_full").verdict == "present"
-    c = check_symptoms(s, max_num_seqs=16, thresholds=Thresholds(waiting_frac=0.6,
-                                                                 kv_full_usage=0.97))
+    c = check_symptoms(s, t0=0.0, t1=4.0, max_num_seqs=16,
+                       thresholds=Thresholds(waiting_frac=0.6, kv_full_usage=0.97))
     assert c.by_id("waiting_persists").verdict == "absent"
     assert c.by_id("kv_usage_near_full").verdict == "absent"
 
@@ -147,3 +149,22 @@ def test_reference_run_series_and_steps_agree():
     assert abs(fa - fb) < 0.05
     # A constant step time: ITL p95 sits in the mean's bucket, no jitter claimed.
     assert a.by_id("itl_jitter").verdict == "absent"
+
+
+def test_symptom_kv_usage_mean_is_the_record_gauge_mean():
+    # Uneven scrapes (a missing one at t=3) and a window that starts and ends between scrapes:
+    # every rule that differs (sample set, last-sample weight) would give another number.
+    ts = [0.0, 1.0, 2.0, 4.0, 5.0, 7.0]
+    usage = [0.2, 0.9, 1.0, 0.97, 0.5, 0.1]
+    rows = [("a", t, "vllm:kv_cache_usage_perc", "", u) for t, u in zip(ts, usage, strict=True)]
+    s = pd.DataFrame(rows, columns=["run", "t", "metric", "labels", "value"])
+    t0, t1 = 0.5, 5.5
+    c = check_symptoms(s, t0=t0, t1=t1)
+    ev = c.by_id("kv_usage_near_full").evidence
+    # Held values over [0.5, 5.5]: 0.2 for 0.5 s, 0.9 for 1, 1.0 for 2, 0.97 for 1, 0.5 for 0.5.
+    expected = (0.2 * 0.5 + 0.9 * 1 + 1.0 * 2 + 0.97 * 1 + 0.5 * 0.5) / 5
+    assert ev["mean_kv_usage"] == pytest.approx(expected)
+    assert ev["mean_kv_usage"] == pytest.approx(
+        gauge_mean(s, "vllm:kv_cache_usage_perc", t0, t1, run="a"))
+    # Time at or above 0.95: 1.0 for 2 s and 0.97 for 1 s out of 5.
+    assert ev["frac_near_full"] == pytest.approx(3 / 5)

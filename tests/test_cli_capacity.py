@@ -88,3 +88,18 @@ def test_profiles_lists_builtins(capsys):
     assert main(["profiles", "--kind", "model"]) == 0
     text = capsys.readouterr().out
     assert "deepseek-v3" in text and "MLA" in text
+
+
+def test_reader_closing_the_pipe_early_is_not_an_error():
+    """``kvpressure capacity --json | head -1``: the reader goes away before the output is
+    written; the command exits 0 without a traceback."""
+    import subprocess
+    import sys
+
+    code = "import sys; from kvpressure.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, *TINY, "--max-model-len", "144", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the child can write: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err and err == ""

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kvpressure.ingestion.counters import (
     bucket_quantile,
     gauge_mean,
+    gauge_window,
     histogram_mean,
     histogram_quantile,
     increase,
@@ -71,10 +72,25 @@ def test_gauge_mean_holds_values_over_a_missing_scrape() -> None:
     s = frame(
         [(0.0, "g", "", 2.0), (1.0, "g", "", 6.0), (3.0, "g", "", 10.0), (4.0, "g", "", 0.0)]
     )
-    # weights 1, 2, 1 and the median interval (1) for the last sample
-    assert gauge_mean(s, "g") == (2 * 1 + 6 * 2 + 10 * 1 + 0 * 1) / 5
+    # Open window: from the first to the last sample; the last one holds for no time.
+    assert gauge_mean(s, "g") == (2 * 1 + 6 * 2 + 10 * 1) / 4
     assert gauge_mean(s, "g", how="samples") == 18 / 4
     assert gauge_mean(s, "g", 1.0, 3.0) == (6 * 2 + 10 * 0) / 2
+    # The window starts with the sample before it (2 from 0.5 to 1) and ends holding the last
+    # one (0 from 4 to 5).
+    assert gauge_mean(s, "g", 0.5, 5.0) == (2 * 0.5 + 6 * 2 + 10 * 1 + 0 * 1) / 4.5
+    # Inside one scrape interval the held value is the whole answer.
+    assert gauge_mean(s, "g", 1.5, 2.5) == 6.0
+
+
+def test_gauge_window_picks_the_held_samples_and_their_hold_times() -> None:
+    s = pd.Series([2.0, 6.0, 10.0, 0.0], index=[0.0, 1.0, 3.0, 4.0])
+    held, w = gauge_window(s, 0.5, 3.0)
+    assert list(held) == [2.0, 6.0, 10.0]
+    assert list(w) == [0.5, 2.0, 0.0]
+    held, w = gauge_window(s, 5.0, 6.0)  # after the last scrape the last value holds
+    assert list(held) == [0.0] and list(w) == [1.0]
+    assert gauge_window(s, -2.0, -1.0)[0].empty  # before the first scrape nothing is known
 
 
 def _histogram(counts: dict[str, float]) -> pd.DataFrame:

@@ -203,3 +203,15 @@ def test_ingest_narrows_the_runs_row_with_the_engine_arguments(heavy) -> None:
     true_ratio = HEAVY_RECOMPUTED / HEAVY_SCHEDULED
     assert row["recompute_ratio_low"] <= true_ratio <= row["recompute_ratio_high"]
     assert abs(row["recomputed_tokens"] - HEAVY_RECOMPUTED) / HEAVY_RECOMPUTED < 0.05
+
+
+def test_cache_config_reads_the_labels_and_leaves_unset_fields_out() -> None:
+    from kvpressure.ingestion.cache_config import cache_config
+
+    labels = ("block_size=16,enable_prefix_caching=True,gpu_memory_utilization=0.9,"
+              "num_gpu_blocks=None")
+    s = pd.DataFrame([("r", 0.0, "vllm:cache_config_info", labels, 1.0)],
+                     columns=["run", "t", "metric", "labels", "value"])
+    assert cache_config(s) == {"block_size": 16, "enable_prefix_caching": True,
+                               "gpu_memory_utilization": 0.9}
+    assert cache_config(s.assign(metric="vllm:num_requests_running")) == {}

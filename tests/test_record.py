@@ -179,3 +179,22 @@ def test_load_record_names_yaml_line(tmp_path):
     bad.write_text("scheduler:\n  policy: [unclosed\n")
     with pytest.raises(InputError, match=r"record.yaml, line \d+"):
         load_record(bad)
+
+
+def test_check_without_data_is_null_and_explained_by_its_own_path(tmp_path):
+    data = valid_record()
+    checks = data["evidence"]["checks"]
+    checks.append({"name": "preemptions with recompute", "holds": None,
+                   "observed": "no data", "metric": "vllm:num_preemptions_total"})
+    # A null verdict without a reason is refused: a reader would take it for "absent".
+    with pytest.raises(InputError, match=r"evidence\.checks\[1\]\.holds: null without a reason"):
+        validate_record(data)
+    data["missing"] = {"evidence.checks[1].holds": "no data (needs vllm:num_preemptions_total)"}
+    loaded = load_record(write_record(data, tmp_path / "record.yaml"))
+    assert [c.holds for c in loaded.evidence.checks] == [True, None]
+    assert yaml.safe_load((tmp_path / "record.yaml").read_text())["evidence"]["checks"][1][
+        "holds"] is None
+    # A reason for a check that was judged is stale.
+    data["evidence"]["checks"][1]["holds"] = False
+    with pytest.raises(InputError, match=r"missing names evidence\.checks\[1\]\.holds"):
+        validate_record(data)

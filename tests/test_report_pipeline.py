@@ -170,3 +170,101 @@ def test_bad_parameters_are_refused(tmp_path):
         make_report(other, experiment=EXPERIMENT)
     assert (other / "notes.txt").read_text() == "keep me"
     assert sys.modules  # the refusals above ran no notebook
+
+
+def test_report_reads_the_record_notebook_06_wrote(tmp_path):
+    from kvpressure.pipeline.report import notebook_record
+
+    with pytest.raises(InputError, match=r"record\.yaml: not written; notebook 06_record"):
+        notebook_record(tmp_path)
+    (tmp_path / "record.yaml").write_text("status: probably KV\n")
+    with pytest.raises(InputError, match=r"record\.yaml: field scheduler: Field required"):
+        notebook_record(tmp_path)
+
+
+# --------------------------------------------------------------------------- stage helpers
+def _tables_with_steps(t0, t1):
+    import pandas as pd
+
+    from kvpressure.pipeline.collect import Tables
+
+    # Steps of 0.1 s from t = 0: step k starts at 0.1 k, its outputs land at 0.1 (k + 1).
+    n = 30
+    steps = pd.DataFrame({
+        "step": range(n), "time_s": [0.1 * k for k in range(n)], "step_duration_s": [0.1] * n,
+        "num_prefill_tokens": [0] * n, "num_decode_tokens": [8] * n, "kv_usage": [0.5] * n,
+        "preemptions": [0] * n, "recomputed_tokens": [0] * n, "num_scheduled_tokens": [8] * n,
+    })
+    info = {"focus": {"run": "p", "concurrency": 8, "t0": t0, "t1": t1}}
+    return Tables(info, pd.DataFrame(), pd.DataFrame(), steps, None)
+
+
+@pytest.mark.parametrize(("t0", "t1", "first", "last"), [
+    (0.0, 1.0, 0, 9),   # t0 = 0 is a bound like any other: outputs after 0, i.e. every step
+    (1.05, 2.05, 10, 19),  # step 10 starts at 1.0 < t0 but its outputs (1.1) are in the window
+])
+def test_interference_view_shows_the_steps_the_analysis_judges(t0, t1, first, last):
+    from kvpressure.pipeline.stages import interference_stage
+
+    view = interference_stage(_tables_with_steps(t0, t1)).frames["steps"]
+    # Chosen by output time (time_s + step_duration_s) in (t0, t1], as the analysis chooses.
+    assert view["t"].round(9).tolist() == [round(0.1 * k, 9) for k in range(first, last + 1)]
+
+
+def test_comparison_words_say_what_moved():
+    from kvpressure.pipeline.stages import moved_right_words, restate_status_rule
+
+    only_sustained = [{"moved_right_by": ["sustained range"]}]
+    both = [{"moved_right_by": ["knee", "sustained range"]}, {"moved_right_by": []}]
+    assert moved_right_words(["sustained range"]) == (
+        "the end of the sustained range moves right beyond noise (the knee itself does not move "
+        "beyond noise)")
+    assert moved_right_words(["knee", "sustained range"]) == (
+        "the knee moves right beyond noise (knee and sustained range)")
+    assert moved_right_words(["knee"], past=True) == "the knee moved right beyond noise (knee)"
+    rule = ("2: KV usage near full, preemption with recompute; the knee moved right beyond noise "
+            "(sustained range) when max_num_seqs changed")
+    assert restate_status_rule(rule, only_sustained) == (
+        "2: KV usage near full, preemption with recompute; the end of the sustained range moved "
+        "right beyond noise (the knee itself did not move beyond noise) when max_num_seqs changed")
+    knee_rule = rule.replace("(sustained range)", "(knee and sustained range)")
+    assert restate_status_rule(knee_rule, both) == knee_rule
+
+
+def test_comparison_summary_agrees_with_the_knees(simulated):
+    from kvpressure.pipeline.stages import moved_right_by
+
+    compare = read_stage(simulated.run_dir, "compare")
+    record = load_record(simulated.record_path)
+    by = moved_right_by(compare["shifts"])
+    assert by and record.evidence.comparison.summary == compare["summary"]
+    sustained_only = "the end of the sustained range moves right beyond noise (the knee itself"
+    if "knee" in by:
+        assert "The knee moves right beyond noise (knee" in compare["summary"]
+    else:  # every knee is "within noise": the summary must not say the knee moves
+        assert all(not s["knee_beyond_noise"] for s in compare["shifts"])
+        assert "The knee moves right" not in compare["summary"]
+        assert sustained_only.capitalize() in compare["summary"]
+        assert "the knee itself did not move beyond noise" in record.evidence.reasons[0]
+
+
+def test_recompute_ratios_say_which_measurement_they_are(simulated):
+    page = simulated.index_path.read_text()
+    record = load_record(simulated.record_path)
+    seed = record.provenance.seed
+    assert f"<th>recompute ratio (in the focus window, seed {seed})</th>" in page
+    n = len(record.provenance.seeds)
+    assert all(f"(whole runs, mean of {n} seeds)" in r.effect
+               for r in record.remedies if "recompute ratio" in r.effect)
+    assert any("recompute ratio" in r.effect for r in record.remedies)
+
+
+def test_experiment_is_a_file_or_a_built_in_name(tmp_path):
+    from kvpressure.pipeline.report import experiment_file
+
+    # As `kvpressure sweep` takes it: a bare name is data/experiments/<name>.yaml.
+    assert experiment_file("ci_small") == EXPERIMENT
+    assert experiment_file(EXPERIMENT) == EXPERIMENT
+    with pytest.raises(InputError, match=r"--experiment no_such_case: .*not found"):
+        make_report(tmp_path / "o", experiment="no_such_case")
+    assert not (tmp_path / "o").exists()  # refused before anything is written

@@ -9,6 +9,7 @@ output of a reference run whose true recompute ratio is known (127,201 / 601,608
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -187,6 +188,25 @@ def test_bench_results_alone_give_the_curve_and_no_cause(bench_only, sweep):
     assert "Not measured" in page and "<th>KV cache usage (mean)</th><td>no data</td>" in page
 
 
+def test_bench_results_alone_leave_engine_checks_unjudged_not_false(bench_only):
+    rec = load_record(bench_only.record_path)
+    symptoms = read_stage(bench_only.run_dir, "record")["symptoms"]["symptoms"]
+    assert sum(s["verdict"] == "no data" for s in symptoms) >= 2
+    # A symptom without data is neither present nor absent: null, with the symptom's reason.
+    for i, (s, check) in enumerate(zip(symptoms, rec.evidence.checks, strict=True)):
+        assert check.name == s["name"]
+        if s["verdict"] == "no data":
+            assert check.holds is None
+            why = rec.missing[f"evidence.checks[{i}].holds"]
+            assert s["evidence"]["missing"] in why and "no engine metrics" in why
+        else:
+            assert check.holds == (s["verdict"] == "present")
+            assert f"evidence.checks[{i}].holds" not in rec.missing
+    page = bench_only.index_path.read_text()
+    kv = next(c for c in rec.evidence.checks if c.metric == "vllm:kv_cache_usage_perc")
+    assert f"<td>{html.escape(kv.name)}</td><td class='no'>no data</td>" in page
+
+
 # --------------------------------------------------------------------------- 3. one level
 @pytest.fixture(scope="module")
 def one_level(tmp_path_factory):
@@ -214,7 +234,10 @@ def test_one_scrape_log_of_one_level(one_level):
     assert "not confirmed" in rec.evidence.reasons[0]
     assert rec.workload.model_name == "llama-reference"
     assert set(rec.missing) == {"perf.knee", "scheduler.policy",
-                                "scheduler.max_num_batched_tokens"}
+                                "scheduler.max_num_batched_tokens", "evidence.checks[0].holds"}
+    # One level cannot show a falling curve: that check is not judged, and says why.
+    assert rec.evidence.checks[0].holds is None
+    assert "at least 3 levels" in rec.missing["evidence.checks[0].holds"]
     page = one_level.index_path.read_text()
     assert "One load level measured" in page and "No curve, no knee" in page
 

@@ -89,3 +89,22 @@ def test_step_level_run_writes_its_prometheus_view_on_the_step_clock(tmp_path):
     assert not (tmp_path / "bare").exists()
     assert main(["simulate", str(LIGHT), "--out", str(tmp_path / "bare"), "--no-metrics"]) == 0
     assert not (tmp_path / "bare" / "metrics.prom.jsonl").exists()
+
+
+def test_no_metrics_is_honoured_for_an_experiment(tmp_path):
+    """An experiment point with and without its Prometheus view: the same simulation (the view
+    only watches), one folder without metrics.prom.jsonl."""
+    from kvpressure.paths import REPO_ROOT
+
+    exp = REPO_ROOT / "data" / "experiments" / "ci_small.yaml"
+    args = ["--concurrency", "8"]
+    assert main(["simulate", str(exp), "--out", str(tmp_path / "full"), *args]) == 0
+    assert main(["simulate", str(exp), "--out", str(tmp_path / "bare"), "--no-metrics",
+                 *args]) == 0
+    assert (tmp_path / "full" / "metrics.prom.jsonl").is_file()
+    assert not (tmp_path / "bare" / "metrics.prom.jsonl").exists()
+    for name in ("steps.csv", "requests.csv"):
+        assert (tmp_path / "bare" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
+    full, bare = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("full", "bare"))
+    assert full.pop("timing") and bare.pop("timing")  # wall-clock speed, not a result
+    assert bare == full

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from kvpressure.errors import InputError
@@ -55,7 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return 2
     try:
-        return int(_module(command).run(args) or 0)
+        code = int(_module(command).run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # The reader stopped early (``kvpressure capacity --json | head -1``): what it read is
+        # complete, so no error. Point stdout at devnull so the exit's flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except (InputError, FileNotFoundError) as exc:
         print(f"kvpressure {command}: error: {exc}", file=sys.stderr)
         return 2

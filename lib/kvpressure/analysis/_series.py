@@ -1,7 +1,8 @@
 """Reading the canonical ``series`` table: one metric, one window, counters and histograms.
 
-Small private helpers shared by the analysis modules, on top of ``kvpressure.ingestion.counters``
-(counter increase with resets, histogram buckets and quantiles). They never invent a value: a metric that
+Small private helpers shared by the analysis modules, thin wrappers over
+``kvpressure.ingestion.counters`` (label selection, counter increase with resets, histogram
+buckets and quantiles; gauges are read with its ``gauge_window`` and ``held_mean``). They never invent a value: a metric that
 is absent gives ``None`` (or an empty Series), which the callers turn into "no data".
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
@@ -18,9 +18,11 @@ from kvpressure.ingestion.counters import (
     bucket_quantile,
     histogram_buckets,
     increase,
+    select,
     window_increase,
 )
 from kvpressure.ingestion.labels import parse_labels
+from kvpressure.jsonable import finite_or_none
 
 SERIES_COLUMNS = ("run", "t", "metric", "labels", "value")
 
@@ -64,19 +66,8 @@ def select_run(series: pd.DataFrame, run: str | None) -> pd.DataFrame:
     return out
 
 
-def _label_mask(frame: pd.DataFrame, match: Mapping[str, str]) -> pd.Series:
-    if not match:
-        return pd.Series(True, index=frame.index)
-    labels = frame["labels"] if "labels" in frame.columns else pd.Series("", index=frame.index)
-    parsed = labels.map(parse_labels)
-    return parsed.map(lambda d: all(d.get(k) == str(v) for k, v in match.items()))
-
-
 def has_metric(series: pd.DataFrame, metric: str, match: Mapping[str, str] | None = None) -> bool:
-    rows = series[series["metric"] == metric]
-    if rows.empty:
-        return False
-    return bool(_label_mask(rows, match or {}).any())
+    return bool(select(series, metric, match))
 
 
 def metric_values(
@@ -87,44 +78,20 @@ def metric_values(
     agg: str = "sum",
     exclude: tuple[str, ...] = (),
 ) -> pd.Series:
-    """One metric as a value-per-time Series (index ``t``, sorted).
+    """One metric as a value-per-time Series (index ``t``, sorted), from ingestion's ``select``.
 
     Rows with other label sets (several engines, several models) are combined per timestamp with
     ``agg`` ("sum" for counts and counters, "mean" for fractions such as KV usage). Label keys in
     ``exclude`` (e.g. ``le``) must be absent for a row to count, so ``_bucket`` rows never leak
     into a plain query.
     """
-    rows = series[series["metric"] == metric]
-    if rows.empty:
+    parts = [s for key, s in select(series, metric, match).items()
+             if not any(k in parse_labels(key) for k in exclude)]
+    if not parts:
         return pd.Series(dtype=float)
-    rows = rows[_label_mask(rows, match or {})]
-    if exclude and "labels" in rows.columns:
-        keep = rows["labels"].map(parse_labels).map(lambda d: not any(k in d for k in exclude))
-        rows = rows[keep]
-    if rows.empty:
-        return pd.Series(dtype=float)
-    values = pd.to_numeric(rows["value"], errors="coerce")
-    grouped = values.groupby(pd.to_numeric(rows["t"], errors="coerce"))
+    grouped = pd.concat(parts).groupby(level=0)
     out = grouped.mean() if agg == "mean" else grouped.sum(min_count=1)
     return out.sort_index().astype(float)
-
-
-def in_window(s: pd.Series, window: Window) -> pd.Series:
-    t0, t1 = window
-    mask = np.ones(len(s), dtype=bool)
-    if t0 is not None:
-        mask &= s.index.to_numpy() > t0
-    if t1 is not None:
-        mask &= s.index.to_numpy() <= t1
-    return s[mask]
-
-
-def window_bounds(series: pd.DataFrame, window: Window) -> tuple[float, float]:
-    """The window with ``None`` ends replaced by the series' first and last timestamps."""
-    t = pd.to_numeric(series["t"], errors="coerce")
-    t0 = float(t.min()) if window[0] is None else float(window[0])
-    t1 = float(t.max()) if window[1] is None else float(window[1])
-    return t0, t1
 
 
 def counter_increase(s: pd.Series, window: Window = (None, None)) -> float | None:
@@ -133,38 +100,9 @@ def counter_increase(s: pd.Series, window: Window = (None, None)) -> float | Non
     ``None`` when the counter is absent."""
     if s.empty:
         return None
-    inc = increase(s.index.to_numpy(dtype=float), s.to_numpy(dtype=float), *window)
-    return None if math.isnan(inc) else inc
-
-
-def time_weights(idx: np.ndarray) -> np.ndarray:
-    """How long each gauge sample stands for: the interval up to the next sample.
-
-    The last sample gets the median interval. Uniform scrapes give equal weights, so a
-    time fraction is then the plain fraction of samples.
-    """
-    if len(idx) == 0:
-        return np.array([])
-    if len(idx) == 1:
-        return np.array([1.0])
-    gaps = np.diff(idx.astype(float))
-    return np.append(gaps, np.median(gaps))
-
-
-def time_fraction(mask: pd.Series) -> float:
-    """Time-weighted fraction of samples where ``mask`` is true."""
-    if mask.empty:
-        return float("nan")
-    w = time_weights(mask.index.to_numpy())
-    total = w.sum()
-    return float((w * mask.to_numpy(dtype=bool)).sum() / total) if total > 0 else float("nan")
-
-
-def gauge_mean(s: pd.Series) -> float | None:
-    if s.empty:
-        return None
-    w = time_weights(s.index.to_numpy())
-    return float(np.average(s.to_numpy(dtype=float), weights=w))
+    return finite_or_none(
+        increase(s.index.to_numpy(dtype=float), s.to_numpy(dtype=float), *window)
+    )
 
 
 def histogram_window(
@@ -187,5 +125,4 @@ def histogram_window(
 
 def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
     """Prometheus' ``histogram_quantile`` on window bucket counts; None when empty."""
-    v = bucket_quantile(q, pd.Series(dict(buckets)).sort_index())
-    return None if math.isnan(v) else float(v)
+    return finite_or_none(bucket_quantile(q, pd.Series(dict(buckets)).sort_index()))

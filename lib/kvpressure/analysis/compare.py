@@ -39,8 +39,8 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.analysis.knee import KneeResult, find_knee
-from kvpressure.analysis.recompute import to_jsonable
 from kvpressure.errors import InputError
+from kvpressure.jsonable import to_jsonable
 
 # Engine arguments a comparison may vary (and that runs.csv may carry as columns).
 SETTING_COLUMNS = (

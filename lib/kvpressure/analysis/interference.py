@@ -33,13 +33,11 @@ import pandas as pd
 
 from kvpressure.analysis import _series as S
 from kvpressure.analysis._steps import is_timed, require_columns, steps_in_window
-from kvpressure.analysis.recompute import to_jsonable
+from kvpressure.analysis.symptoms import KV_FULL_USAGE
 from kvpressure.errors import InputError
-
-ITL = "vllm:inter_token_latency_seconds"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-PREEMPTIONS = "vllm:num_preemptions_total"
-KV_USAGE = "vllm:kv_cache_usage_perc"
+from kvpressure.ingestion.counters import gauge_window
+from kvpressure.ingestion.names import ITL, KV_USAGE, PREEMPTIONS, PROMPT_TOKENS
+from kvpressure.jsonable import to_jsonable
 
 
 @dataclass
@@ -72,7 +70,7 @@ def interference_from_steps(
     *,
     spike_factor: float = 1.5,
     long_prefill_tokens: int | None = None,
-    kv_full: float = 0.95,
+    kv_full: float = KV_FULL_USAGE,
     min_spike_share: float = 0.1,
     min_itl_share: float = 0.01,
     recompute_ratio: float = 0.05,
@@ -165,7 +163,7 @@ def interference_from_series(
     run: str | None = None,
     spike_factor: float = 1.5,
     burst_factor: float = 2.0,
-    kv_full: float = 0.95,
+    kv_full: float = KV_FULL_USAGE,
     min_spike_share: float = 0.1,
 ) -> InterferenceReport:
     """The same judgement from scrape intervals of ``series``."""
@@ -200,7 +198,7 @@ def interference_from_series(
         if not preempt.empty:
             r["preemptions"] = S.counter_increase(preempt, (a, b))
         if not usage.empty:
-            u = S.in_window(usage, (a, b))
+            u = gauge_window(usage, a, b)[0]
             r["kv_usage"] = float(u.max()) if not u.empty else None
         rows.append(r)
     iv = pd.DataFrame(rows)

@@ -22,7 +22,7 @@ The estimator is checked against the simulation, which knows every recomputed to
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -30,26 +30,9 @@ import pandas as pd
 from kvpressure.analysis import _series as S
 from kvpressure.analysis._steps import is_timed, require_columns, steps_in_window
 from kvpressure.errors import InputError
+from kvpressure.ingestion.names import PREEMPTIONS
 from kvpressure.ingestion.recompute_estimate import recompute_range
-
-PREEMPTIONS = "vllm:num_preemptions_total"
-
-
-def _clean(value: object) -> object:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if isinstance(value, np.generic):
-        return _clean(value.item())
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
-def to_jsonable(obj: object) -> dict:
-    """A dataclass as a JSON-able dict (NaN and inf become null)."""
-    return _clean(asdict(obj))  # type: ignore[arg-type,return-value]
+from kvpressure.jsonable import finite_or_none, to_jsonable
 
 
 @dataclass
@@ -137,10 +120,6 @@ def recompute_from_steps(
     return out
 
 
-def _num(value: object) -> float | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
-
-
 def recompute_from_series(
     series: pd.DataFrame,
     t0: float | None = None,
@@ -150,7 +129,7 @@ def recompute_from_series(
     num_gpu_blocks: int | None = None,
     block_size: int | None = None,
     enable_prefix_caching: bool | None = None,
-    policy: str | None = "fcfs",
+    policy: str | None = None,
     scheduler_reserve_full_isl: bool | None = None,
     z: float = 2.0,
     origin: str = "first",
@@ -184,45 +163,30 @@ def recompute_from_series(
         "processed_tokens_from": params.get("processed_tokens_from"), "origin": origin,
         "d4": est["d4"],
     }
-    preemptions = _num(est["preemptions"])
+    preemptions = finite_or_none(est["preemptions"])
     if preemptions is None:
         return RecomputeEstimate(
             window=window, available=False, preemptions=None,
             method=f"no data: {PREEMPTIONS} is not in the series",
             assumptions=est["assumptions"], inputs=inputs,
         )
-    available = _num(est["point"]) is not None
+    available = finite_or_none(est["point"]) is not None
     return RecomputeEstimate(
         window=window,
         available=available,
         preemptions=preemptions,
-        recomputed_low=_num(est["low"]),
-        recomputed_point=_num(est["point"]),
-        recomputed_high=_num(est["high"]),
-        processed_without_recompute=_num(est["processed_tokens"]),
-        ratio_low=_num(est["ratio_low"]),
-        recompute_ratio=_num(est["ratio_point"]),
-        ratio_high=_num(est["ratio_high"]),
-        victim_context_tokens=_num(est["victim_context_tokens"]),
+        recomputed_low=finite_or_none(est["low"]),
+        recomputed_point=finite_or_none(est["point"]),
+        recomputed_high=finite_or_none(est["high"]),
+        processed_without_recompute=finite_or_none(est["processed_tokens"]),
+        ratio_low=finite_or_none(est["ratio_low"]),
+        recompute_ratio=finite_or_none(est["ratio_point"]),
+        ratio_high=finite_or_none(est["ratio_high"]),
+        victim_context_tokens=finite_or_none(est["victim_context_tokens"]),
         method=est["method"] if available else "no data: " + est["method"],
         assumptions=est["assumptions"],
         inputs=inputs,
     )
-
-
-def recompute_window(
-    series: pd.DataFrame | None = None,
-    steps: pd.DataFrame | None = None,
-    t0: float | None = None,
-    t1: float | None = None,
-    **kwargs: object,
-) -> RecomputeExact | RecomputeEstimate:
-    """Exact when steps are given (simulation), else the estimate from series."""
-    if steps is not None:
-        return recompute_from_steps(steps, t0, t1)
-    if series is None:
-        raise InputError("recompute: pass series (counters) or steps (simulation)")
-    return recompute_from_series(series, t0, t1, **kwargs)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- validation

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.analysis.knee import find_knee
-from kvpressure.analysis.recompute import to_jsonable
 from kvpressure.errors import InputError
+from kvpressure.jsonable import to_jsonable
 
 REMEDY_ORDER = (
     "lower_max_num_seqs",

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 from kvpressure.analysis.compare import Comparison
 from kvpressure.analysis.interference import InterferenceReport
-from kvpressure.analysis.recompute import to_jsonable
 from kvpressure.analysis.symptoms import SymptomChecklist
+from kvpressure.jsonable import to_jsonable
 
 KV_BOUND = "bound by KV blocks"
 SEQ_BOUND = "bound by single-sequence length"

@@ -26,17 +26,17 @@ from kvpressure.analysis.recompute import (
     RecomputeEstimate,
     recompute_from_series,
     recompute_from_steps,
-    to_jsonable,
 )
 from kvpressure.analysis.waiting import WaitingReport, waiting_from_series, waiting_from_steps
-
-KV_USAGE = "vllm:kv_cache_usage_perc"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-PREEMPTIONS = "vllm:num_preemptions_total"
-ITL = "vllm:inter_token_latency_seconds"
+from kvpressure.ingestion.counters import gauge_window, held_mean
+from kvpressure.ingestion.names import ITL, KV_USAGE, PREEMPTIONS, RUNNING, WAITING
+from kvpressure.jsonable import finite_or_none, to_jsonable
 
 Verdict = str  # "present" | "absent" | "no data"
+
+
+# KV usage from which the pool counts as full (``vllm:kv_cache_usage_perc``, a 0..1 fraction).
+KV_FULL_USAGE = 0.95
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Thresholds:
     * ``decline_pct``: the curve falls after its peak by >= 2% and beyond noise (knee.py).
     """
 
-    kv_full_usage: float = 0.95
+    kv_full_usage: float = KV_FULL_USAGE
     kv_full_frac: float = 0.5
     waiting_frac: float = 0.5
     silent_frac: float = 0.5
@@ -130,9 +130,9 @@ def _gauge_symptoms(
 ) -> list[Symptom]:
     if series is not None:
         wr = waiting_from_series(series, *window, max_num_seqs=max_num_seqs)
-        usage = S.in_window(S.metric_values(series, KV_USAGE, agg="mean"), window)
-        kv_frac = S.time_fraction(usage >= th.kv_full_usage) if not usage.empty else None
-        kv_mean = S.gauge_mean(usage)
+        usage, w = gauge_window(S.metric_values(series, KV_USAGE, agg="mean"), *window)
+        kv_frac = held_mean(usage >= th.kv_full_usage, w) if not usage.empty else None
+        kv_mean = finite_or_none(held_mean(usage, w))
         kv_src = "series"
     elif steps is not None:
         wr = waiting_from_steps(steps, *window, max_num_seqs=max_num_seqs)

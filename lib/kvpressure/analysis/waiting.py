@@ -22,12 +22,10 @@ import pandas as pd
 
 from kvpressure.analysis import _series as S
 from kvpressure.analysis._steps import is_timed, steps_in_window
-from kvpressure.analysis.recompute import to_jsonable
 from kvpressure.errors import InputError
-
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-BY_REASON = "vllm:num_requests_waiting_by_reason"
+from kvpressure.ingestion.counters import held_mean, held_range
+from kvpressure.ingestion.names import RUNNING, WAITING, WAITING_BY_REASON
+from kvpressure.jsonable import to_jsonable
 
 STATES = (
     "idle",  # nothing running, nothing waiting
@@ -71,13 +69,10 @@ def _fill(
     capacity: np.ndarray | None,
     deferred: np.ndarray | None,
 ) -> WaitingReport:
-    total = w.sum()
-
     def frac(mask: np.ndarray) -> float:
-        return float((w * mask).sum() / total) if total > 0 else float("nan")
+        return held_mean(mask, w)
 
-    def mean(v: np.ndarray) -> float:
-        return float((w * v).sum() / total) if total > 0 else float("nan")
+    mean = frac
 
     if waiting is not None:
         out.frac_waiting, out.mean_waiting = frac(waiting > 0), mean(waiting)
@@ -127,13 +122,15 @@ def waiting_from_series(
     series = S.check_series(series)
     series = S.select_run(series, run)
     window = (t0, t1)
-    running = S.in_window(S.metric_values(series, RUNNING), window)
-    waiting = S.in_window(S.metric_values(series, WAITING), window)
-    cap = S.in_window(S.metric_values(series, BY_REASON, {"reason": "capacity"}), window)
-    dfr = S.in_window(S.metric_values(series, BY_REASON, {"reason": "deferred"}), window)
+    running = S.metric_values(series, RUNNING)
+    waiting = S.metric_values(series, WAITING)
+    cap = S.metric_values(series, WAITING_BY_REASON, {"reason": "capacity"})
+    dfr = S.metric_values(series, WAITING_BY_REASON, {"reason": "deferred"})
     frame = pd.concat(
         {"running": running, "waiting": waiting, "capacity": cap, "deferred": dfr}, axis=1
-    ).sort_index()
+    ).sort_index().ffill()
+    lo, hi, w = held_range(frame.index.to_numpy(dtype=float), t0, t1)
+    frame = frame.iloc[lo:hi]
     out = WaitingReport(
         window=window, source="series", samples=len(frame), max_num_seqs=max_num_seqs,
         has_reason_split=not cap.empty,
@@ -145,9 +142,8 @@ def waiting_from_series(
     def col(name: str, present: bool) -> np.ndarray | None:
         if not present:
             return None
-        return frame[name].ffill().fillna(0.0).to_numpy(dtype=float)
+        return frame[name].fillna(0.0).to_numpy(dtype=float)
 
-    w = S.time_weights(frame.index.to_numpy())
     return _fill(
         out, w, col("running", not running.empty), col("waiting", not waiting.empty),
         col("capacity", not cap.empty), col("deferred", not dfr.empty),

@@ -8,7 +8,8 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--experiment", metavar="FILE", help="experiment YAML to simulate")
+    what.add_argument("--experiment", metavar="FILE",
+                      help="experiment YAML to simulate (or the name of a built-in one)")
     what.add_argument(
         "--source", metavar="PATH", nargs="+",
         help="ingested data: Prometheus scrapes (file, folder, JSONL), API JSON, bench JSON",

@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-by-step", action="store_true",
                         help="disable the event-driven fast path (same results, slower)")
     parser.add_argument("--no-metrics", action="store_true",
-                        help="skip the Prometheus view (metrics.prom.jsonl) of a step-level "
-                             "workload")
+                        help="skip the Prometheus view (metrics.prom.jsonl): faster, but no "
+                             "scrapes to ingest")
     parser.add_argument("--concurrency", type=int, default=None,
                         help="experiment only: the closed-loop concurrency level to simulate "
                              "(default: the experiment's focus point)")
@@ -56,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
     if is_experiment:
         from kvpressure.simulation import experiment
 
-        point = experiment.build_point(experiment.load_experiment(path),
-                                       concurrency=args.concurrency,
-                                       overrides=overrides or None)
+        point = experiment.load_experiment(path).point(
+            concurrency=args.concurrency, overrides=overrides or None,
+            with_recorder=not args.no_metrics)
         scenario, cost_model, recorder = point.scenario, point.cost_model, point.recorder
     else:
         if args.concurrency is not None:

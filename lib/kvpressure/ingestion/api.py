@@ -43,6 +43,7 @@ from kvpressure.ingestion.sources import (
     read_text,
     time_from_name,
 )
+from kvpressure.jsonable import to_jsonable
 
 SERIES_COLUMNS = ["run", "t", "metric", "labels", "value"]
 _SUFFIXES = (".gz", ".jsonl", ".json", ".prom", ".txt", ".metrics")
@@ -76,24 +77,9 @@ class IngestResult:
                 frame.to_parquet(out / f"{name}.parquet", index=False)
                 written.append(out / f"{name}.parquet")
         path = out / "ingest.json"
-        path.write_text(json.dumps(_jsonable(self.report), indent=2) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(to_jsonable(self.report), indent=2) + "\n", encoding="utf-8")
         written.append(path)
         return written
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        seq = sorted(value) if isinstance(value, set | frozenset) else value
-        return [_jsonable(v) for v in seq]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def default_run_name(location: str) -> str:

@@ -7,9 +7,15 @@ differences, both so that consecutive windows add up to the whole:
 * no extrapolation to the window edges: the result is a sum of observed differences.
 
 A drop in a counter is a reset (the server restarted and counted from zero): the value after
-the drop is all increase, as in Prometheus. Gauges are averaged weighting each sample by how
-long it stood (until the next sample; the last one for the median scrape interval), so missing
-scrapes hold the previous value instead of biasing the mean. NaN samples are left out.
+the drop is all increase, as in Prometheus.
+
+A gauge over a window ``[t0, t1]`` is the step function its samples draw: each sample holds until
+the next one. The samples that describe the window are the last one at or before ``t0`` (the
+value the window starts with) and every one in ``(t0, t1]``; the mean is time-weighted, each
+sample by how long it holds inside the window (the last one until ``t1``), so missing scrapes
+hold the previous value instead of biasing the mean. Every consumer (``runs``, the record, the
+symptom checklist, waiting reasons) reads gauges through ``gauge_window``. NaN samples are left
+out.
 """
 
 from __future__ import annotations
@@ -96,14 +102,18 @@ def increase(
         return 0.0
     if from_zero:
         seg = np.concatenate(([0.0], seg))
-    d = np.diff(seg)
-    return float(np.where(d >= 0, d, seg[1:]).sum())
+    return float(_reset_aware_diff(seg).sum())
+
+
+def _reset_aware_diff(v: np.ndarray) -> np.ndarray:
+    d = np.diff(v)
+    return np.where(d >= 0, d, v[1:])
 
 
 def interval_increases(t: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Reset-aware increase over each scrape interval (length ``len(v) - 1``)."""
-    d = np.diff(v)
-    return np.where(d >= 0, d, v[1:])
+    """Reset-aware increase over each scrape interval ``(t[i], t[i + 1]]`` (length
+    ``len(v) - 1``)."""
+    return _reset_aware_diff(v)
 
 
 def window_increase(
@@ -128,30 +138,41 @@ def window_increase(
     return float(sum(vals)) if vals else math.nan
 
 
-def _time_weighted_mean(t: np.ndarray, v: np.ndarray, t1: float | None) -> float:
-    ok = ~np.isnan(v)
-    t, v = t[ok], v[ok]
+def held_range(
+    t: np.ndarray, t0: float | None = None, t1: float | None = None
+) -> tuple[int, int, np.ndarray]:
+    """The samples at sorted times ``t`` that describe ``[t0, t1]`` (the module's rule), as the
+    index range ``[lo, hi)``, and how long each holds inside the window. Open ends: the first
+    or last sample."""
+    lo = 0 if t0 is None else max(int(np.searchsorted(t, t0, side="right")) - 1, 0)
+    hi = len(t) if t1 is None else int(np.searchsorted(t, t1, side="right"))
+    if hi <= lo:
+        return lo, lo, np.array([])
+    held = t[lo:hi].astype(float)
+    start = held[0] if t0 is None else max(float(t0), held[0])
+    end = held[-1] if t1 is None else max(float(t1), start)
+    until = np.clip(np.append(held[1:], end), start, end)
+    return lo, hi, until - np.clip(held, start, end)
+
+
+def gauge_window(
+    s: pd.Series, t0: float | None = None, t1: float | None = None
+) -> tuple[pd.Series, np.ndarray]:
+    """One gauge's samples (index ``t``, sorted; NaN left out) that describe ``[t0, t1]`` and
+    their hold times (``held_range``)."""
+    s = s[~np.isnan(s.to_numpy(dtype=float))]
+    lo, hi, w = held_range(s.index.to_numpy(dtype=float), t0, t1)
+    return s.iloc[lo:hi], w
+
+
+def held_mean(values: pd.Series | np.ndarray, weights: np.ndarray) -> float:
+    """Mean of ``gauge_window``'s samples by their hold times; a window of one instant (all
+    weights zero) gives the plain mean of its samples, an empty one NaN."""
+    v = np.asarray(values, dtype=float)
     if len(v) == 0:
         return math.nan
-    if len(v) == 1:
-        return float(v[0])
-    gaps = np.diff(t)
-    last = float(np.median(gaps))
-    if t1 is not None:
-        last = min(last, max(t1 - t[-1], 0.0))
-    w = np.append(gaps, last)
-    total = w.sum()
-    return float(np.dot(w, v) / total) if total > 0 else float(v.mean())
-
-
-def _in_window(s: pd.Series, t0: float | None, t1: float | None) -> pd.Series:
-    idx = s.index.to_numpy()
-    mask = np.ones(len(idx), dtype=bool)
-    if t0 is not None:
-        mask &= idx >= t0
-    if t1 is not None:
-        mask &= idx <= t1
-    return s[mask]
+    total = float(weights.sum())
+    return float(np.dot(weights, v) / total) if total > 0 else float(v.mean())
 
 
 def gauge_mean(
@@ -165,7 +186,8 @@ def gauge_mean(
     agg: str | None = None,
     how: str = "time",
 ) -> float:
-    """Mean of a gauge over ``[t0, t1]``: time-weighted (``how="time"``) or per sample.
+    """Mean of a gauge over ``[t0, t1]``: time-weighted (``how="time"``) or per sample, over
+    the samples ``gauge_window`` picks.
 
     Several label sets (engines) are added (``agg="sum"``: requests running on all engines)
     or averaged (``agg="mean"``, the default for KV usage).
@@ -176,11 +198,8 @@ def gauge_mean(
     agg = agg or ("mean" if metric in _MEAN_GAUGES else "sum")
     means = []
     for s in parts.values():
-        w = _in_window(s, t0, t1)
-        if how == "time":
-            means.append(_time_weighted_mean(w.index.to_numpy(), w.to_numpy(), t1))
-        else:
-            means.append(float(np.nanmean(w.to_numpy())) if len(w) else math.nan)
+        held, w = gauge_window(s, t0, t1)
+        means.append(held_mean(held, w if how == "time" else np.ones(len(held))))
     means = [m for m in means if not math.isnan(m)]
     if not means:
         return math.nan
@@ -200,17 +219,10 @@ def gauge_max(
     parts = select(series, metric, labels, run)
     if not parts:
         return math.nan
-    total = pd.concat([_in_window(s, t0, t1) for s in parts.values()]).groupby(level=0).sum(
+    total = pd.concat([gauge_window(s, t0, t1)[0] for s in parts.values()]).groupby(level=0).sum(
         min_count=1
     )
     return float(total.max()) if len(total) else math.nan
-
-
-def gauge_at(s: pd.Series, t: float) -> float:
-    """The gauge's value at ``t``: the last sample at or before it (NaN before the first)."""
-    idx = s.index.to_numpy()
-    i = int(np.searchsorted(idx, t, side="right")) - 1
-    return float(s.iloc[i]) if i >= 0 else math.nan
 
 
 def histogram_buckets(

@@ -25,6 +25,22 @@ PREFIX = "vllm:"
 ESCAPED_PREFIX = "vllm_"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
+# The series the analysis reads, by canonical name (histograms by their base name).
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+ITL = "vllm:inter_token_latency_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
+PROMPT_LENGTHS = "vllm:request_prompt_tokens"
+GENERATION_LENGTHS = "vllm:request_generation_tokens"
+
 # vLLM 0.33.0 families (spec table 5.2), by type. Counter bases are listed without ``_total``.
 V1_COUNTERS = frozenset(
     {

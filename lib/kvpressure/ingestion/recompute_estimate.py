@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.ingestion.cache_config import cache_config
 from kvpressure.ingestion.counters import (
     gauge_mean,
     histogram_buckets,
@@ -57,41 +58,22 @@ from kvpressure.ingestion.counters import (
     window_increase,
 )
 from kvpressure.ingestion.labels import parse_labels
+from kvpressure.ingestion.names import (
+    CACHE_CONFIG_INFO,
+    KV_USAGE,
+    PREEMPTIONS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    PROMPT_LENGTHS,
+    PROMPT_TOKENS,
+    RUNNING,
+)
 
-PREEMPTIONS = "vllm:num_preemptions_total"
-USAGE = "vllm:kv_cache_usage_perc"
-RUNNING = "vllm:num_requests_running"
-CACHE_INFO = "vllm:cache_config_info"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
 FIRST_TOKENS = "vllm:time_to_first_token_seconds_count"
-PROMPT_HIST = "vllm:request_prompt_tokens"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
 
 POLICIES = ("fcfs", "priority")
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only to size the FCFS victim's partial block
 RESUMED_VICTIM_SHARE = 0.25  # share of FCFS victims allowed the mean resident context (high end)
-
-
-def cache_geometry(series: pd.DataFrame, run: str | None = None) -> dict[str, Any]:
-    """``num_gpu_blocks``, ``block_size`` and ``enable_prefix_caching`` from the labels of
-    ``vllm:cache_config_info`` (None where absent or ``None``)."""
-    parts = select(series, CACHE_INFO, None, run)
-    out: dict[str, Any] = {"num_gpu_blocks": None, "block_size": None, "prefix_caching": None}
-    for key in parts:
-        labels = parse_labels(key)
-        for field, name, conv in (
-            ("num_gpu_blocks", "num_gpu_blocks", int),
-            ("block_size", "block_size", int),
-            ("prefix_caching", "enable_prefix_caching", lambda x: x.lower() == "true"),
-        ):
-            raw = labels.get(name)
-            if out[field] is None and raw not in (None, "", "None"):
-                try:
-                    out[field] = conv(raw)
-                except ValueError:
-                    pass
-    return out
 
 
 def _values_at(s: pd.Series, times: np.ndarray) -> np.ndarray:
@@ -179,11 +161,11 @@ def _prompt_stats(
             break
     # The spread is a property of the workload: the whole series gives more requests to read it
     # from than a short window.
-    buckets = histogram_buckets(series, PROMPT_HIST, run=run, origin=origin)
+    buckets = histogram_buckets(series, PROMPT_LENGTHS, run=run, origin=origin)
     sd = _histogram_sd(buckets) if len(buckets) else None
     if mean is None and len(buckets):
-        total = window_increase(series, PROMPT_HIST + "_sum", run=run, origin=origin)
-        count = window_increase(series, PROMPT_HIST + "_count", run=run, origin=origin)
+        total = window_increase(series, PROMPT_LENGTHS + "_sum", run=run, origin=origin)
+        count = window_increase(series, PROMPT_LENGTHS + "_count", run=run, origin=origin)
         if not math.isnan(total) and not math.isnan(count) and count > 0:
             mean = total / count
     return mean, sd
@@ -216,14 +198,14 @@ def _d4(
             continue
         # Gauges of the same engine as the counter (its labels), just before the preemptions.
         gauge_labels = parse_labels(key)
-        u_s = next(iter(select(series, USAGE, gauge_labels, run).values()), pd.Series(dtype=float))
+        u_s = next(iter(select(series, KV_USAGE, gauge_labels, run).values()), pd.Series(dtype=float))
         r_s = next(iter(select(series, RUNNING, gauge_labels, run).values()),
                    pd.Series(dtype=float))
         t_before, d_p = starts[moved], incs[moved]
         u, r = _values_at(u_s, t_before), _values_at(r_s, t_before)
         bad = ~((u > 0) & (r > 0))
         out["fallbacks"] += int(bad.sum())
-        u[bad] = gauge_mean(series, USAGE, t0, t1, gauge_labels, run=run)
+        u[bad] = gauge_mean(series, KV_USAGE, t0, t1, gauge_labels, run=run)
         r[bad] = gauge_mean(series, RUNNING, t0, t1, gauge_labels, run=run)
         with np.errstate(divide="ignore", invalid="ignore"):
             ctx = u * (n_blocks - 1) * b_size / r - b_size / 2
@@ -317,14 +299,14 @@ def recompute_range(
                             nan),
     }
     assumptions: list[str] = result["assumptions"]
-    geometry = cache_geometry(series, run)
-    n_blocks = num_gpu_blocks if num_gpu_blocks is not None else geometry["num_gpu_blocks"]
-    b_size = block_size if block_size is not None else geometry["block_size"]
+    geometry = cache_config(series, run)
+    n_blocks = num_gpu_blocks if num_gpu_blocks is not None else geometry.get("num_gpu_blocks")
+    b_size = block_size if block_size is not None else geometry.get("block_size")
     kw: dict[str, Any] = {"run": run, "origin": origin}
     queries = window_increase(series, PREFIX_QUERIES, t0, t1, **kw)
     hits = window_increase(series, PREFIX_HITS, t0, t1, **kw)
-    caching = prefix_caching if prefix_caching is not None else geometry["prefix_caching"]
-    caching_from = "given" if prefix_caching is not None else CACHE_INFO
+    caching = prefix_caching if prefix_caching is not None else geometry.get("enable_prefix_caching")
+    caching_from = "given" if prefix_caching is not None else CACHE_CONFIG_INFO
     if caching is None and not math.isnan(queries):
         # With prefix caching off vLLM makes no lookup, so the query counter stays at 0 (R5.6).
         caching = queries > 0
@@ -332,10 +314,10 @@ def recompute_range(
     hit_rate = hits / queries if not math.isnan(queries) and queries > 0 else nan
     params: dict[str, Any] = {
         "num_gpu_blocks": n_blocks,
-        "num_gpu_blocks_from": (("given" if num_gpu_blocks is not None else CACHE_INFO)
+        "num_gpu_blocks_from": (("given" if num_gpu_blocks is not None else CACHE_CONFIG_INFO)
                                 if n_blocks is not None else None),
         "block_size": b_size,
-        "block_size_from": (("given" if block_size is not None else CACHE_INFO)
+        "block_size_from": (("given" if block_size is not None else CACHE_CONFIG_INFO)
                             if b_size is not None else None),
         "prefix_caching": caching,
         "prefix_caching_from": caching_from if caching is not None else None,
@@ -386,7 +368,7 @@ def recompute_range(
     if fcfs:
         b_eff = b_size if b_size is not None else DEFAULT_BLOCK_SIZE
         if b_size is None:
-            assumptions.append(f"block_size unknown ({CACHE_INFO} missing or without it): "
+            assumptions.append(f"block_size unknown ({CACHE_CONFIG_INFO} missing or without it): "
                                f"{DEFAULT_BLOCK_SIZE} assumed for the victim's partial block")
         victim = prompt_mean + b_eff / 2
         spread = z * (prompt_sd or 0.0) * math.sqrt(p)
@@ -429,9 +411,9 @@ def recompute_range(
                    if v is None]
         result["method"] = "no estimate: neither prompt counters nor pool shape size a victim"
         assumptions.append(
-            (f"{' and '.join(missing)} unknown ({CACHE_INFO} missing or without them; pass "
+            (f"{' and '.join(missing)} unknown ({CACHE_CONFIG_INFO} missing or without them; pass "
              "num_gpu_blocks= / block_size=)" if missing else
-             f"no usable {USAGE}/{RUNNING} gauges") + " and no prompt counters: no estimate")
+             f"no usable {KV_USAGE}/{RUNNING} gauges") + " and no prompt counters: no estimate")
         return result
     if caching is None:
         assumptions.append("prefix caching state unknown: treated as off")

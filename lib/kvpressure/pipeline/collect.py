@@ -30,6 +30,8 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.ingestion.cache_config import cache_config
+from kvpressure.jsonable import finite_or_none, to_jsonable
 from kvpressure.pipeline.levels import REPEAT, repeats_of
 from kvpressure.pipeline.run_folder import (
     EXPERIMENT_COPY,
@@ -237,9 +239,7 @@ def _variant_settings(exp: Any, variant: str) -> dict[str, Any]:
 
 
 def _ingest_report(report: Mapping[str, Any]) -> dict[str, Any]:
-    from kvpressure.ingestion.api import _jsonable
-
-    return _jsonable(dict(report))
+    return to_jsonable(dict(report))
 
 
 # --------------------------------------------------------------------------- ingested data
@@ -407,7 +407,7 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         focus_row = measured[measured["concurrency"] == level].iloc[0]
     run_name = str(focus_row["run"])
     series = focus_series.get(source_run[int(focus_row.name)])
-    window = (_finite(focus_row.get("t_start")), _finite(focus_row.get("t_end")))
+    window = (finite_or_none(focus_row.get("t_start")), finite_or_none(focus_row.get("t_end")))
     origin = "first"
     if series is not None and not series.empty:
         if shared_log and None not in window:
@@ -422,15 +422,15 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     else:
         series = pd.DataFrame(columns=["run", "t", "metric", "labels", "value"])
         w = bench_window({"date": focus_row.get("date"),
-                          "duration_s": _finite(focus_row.get("duration_s"))},
+                          "duration_s": finite_or_none(focus_row.get("duration_s"))},
                          bench_tzinfo(bench_timezone or None))
-        duration = _finite(focus_row.get("duration_s")) or 0.0
+        duration = finite_or_none(focus_row.get("duration_s")) or 0.0
         t0, t1 = (w[0], w[0] + duration) if w else (0.0, duration)
     series.to_csv(run_dir / SERIES_CSV, index=False)
     (run_dir / INGEST_JSON).write_text(
         json.dumps(_ingest_report({"runs": reports}), indent=2, sort_keys=True) + "\n")
     engine_metrics = bool(len(series))
-    geometry = _cache_config(series) if engine_metrics else {}
+    geometry = cache_config(series) if engine_metrics else {}
     settings = {**geometry, **dict(engine_args)}
     variant_settings = {}
     for v in variants:
@@ -511,14 +511,6 @@ def _dropped_model_name(reports: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _finite(value: Any) -> float | None:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def _first(values: Any) -> str | None:
     if values is None:
         return None
@@ -590,23 +582,6 @@ def _unmeasured(base: str) -> dict[str, Any]:
 def _finite_int(values: pd.Series) -> int | None:
     v = pd.to_numeric(values, errors="coerce").dropna()
     return int(round(float(v.iloc[0]))) if len(v) else None
-
-
-def _cache_config(series: pd.DataFrame) -> dict[str, Any]:
-    from kvpressure.ingestion.labels import parse_labels
-
-    rows = series[series["metric"] == "vllm:cache_config_info"]
-    if rows.empty:
-        return {}
-    labels = parse_labels(str(rows["labels"].iloc[-1]))
-    out: dict[str, Any] = {}
-    for key, cast in (("num_gpu_blocks", int), ("block_size", int),
-                      ("gpu_memory_utilization", float)):
-        try:
-            out[key] = cast(float(labels[key]))
-        except (KeyError, ValueError):
-            pass
-    return out
 
 
 def _model_name(series: pd.DataFrame) -> str | None:

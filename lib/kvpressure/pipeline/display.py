@@ -8,7 +8,11 @@ report can embed them as they are.
 from __future__ import annotations
 
 import io
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvpressure.pipeline.collect import Tables
 
 FIGSIZE = (9.0, 4.2)
 DPI = 100
@@ -22,6 +26,17 @@ def setup_plots() -> None:
     import seaborn as sns
 
     sns.set_theme(style="whitegrid", context="notebook", rc={"figure.figsize": FIGSIZE})
+
+
+def open_run(run_dir: str | os.PathLike[str], experiment: str | os.PathLike[str] = "",
+             source: Any = "") -> Tables:
+    """What notebooks 02-06 open with: the plot theme, stage 01's results (running stage 01
+    first when the run folder lacks them, so each notebook also runs on its own) and its tables."""
+    from kvpressure.pipeline.collect import ensure_collected, load_tables
+
+    setup_plots()
+    ensure_collected(run_dir, experiment, source)
+    return load_tables(run_dir)
 
 
 def figure_png(fig: Any) -> bytes:

@@ -111,9 +111,15 @@ def _pct(digits: int = 1) -> Any:
 
 
 def _holds(check: Any) -> str:
-    if check.holds:
-        return "yes"
-    return NO_DATA if check.observed.startswith(NO_DATA) else "no"
+    """yes / no / no data: a check the data could not judge is not read as "no"."""
+    return NO_DATA if check.holds is None else ("yes" if check.holds else "no")
+
+
+def focus_label(record: Record) -> str:
+    """Where the record's counters come from, to tell its recompute ratio from the per-level
+    means of the curve and the remedies: the focus window of the experiment's own seed."""
+    seed = record.provenance.seed
+    return "in the focus window" + ("" if seed is None else f", seed {seed}")
 
 
 def _lead(record: Record) -> str:
@@ -150,7 +156,8 @@ def _lead(record: Record) -> str:
             f"average (at most {_or(s.max_num_seqs_effective, _num)}) against max_num_seqs "
             f"{mns}, {_or(c.num_requests_waiting, lambda v: f'{v:.1f}')} wait, the KV cache is "
             f"{_or(c.kv_cache_usage_perc, _pct(0))} full, and "
-            + (f"{c.recompute_ratio:.1%} of the processed tokens are recomputed"
+            + (f"{c.recompute_ratio:.1%} of the processed tokens are recomputed "
+               f"{focus_label(record)}"
                + ("" if c.recompute_exact or c.recompute_ratio_range is None else
                   f" (estimated range {c.recompute_ratio_range[0]:.1%}–"
                   f"{c.recompute_ratio_range[1]:.1%})")
@@ -195,7 +202,7 @@ def verdict_html(record: Record, headline: str = "") -> str:
         ("KV cache usage (mean)", _or(c.kv_cache_usage_perc, _pct())),
         ("preemptions in window", _or(c.num_preemptions_total, _num)),
         ("recomputed tokens", _or(c.recomputed_tokens, _num)),
-        ("recompute ratio", ratio),
+        (f"recompute ratio ({focus_label(record)})", ratio),
         ("ITL mean / p95", f"{_or(p.itl_mean, _ms)} / {_or(p.itl_p95, _ms)}"),
         ("TTFT p95", _or(p.ttft_p95, _ms)),
     ]

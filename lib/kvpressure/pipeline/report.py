@@ -1,8 +1,9 @@
 """The whole investigation in batch: notebooks, then ``record.yaml``, then ``index.html``.
 
 ``make_report`` is what ``kvpressure report`` and ``make report`` run. It prepares the run
-folder, runs the notebooks with papermill (01, then 02-05 side by side, then 06), builds and
-validates the record from the stages' results, and renders the readable report.
+folder, runs the notebooks with papermill (01, then 02-05 side by side, then 06, which builds
+and writes ``record.yaml``), validates that record as it reads it back, and renders the
+readable report.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from kvpressure.pipeline.notebooks import (
     parameter_names,
     run_notebooks,
 )
-from kvpressure.pipeline.run_folder import RECORD_YAML, clear_generated, is_run_folder
+from kvpressure.pipeline.run_folder import (
+    NOTEBOOKS_DIR,
+    RECORD_YAML,
+    clear_generated,
+    is_run_folder,
+)
 
 # Set by the command itself; a --param may not override them.
 RESERVED = frozenset({"run_dir", "experiment", "source"})
@@ -76,6 +82,31 @@ def _check_params(params: Mapping[str, Any], known: Mapping[str, set[str]]) -> N
         )
 
 
+def experiment_file(experiment: str | os.PathLike[str]) -> Path:
+    """The experiment's YAML from a path or the name of a built-in experiment (``seed_case``),
+    read the way ``kvpressure sweep`` reads it, so a bad file is refused before any notebook runs."""
+    from kvpressure.simulation.experiment import load_experiment
+
+    try:
+        exp = load_experiment(experiment)
+    except InputError as exc:
+        raise InputError(f"--experiment {experiment}: {exc}") from None
+    return Path(exp.path) if exp.path is not None else Path(experiment)
+
+
+def notebook_record(run_dir: str | os.PathLike[str]) -> Path:
+    """``record.yaml`` as notebook 06 wrote it, read back and validated (InputError naming the
+    file when it is missing or invalid). The record is built once, by the notebook."""
+    from kvpressure.record.io import load_record
+
+    path = Path(run_dir) / RECORD_YAML
+    if not path.is_file():
+        raise InputError(f"{path}: not written; notebook 06_record builds and writes the record "
+                         f"(see {Path(run_dir) / NOTEBOOKS_DIR / '06_record.ipynb'})")
+    load_record(path)
+    return path
+
+
 def make_report(
     out_dir: str | os.PathLike[str],
     *,
@@ -90,14 +121,12 @@ def make_report(
 ) -> ReportResult:
     """Run the investigation on an experiment (simulated) or on ingested sources."""
     from kvpressure.pipeline.html import render_report
-    from kvpressure.record.build import build_record
-    from kvpressure.record.io import write_record
 
     started = time.perf_counter()
     if (experiment is None) == (not sources):
         raise InputError("give either an experiment file or one or more sources, not both")
-    if experiment is not None and not Path(experiment).is_file():
-        raise InputError(f"--experiment {experiment}: no such file")
+    if experiment is not None:
+        experiment = experiment_file(experiment)
     for src in sources:
         if not Path(src).exists():
             raise InputError(f"--source {src}: no such file or folder")
@@ -124,9 +153,8 @@ def make_report(
     runs = run_notebooks(
         run_dir, parameters, jobs=jobs, notebooks_dir=notebooks_dir, progress=say, stream=stream
     )
-    say("record.yaml and index.html ...")
-    record = build_record(run_dir)
-    record_path = write_record(record, run_dir / RECORD_YAML)
+    say("index.html ...")
+    record_path = notebook_record(run_dir)
     index_path = render_report(run_dir)
     seconds = time.perf_counter() - started
     say(f"done in {seconds:.1f} s: {index_path}")

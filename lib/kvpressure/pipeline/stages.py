@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvpressure.jsonable import finite_or_none
 from kvpressure.pipeline.collect import Tables, recompute_args
 from kvpressure.pipeline.levels import level_means
 
@@ -34,14 +35,6 @@ CURVE_COLUMNS = ("concurrency", "output_throughput", "itl_mean_s", "itl_p95_s", 
 class StageOutput:
     result: dict[str, Any]
     frames: dict[str, pd.DataFrame] = field(default_factory=dict)
-
-
-def _num(value: Any) -> float | None:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) or math.isinf(v) else v
 
 
 def _gauge(series: pd.DataFrame, metric: str, run: str, labels: str | None = None) -> pd.Series:
@@ -129,11 +122,11 @@ def recompute_stage(tables: Tables) -> StageOutput:
         detail = rec.to_dict()
     else:
         est = focus_recompute_estimate(tables)
-        recomputed = _num(est.recomputed_point)
-        low, high = _num(est.recomputed_low), _num(est.recomputed_high)
-        ratio, ratio_low, ratio_high = (_num(est.recompute_ratio), _num(est.ratio_low),
-                                        _num(est.ratio_high))
-        preemptions = _num(est.preemptions)
+        recomputed = finite_or_none(est.recomputed_point)
+        low, high = finite_or_none(est.recomputed_low), finite_or_none(est.recomputed_high)
+        ratio, ratio_low, ratio_high = (finite_or_none(est.recompute_ratio), finite_or_none(est.ratio_low),
+                                        finite_or_none(est.ratio_high))
+        preemptions = finite_or_none(est.preemptions)
         exact = False
         detail = est.to_dict()
     wr = waiting.to_dict()
@@ -203,7 +196,7 @@ def _no_engine_metrics(tables: Tables, mns: Any) -> StageOutput:
 def _kv_mean(series: pd.DataFrame, run: str, t0: float | None, t1: float | None) -> float | None:
     from kvpressure.ingestion.counters import gauge_mean
 
-    return _num(gauge_mean(series, KV_USAGE, t0, t1, run=run))
+    return finite_or_none(gauge_mean(series, KV_USAGE, t0, t1, run=run))
 
 
 # --------------------------------------------------------------------------- 03 knee
@@ -241,9 +234,9 @@ def knee_stage(tables: Tables) -> StageOutput:
         "knee": knee.to_dict() if knee is not None else None,
         "curve": points.drop(columns=["variant"], errors="ignore").to_dict(orient="records"),
         "focus_concurrency": focus["concurrency"],
-        "itl_mean_s": _num(at.get("itl_mean_s")),
-        "itl_p95_s": _num(at.get("itl_p95_s")),
-        "ttft_p95_s": _num(at.get("ttft_p95_s")),
+        "itl_mean_s": finite_or_none(at.get("itl_mean_s")),
+        "itl_p95_s": finite_or_none(at.get("itl_p95_s")),
+        "ttft_p95_s": finite_or_none(at.get("ttft_p95_s")),
     }
     return StageOutput(result, {"curve": points})
 
@@ -297,14 +290,68 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
             f"; peak throughput {gain:+.0f}%")
         phrases.append(f"{param} {s['baseline_value']} -> {s['value']}: {knee}; {turn}{gain_txt}")
     moved = cmp.knee_moves_right and cmp.beyond_noise
-    by = sorted({b for s in cmp.shifts for b in s["moved_right_by"]})
+    by = moved_right_by(cmp.shifts)
     summary = "; ".join(phrases) + (
-        f". The knee moves right beyond noise ({' and '.join(by)}) when {param} changes: the "
-        "curve was bound by KV blocks." if moved else
+        f". {moved_right_words(by).capitalize()} when {param} changes: the curve was bound by "
+        "KV blocks." if moved else
         f". The knee does not move right beyond noise when {param} changes.")
     d.update(available=True, summary=summary, moved_right_beyond_noise=moved,
              variant_names=[v.variant for v in cmp.variants if v.variant != cmp.baseline])
     return StageOutput(d, {"curves": curve(runs)})
+
+
+def moved_right_by(shifts: list[dict[str, Any]]) -> list[str]:
+    """What moved right beyond noise in any variant: "knee", "sustained range" (sorted)."""
+    return sorted({b for s in shifts for b in s.get("moved_right_by", [])})
+
+
+def moved_right_words(by: list[str], past: bool = False) -> str:
+    """What moved right beyond noise, in words that agree with the per-variant knees: when only
+    the end of the sustained range moved, the knee did not move beyond noise, and saying "the
+    knee moves" would contradict the "knee 16 -> 16, within noise" just before it."""
+    if by and "knee" not in by:
+        return ("the end of the sustained range moved right beyond noise (the knee itself did "
+                "not move beyond noise)" if past else "the end of the sustained range moves right "
+                "beyond noise (the knee itself does not move beyond noise)")
+    how = f" ({' and '.join(by)})" if by else ""
+    return f"the knee {'moved' if past else 'moves'} right beyond noise{how}"
+
+
+def restate_status_rule(rule: str, shifts: list[dict[str, Any]]) -> str:
+    """The status rule with the comparison's outcome in :func:`moved_right_words`' terms (the
+    status names the knee even when only the sustained range moved)."""
+    by = moved_right_by(shifts)
+    said = f"the knee moved right beyond noise ({' and '.join(by)})"
+    return rule.replace(said, moved_right_words(by, past=True)) if by else rule
+
+
+def variant_table(result: dict[str, Any]) -> pd.DataFrame:
+    """One row per variant of compare.json: its knee and the end of its sustained range, each
+    with its bootstrap range, the peak and the noise (empty without a comparison)."""
+    if not result.get("available"):
+        return pd.DataFrame()
+
+    def span(r: Any) -> str | None:
+        return None if r is None else f"{r[0]:g}-{r[1]:g}"
+
+    return pd.DataFrame([
+        {"variant": v["variant"], "knee_x": v["knee_x"], "knee range": span(v["knee_range"]),
+         "holds to": v["sustained_end"], "declines from": v["decline_onset"],
+         "holds-to range": span(v["sustained_range"]), "peak_y": v["peak_y"],
+         "noise_sd": v["noise_sd"], "repeats": v["repeats"]}
+        for v in result["variants"]])
+
+
+SHIFT_COLUMNS = ("variant", "baseline_value", "value", "shift", "knee_beyond_noise",
+                 "sustained_shift", "sustained_beyond_noise", "beyond_noise", "peak_gain_pct")
+
+
+def shift_table(result: dict[str, Any]) -> pd.DataFrame:
+    """One row per compared variant of compare.json: how far its knee and its sustained range
+    moved from the baseline's, and whether beyond noise (empty without a comparison)."""
+    if not result.get("available"):
+        return pd.DataFrame(columns=list(SHIFT_COLUMNS))
+    return pd.DataFrame(result["shifts"])[list(SHIFT_COLUMNS)]
 
 
 def _at(x: float | None) -> str:
@@ -340,13 +387,14 @@ def comparison_from_dict(d: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------- 05 interference
 def interference_stage(tables: Tables) -> StageOutput:
     """Prefill interference vs preemption at the focus point, with a per-step (or interval) view."""
+    from kvpressure.analysis._steps import steps_in_window
     from kvpressure.analysis.interference import interference_from_series, interference_from_steps
 
     t0, t1 = tables.window
     if tables.steps is not None and "time_s" in tables.steps:
         rep = interference_from_steps(tables.steps, t0, t1)
-        st = tables.steps
-        st = st[(st["time_s"] > (t0 or -np.inf)) & (st["time_s"] <= (t1 or np.inf))]
+        # The analysis' own window rule (by output time), so the plotted steps are the judged ones.
+        st = steps_in_window(tables.steps, (t0, t1))
         view = pd.DataFrame({
             "t": st["time_s"].to_numpy(float),
             "step_ms": 1000 * st["step_duration_s"].to_numpy(float),

@@ -17,7 +17,12 @@ import pandas as pd
 
 from kvpressure.pipeline.collect import Tables
 from kvpressure.pipeline.run_folder import read_stage
-from kvpressure.pipeline.stages import StageOutput, comparison_from_dict, interference_from_dict
+from kvpressure.pipeline.stages import (
+    StageOutput,
+    comparison_from_dict,
+    interference_from_dict,
+    restate_status_rule,
+)
 
 # The workflow's remedy table (effect, cost), for data the kit cannot re-run.
 STATIC_REMEDIES: dict[str, tuple[str, str, str, str]] = {
@@ -65,7 +70,14 @@ def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2):
     return run
 
 
-def _remedy_rows(report: dict[str, Any], settings: dict[str, Any]) -> list[dict[str, str]]:
+def runs_label(repeats: int) -> str:
+    """Which measurement a runs-table number is: each run whole, averaged over the repeats
+    (:mod:`kvpressure.pipeline.levels`), unlike the focus window's counters of seed 0."""
+    return f"whole runs, mean of {repeats} seeds" if repeats > 1 else "whole run"
+
+
+def _remedy_rows(report: dict[str, Any], settings: dict[str, Any],
+                 repeats: int = 1) -> list[dict[str, str]]:
     rows = []
     for o in report["outcomes"]:
         if not o["applicable"]:
@@ -78,7 +90,7 @@ def _remedy_rows(report: dict[str, Any], settings: dict[str, Any]) -> list[dict[
                           f"{g['throughput_at_target_pct']:+.0f}%")
         if g.get("recompute_ratio_at_target") is not None:
             effect.append(f"recompute ratio {g['recompute_ratio_before']:.1%} -> "
-                          f"{g['recompute_ratio_at_target']:.1%}")
+                          f"{g['recompute_ratio_at_target']:.1%} ({runs_label(repeats)})")
         if g.get("peak_pct") is not None:
             effect.append(f"peak {g['peak_pct']:+.0f}%")
         cost = []
@@ -142,7 +154,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
             base, _simulate_levels(str(candidate), info["concurrency_levels"]),
             settings=settings, target_concurrency=focus_c, max_sequence_tokens=max_seq,
         ).to_dict()
-        rows = _remedy_rows(report, settings)
+        rows = _remedy_rows(report, settings, tables.repeats)
         remedies = {"simulated": True, "try_first": report["try_first"], "why": report["why"],
                     "rows": rows, "report": report}
     elif status.status != NOT_ESTABLISHED:
@@ -162,9 +174,12 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     else:
         remedies = {"simulated": False, "try_first": None,
                     "why": "no KV-pressure remedy is called for by this status", "rows": []}
+    status_d = status.to_dict()
+    if comparison is not None:
+        status_d["rule"] = restate_status_rule(status_d["rule"], comparison.shifts)
     result = {
         "symptoms": checklist.to_dict(),
-        "status": status.to_dict(),
+        "status": status_d,
         "remedies": remedies,
     }
     frames = {"symptoms": symptoms_frame(checklist),

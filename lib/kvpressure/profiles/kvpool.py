@@ -95,11 +95,6 @@ class KVPoolSizing:
     estimated: tuple[str, ...]
     """Which memory components are estimates rather than given figures."""
 
-    @property
-    def capacity_tokens(self) -> int:
-        """vLLM's logged "KV cache size: N tokens" (K7)."""
-        return self.kv_cache_size_tokens
-
     def safe_concurrency(self, avg_seq_len: float, *, half_filled_tail: bool = False) -> int:
         return safe_concurrency(self, avg_seq_len, half_filled_tail=half_filled_tail)
 

@@ -10,7 +10,7 @@ from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
 from kvpressure.errors import InputError
 from kvpressure.pipeline.run_folder import read_stage
 from kvpressure.record.io import validate_record
-from kvpressure.record.schema import Record, null_fields
+from kvpressure.record.schema import Record, check_path, null_fields
 
 
 def _required(value: Any, what: str) -> Any:
@@ -36,6 +36,7 @@ _COUNTER_METRICS = {
 }
 _ENGINE_ARGS = ("policy", "max_num_seqs", "max_num_batched_tokens")
 _CACHE_CONFIG = ("num_gpu_blocks", "block_size", "gpu_memory_utilization")
+NO_DATA = "no data"  # the symptom checklist's verdict for a symptom it could not judge
 _NO_ENGINE_METRICS = ("no engine metrics: only vllm bench results were given (no Prometheus "
                       "scrapes of the server's /metrics)")
 
@@ -100,9 +101,24 @@ def _checks(symptoms: dict[str, Any]) -> list[dict[str, Any]]:
             "preemption_recompute": "vllm:num_preemptions_total",
             "itl_jitter": "vllm:inter_token_latency_seconds",
         }.get(s["id"], s["id"])
-        out.append({"name": s["name"], "holds": s["verdict"] == "present",
+        # "no data" is neither present nor absent: null, explained under 'missing'.
+        holds = None if s["verdict"] == NO_DATA else s["verdict"] == "present"
+        out.append({"name": s["name"], "holds": holds,
                     "observed": f"{s['verdict']}: {shown}" if shown else s["verdict"],
                     "metric": metric})
+    return out
+
+
+def _checks_missing(symptoms: dict[str, Any], collect: dict[str, Any]) -> dict[str, str]:
+    """Why each check without data could not be judged: the symptom's own stated reason."""
+    no_engine = not collect.get("engine_metrics", True)
+    out = {}
+    for i, s in enumerate(symptoms["symptoms"]):
+        if s["verdict"] != NO_DATA:
+            continue
+        needs = s.get("evidence", {}).get("missing")
+        why = f"{s['name']}: no data (needs {needs})" if needs else f"{s['name']}: no data"
+        out[check_path(i)] = f"{why}; {_NO_ENGINE_METRICS}" if no_engine else why
     return out
 
 
@@ -209,6 +225,7 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
             "seeds": collect.get("seeds"),
         },
     }
-    data["missing"] = {path: _why_missing(path, collect, knee)
+    checks = _checks_missing(verdict["symptoms"], collect)
+    data["missing"] = {path: checks.get(path) or _why_missing(path, collect, knee)
                        for path in sorted(null_fields(data))}
     return validate_record(data, where=f"{run_dir / 'record.yaml'}")

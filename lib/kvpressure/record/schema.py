@@ -160,7 +160,8 @@ class Check(_Strict):
     """One line of evidence: a symptom, what was observed, and whether it holds."""
 
     name: NonEmptyStr
-    holds: bool
+    holds: bool | None = Field(description="null when the data could not judge the symptom "
+                                           "('missing' says why); false means it is absent")
     observed: NonEmptyStr
     metric: NonEmptyStr
 
@@ -228,8 +229,18 @@ _MEANINGFUL_NULLS = frozenset({"perf.knee.knee_x", "provenance.seed", "provenanc
                                "evidence.comparison"})
 
 
+# Lists whose items each have a reason of their own for a null: their paths carry the index.
+_INDEXED_LISTS = frozenset({"evidence.checks"})
+
+
+def check_path(index: int) -> str:
+    """The ``missing`` key of the ``index``-th check's ``holds`` (each check has its own reason)."""
+    return f"evidence.checks[{index}].holds"
+
+
 def null_fields(node: object, path: str = "") -> set[str]:
-    """Dotted paths of the null measurements in a dumped record (list items as ``[*]``)."""
+    """Dotted paths of the null measurements in a dumped record (list items as ``[*]``, or
+    ``[i]`` in the lists whose items each have their own reason: the checks)."""
     out: set[str] = set()
     if node is None:
         return {path} if path not in _MEANINGFUL_NULLS else set()
@@ -238,8 +249,8 @@ def null_fields(node: object, path: str = "") -> set[str]:
             if path or k != "missing":
                 out |= null_fields(v, f"{path}.{k}" if path else str(k))
     elif isinstance(node, list | tuple):
-        for v in node:
-            out |= null_fields(v, f"{path}[*]")
+        for i, v in enumerate(node):
+            out |= null_fields(v, f"{path}[{i if path in _INDEXED_LISTS else '*'}]")
     return out
 
 
@@ -254,8 +265,8 @@ class Record(_Strict):
     provenance: Provenance
     missing: dict[NonEmptyStr, NonEmptyStr] = Field(
         default_factory=dict,
-        description="each null measurement (dotted path, list items as [*]) and why the data "
-                    "could not give it; empty (and left out of record.yaml) when nothing is",
+        description="each null measurement (dotted path, list items as [*], a check as "
+                    "evidence.checks[i].holds) and why the data could not give it; empty (and left out of record.yaml) when nothing is",
     )
 
     @model_validator(mode="after")

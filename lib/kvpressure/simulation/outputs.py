@@ -47,10 +47,6 @@ class StepsTable:
         for app, v in zip(self._appends, row):  # noqa: B905 (row matches the columns)
             app(v)
 
-    def extend_constant(self, name: str, value: float, count: int) -> None:
-        col = self.columns[name]
-        col.extend(array(col.typecode, [value]) * count)
-
     def extend(self, name: str, values) -> None:
         self.columns[name].extend(values)
 
@@ -63,7 +59,7 @@ def _fmt(name: str) -> str:
     return "%d"
 
 
-def _pctl(values: list[float], weights: list[int] | None, q: float) -> float:
+def percentile(values: list[float], weights: list[int] | None, q: float) -> float:
     """Inverted-CDF percentile (the smallest value whose cumulative weight reaches q); 0.0
     without values (no request emitted a second token), so that summary.json stays JSON."""
     if not values:
@@ -71,8 +67,6 @@ def _pctl(values: list[float], weights: list[int] | None, q: float) -> float:
     import numpy as np
 
     v = np.asarray(values, dtype=float)
-    if np.isnan(v).any():
-        return _pctl_exact(values, weights, q)
     # A stable sort of the values alone: ties may come in another order than sorting
     # (value, weight) pairs, but the first cumulative weight reaching the target still
     # falls on the same value. Integer weights keep the sums exact.
@@ -83,18 +77,6 @@ def _pctl(values: list[float], weights: list[int] | None, q: float) -> float:
     target = q * int(cum[-1])
     i = int(np.searchsorted(cum, target, side="left"))
     return float(v[order[min(i, len(v) - 1)]])
-
-
-def _pctl_exact(values: list[float], weights: list[int] | None, q: float) -> float:
-    pairs = sorted(zip(values, weights or [1] * len(values), strict=True))
-    total = sum(w for _, w in pairs)
-    target = q * total
-    acc = 0
-    for v, w in pairs:
-        acc += w
-        if acc >= target:
-            return v
-    return pairs[-1][0]
 
 
 class SimResult:
@@ -218,7 +200,3 @@ class SimResult:
         (out / "requests.csv").write_text(self.requests_csv())
         if self.recorder is not None and hasattr(self.recorder, "write"):
             self.recorder.write(out / "metrics.prom.jsonl")
-
-
-def percentile(values: list[float], weights: list[int] | None, q: float) -> float:
-    return _pctl(values, weights, q)

@@ -179,6 +179,14 @@ class _RequestStats:
         self.is_prefilling = True
         self.admitted = False
 
+    def take_preemptions(self) -> int:
+        """The preemptions not yet reported: vLLM ships a PREEMPTED event with the request's
+        next output, so they count from then on."""
+        n = self.pending_preemptions
+        self.num_preemptions += n
+        self.pending_preemptions = 0
+        return n
+
 
 def _req_id(req: Any) -> str:
     try:
@@ -397,9 +405,7 @@ class PromRecorder:
         self.generation_tokens += new_tokens
         self._iter_tokens += new_tokens
         if st.pending_preemptions:
-            self.num_preemptions += st.pending_preemptions
-            st.num_preemptions += st.pending_preemptions
-            st.pending_preemptions = 0
+            self.num_preemptions += st.take_preemptions()
         if st.is_prefilling:
             computed = st.prompt_len - st.cached_at_first_admission
             self.prompt_tokens += st.prompt_len
@@ -428,9 +434,7 @@ class PromRecorder:
         for req in reqs:
             st = states[_req_id(req)]
             if st.pending_preemptions:
-                self.num_preemptions += st.pending_preemptions
-                st.num_preemptions += st.pending_preemptions
-                st.pending_preemptions = 0
+                self.num_preemptions += st.take_preemptions()
             buf.append(t - st.last_token_ts)
             st.last_token_ts = t
             st.num_generation_tokens += 1
@@ -497,9 +501,7 @@ class PromRecorder:
         first, last = times[0], times[-1]
         for st in states:
             if st.pending_preemptions:
-                self.num_preemptions += st.pending_preemptions
-                st.num_preemptions += st.pending_preemptions
-                st.pending_preemptions = 0
+                self.num_preemptions += st.take_preemptions()
             self.h_itl.observe(first - st.last_token_ts)
             st.last_token_ts = last
             st.num_generation_tokens += m
