@@ -119,6 +119,13 @@ def test_decline_that_disappears_moves_the_knee_right_beyond_seed_noise(rng_seed
     assert s["moved_right_by"] == ["sustained range"] and s["beyond_noise"]
     assert s["sustained_shift"] == (96 + 32) - 40  # past the range = one step past 96
     assert "repeated measurements" in c.noise_method
+    # The status says what moved: the sustained range, not the knee (which stayed within noise)
+    st = decide_status(checklist(kv_usage_near_full="present", waiting_persists="present",
+                                 running_below_max_num_seqs="present", mean_running=18.0),
+                       comparison=c)
+    assert st.status == KV_BOUND and st.confirmed
+    assert "the end of the sustained range moved right beyond noise (the knee itself did not " \
+        "move beyond noise) when max_num_seqs changed" in st.rule
 
 
 def test_decline_that_disappears_on_exact_curves_without_repeats():

@@ -212,27 +212,18 @@ def test_interference_view_shows_the_steps_the_analysis_judges(t0, t1, first, la
 
 
 def test_comparison_words_say_what_moved():
-    from kvpressure.pipeline.stages import moved_right_words, restate_status_rule
+    from kvpressure.analysis.compare import moved_right_words
 
-    only_sustained = [{"moved_right_by": ["sustained range"]}]
-    both = [{"moved_right_by": ["knee", "sustained range"]}, {"moved_right_by": []}]
     assert moved_right_words(["sustained range"]) == (
         "the end of the sustained range moves right beyond noise (the knee itself does not move "
         "beyond noise)")
     assert moved_right_words(["knee", "sustained range"]) == (
         "the knee moves right beyond noise (knee and sustained range)")
     assert moved_right_words(["knee"], past=True) == "the knee moved right beyond noise (knee)"
-    rule = ("2: KV usage near full, preemption with recompute; the knee moved right beyond noise "
-            "(sustained range) when max_num_seqs changed")
-    assert restate_status_rule(rule, only_sustained) == (
-        "2: KV usage near full, preemption with recompute; the end of the sustained range moved "
-        "right beyond noise (the knee itself did not move beyond noise) when max_num_seqs changed")
-    knee_rule = rule.replace("(sustained range)", "(knee and sustained range)")
-    assert restate_status_rule(knee_rule, both) == knee_rule
 
 
 def test_comparison_summary_agrees_with_the_knees(simulated):
-    from kvpressure.pipeline.stages import moved_right_by
+    from kvpressure.analysis.compare import moved_right_by
 
     compare = read_stage(simulated.run_dir, "compare")
     record = load_record(simulated.record_path)

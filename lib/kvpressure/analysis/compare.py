@@ -327,3 +327,20 @@ def compare_variants(
         beyond_noise=any(bool(s["moved_right_by"]) for s in shifts),
         noise_method="; ".join(sorted({b.method for b in boots.values()})), notes=notes,
     )
+
+
+def moved_right_by(shifts: list[dict]) -> list[str]:
+    """What moved right beyond noise in any variant: "knee", "sustained range" (sorted)."""
+    return sorted({b for s in shifts for b in s.get("moved_right_by", [])})
+
+
+def moved_right_words(by: list[str], past: bool = False) -> str:
+    """What moved right beyond noise, in words that agree with the per-variant knees: when only
+    the end of the sustained range moved, the knee did not move beyond noise, and saying "the
+    knee moves" would contradict the "knee 16 -> 16, within noise" said of it."""
+    if by and "knee" not in by:
+        return ("the end of the sustained range moved right beyond noise (the knee itself did "
+                "not move beyond noise)" if past else "the end of the sustained range moves right "
+                "beyond noise (the knee itself does not move beyond noise)")
+    how = f" ({' and '.join(by)})" if by else ""
+    return f"the knee {'moved' if past else 'moves'} right beyond noise{how}"

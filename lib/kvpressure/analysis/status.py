@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvpressure.analysis.compare import Comparison
+from kvpressure.analysis.compare import Comparison, moved_right_by, moved_right_words
 from kvpressure.analysis.interference import InterferenceReport
 from kvpressure.analysis.symptoms import SymptomChecklist
 from kvpressure.jsonable import to_jsonable
@@ -125,9 +125,8 @@ def decide_status(
                                 "noise_method": comparison.noise_method,
                                 "shifts": comparison.shifts}
             if comparison.knee_moves_right and comparison.beyond_noise:
-                by = sorted({b for s in comparison.shifts for b in s.get("moved_right_by", [])})
-                how = f" ({' and '.join(by)})" if by else ""
-                return done(KV_BOUND, rule + f"; the knee moved right beyond noise{how} when "
+                by = moved_right_by(comparison.shifts)
+                return done(KV_BOUND, rule + f"; {moved_right_words(by, past=True)} when "
                             f"{comparison.parameter} changed", True)
             return done(NOT_ESTABLISHED,
                         rule + f"; but the knee did not move right beyond noise when "

@@ -260,7 +260,7 @@ def comparison_runs(tables: Tables) -> tuple[pd.DataFrame, dict[str, dict]]:
 
 def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
     """The single-variable comparison: each variant's knee and whether it moved beyond noise."""
-    from kvpressure.analysis.compare import compare_variants
+    from kvpressure.analysis.compare import compare_variants, moved_right_by, moved_right_words
 
     runs, settings = comparison_runs(tables)
     param = tables.info.get("comparison_parameter")
@@ -298,31 +298,6 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
     d.update(available=True, summary=summary, moved_right_beyond_noise=moved,
              variant_names=[v.variant for v in cmp.variants if v.variant != cmp.baseline])
     return StageOutput(d, {"curves": curve(runs)})
-
-
-def moved_right_by(shifts: list[dict[str, Any]]) -> list[str]:
-    """What moved right beyond noise in any variant: "knee", "sustained range" (sorted)."""
-    return sorted({b for s in shifts for b in s.get("moved_right_by", [])})
-
-
-def moved_right_words(by: list[str], past: bool = False) -> str:
-    """What moved right beyond noise, in words that agree with the per-variant knees: when only
-    the end of the sustained range moved, the knee did not move beyond noise, and saying "the
-    knee moves" would contradict the "knee 16 -> 16, within noise" just before it."""
-    if by and "knee" not in by:
-        return ("the end of the sustained range moved right beyond noise (the knee itself did "
-                "not move beyond noise)" if past else "the end of the sustained range moves right "
-                "beyond noise (the knee itself does not move beyond noise)")
-    how = f" ({' and '.join(by)})" if by else ""
-    return f"the knee {'moved' if past else 'moves'} right beyond noise{how}"
-
-
-def restate_status_rule(rule: str, shifts: list[dict[str, Any]]) -> str:
-    """The status rule with the comparison's outcome in :func:`moved_right_words`' terms (the
-    status names the knee even when only the sustained range moved)."""
-    by = moved_right_by(shifts)
-    said = f"the knee moved right beyond noise ({' and '.join(by)})"
-    return rule.replace(said, moved_right_words(by, past=True)) if by else rule
 
 
 def variant_table(result: dict[str, Any]) -> pd.DataFrame:

@@ -21,7 +21,6 @@ from kvpressure.pipeline.stages import (
     StageOutput,
     comparison_from_dict,
     interference_from_dict,
-    restate_status_rule,
 )
 
 # The workflow's remedy table (effect, cost), for data the kit cannot re-run.
@@ -175,8 +174,6 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         remedies = {"simulated": False, "try_first": None,
                     "why": "no KV-pressure remedy is called for by this status", "rows": []}
     status_d = status.to_dict()
-    if comparison is not None:
-        status_d["rule"] = restate_status_rule(status_d["rule"], comparison.shifts)
     result = {
         "symptoms": checklist.to_dict(),
         "status": status_d,
