@@ -16,15 +16,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvpressure.ingestion.names import KV_USAGE, PREEMPTIONS, RUNNING, WAITING, WAITING_BY_REASON
 from kvpressure.jsonable import finite_or_none
 from kvpressure.pipeline.collect import Tables, recompute_args
 from kvpressure.pipeline.levels import level_means
-
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-BY_REASON = "vllm:num_requests_waiting_by_reason"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-PREEMPTIONS = "vllm:num_preemptions_total"
 
 CURVE_COLUMNS = ("concurrency", "output_throughput", "itl_mean_s", "itl_p95_s", "ttft_p95_s",
                  "preemptions", "recompute_ratio", "recompute_ratio_low", "recompute_ratio_high",
@@ -55,8 +50,8 @@ def timeline(tables: Tables) -> pd.DataFrame:
     cols = {
         "running": _gauge(s, RUNNING, run),
         "waiting": _gauge(s, WAITING, run),
-        "waiting: capacity": _gauge(s, BY_REASON, run, "reason=capacity"),
-        "waiting: deferred": _gauge(s, BY_REASON, run, "reason=deferred"),
+        "waiting: capacity": _gauge(s, WAITING_BY_REASON, run, "reason=capacity"),
+        "waiting: deferred": _gauge(s, WAITING_BY_REASON, run, "reason=deferred"),
         "kv_cache_usage_perc": _gauge(s, KV_USAGE, run),
     }
     wide = pd.DataFrame({k: v for k, v in cols.items() if not v.empty})
