@@ -75,6 +75,17 @@ def _run(sc, engine_cls, event_driven, cost=None):
     return eng.run(), rec
 
 
+def _three_ways(sc):
+    """Eager, lazy without leaps and lazy with leaps must agree; returns the eager and the
+    lazy-without-leaps runs (result, recorder) for further checks."""
+    eager, rec_e = _run(sc, _Engine, False)
+    lazy, rec_l = _run(sc, _NoLeap, True)
+    leap, rec_j = _run(sc, _Engine, True)
+    _assert_same(eager, lazy, rec_e, rec_l)
+    _assert_same(eager, leap, rec_e, rec_j)
+    return eager, rec_e, lazy, rec_l
+
+
 def _assert_same(a, b, rec_a, rec_b, exact=True):
     assert a.steps_csv() == b.steps_csv()
     assert a.requests_csv() == b.requests_csv()
@@ -94,11 +105,7 @@ def _assert_same(a, b, rec_a, rec_b, exact=True):
 @given(workloads())
 def test_lazy_decode_equals_eager_in_steps(data):
     sc = load_scenario(data)
-    eager, rec_e = _run(sc, _Engine, False)
-    lazy, rec_l = _run(sc, _NoLeap, True)
-    leap, rec_j = _run(sc, _Engine, True)
-    _assert_same(eager, lazy, rec_e, rec_l)
-    _assert_same(eager, leap, rec_e, rec_j)
+    eager, rec_e, lazy, rec_l = _three_ways(sc)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -146,11 +153,7 @@ def test_lazy_decode_is_used_and_preempts():
             "requests": [{"id": f"r{i}", "prompt_len": 8, "output_len": 40}
                          for i in range(3)]}
     sc = load_scenario(data)
-    eager, rec_e = _run(sc, _Engine, False)
-    lazy, rec_l = _run(sc, _NoLeap, True)
-    leap, rec_j = _run(sc, _Engine, True)
-    _assert_same(eager, lazy, rec_e, rec_l)
-    _assert_same(eager, leap, rec_e, rec_j)
+    eager, rec_e, lazy, rec_l = _three_ways(sc)
     assert rec_l.preempted["r2"][0] == (1.0 + 13 * 0.015625, 13, 20)
     assert "r0" not in rec_l.preempted
     assert rec_l.max_members == 3 and rec_e.max_members == 0
@@ -214,11 +217,7 @@ def test_priority_preempts_a_member_served_earlier_in_the_step():
                          {"id": "rB", "prompt_len": 8, "output_len": 12, "priority": 0,
                           "arrival_step": 1}]}
     sc = load_scenario(data)
-    eager, rec_e = _run(sc, _Engine, False)
-    lazy, rec_l = _run(sc, _NoLeap, True)
-    leap, rec_j = _run(sc, _Engine, True)
-    _assert_same(eager, lazy, rec_e, rec_l)
-    _assert_same(eager, leap, rec_e, rec_j)
+    eager, rec_e, lazy, rec_l = _three_ways(sc)
     assert rec_l.preempted["rA"][0] == (1.0 + 2 * 0.015625, 2, 8)
     c = lazy.steps.columns
     # num_running is read after schedule(): rB alone.
