@@ -45,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
             force=args.force,
         )
     except NotebookFailed as exc:
+        if exc.ename == "InputError":
+            # The data was refused (a notebook read it first): the user's error, not the kit's.
+            print(f"kvpressure report: error: {exc.evalue}\n  executed notebook kept at "
+                  f"{exc.executed_path}", file=sys.stderr)
+            return 2
         print(f"kvpressure report: error: {exc}", file=sys.stderr)
         return 1
     if args.screenshot:
