@@ -7,13 +7,15 @@ must produce a message naming the file, the line (YAML) and the field, not a ``K
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from kvpressure.errors import InputError
+from kvpressure.errors import InputError, nearest
+from kvpressure.user_files import read_user_text
 
 _MISSING = object()
 
@@ -39,8 +41,10 @@ class FieldReader:
         """A misspelt optional field would otherwise be silently ignored."""
         for key in self.data:
             if key not in allowed:
+                guess = nearest(str(key), allowed)
                 raise self.error(
-                    str(key), f"unknown field; known fields: {', '.join(sorted(allowed))}"
+                    str(key), f"unknown field; did you mean {guess!r}?" if guess else
+                    f"unknown field; known fields: {', '.join(sorted(allowed))}"
                 )
         for key in self.mapping("sources") if "sources" in allowed else {}:
             if key not in allowed:
@@ -100,6 +104,8 @@ class FieldReader:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(field, f"expected a number, got {value!r}")
         value = float(value)
+        if not math.isfinite(value):
+            raise self.error(field, f"must be a finite number, got {value}")
         if positive and value <= 0:
             raise self.error(field, f"must be > 0, got {value:g}")
         if not positive and value < 0:
@@ -117,10 +123,7 @@ class FieldReader:
 
 def read_yaml_with_lines(path: Path) -> tuple[Any, dict[str, int]]:
     """Parse a YAML file; also return the 1-based line of each top-level key."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    text = read_user_text(path, "profile")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -136,10 +139,7 @@ def read_yaml_with_lines(path: Path) -> tuple[Any, dict[str, int]]:
 
 
 def read_json(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    text = read_user_text(path, "profile")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -1,15 +1,20 @@
 """KV-pool sizing the way a vLLM 0.33.0 worker does it, with every intermediate visible.
 
-Per TP rank (all ranks are alike here, so the minimum over workers is any one of them):
+Per rank of each pipeline stage (the TP ranks of a stage are alike); the engine takes the
+smallest stage's block count:
 
     requested      = ceil(total_memory * gpu_memory_utilization)                      (K1)
     non_kv         = weights + non_torch + activation_peak                            (K2)
     available_kv   = requested - non_kv - cudagraph                                   (K3)
                      (or ``kv_cache_memory_bytes`` when given: utilization is then ignored)
-    block_bytes    = layers * block_size * kv_heads_per_rank * (d_k + d_v) * kv_dtype  (K4)
-    num_gpu_blocks = available_kv // block_bytes, or ``num_gpu_blocks_override``      (K5)
-    check          = cdiv(max_model_len, B) * block_bytes <= available_kv - block_bytes (K6)
-    capacity       = floor(N / cdiv(max_model_len, B) * max_model_len) tokens          (K7)
+    block_bytes    = the widest KV group's pages on the stage (``kv_layout.py``; a model
+                     without sliding or mixed layers: layers * block_size * bytes/token)  (K4)
+    num_gpu_blocks = min over stages of available_kv // block_bytes, or the override  (K5)
+    check          = blocks_per_request * block_bytes <= available_kv - block_bytes     (K6)
+    capacity       = floor(N / blocks_per_request * max_model_len) tokens              (K7)
+
+``available_kv <= 0`` is not an input error: vLLM refuses to start ("No available memory for
+the cache blocks"), and the sizing says so with 0 blocks (``refusal``).
 
 vLLM measures ``weights``, ``non_torch``, ``activation_peak`` and ``cudagraph`` by profiling a
 dummy forward pass; without a device they are estimated here (see ``estimate_activation`` and
@@ -24,7 +29,10 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.profiles.hardware import GiB, HardwareProfile, MiB, load_hardware
+from kvpressure.profiles.kv_layout import FULL, MLA, SLIDING, LayerSpec, plan_layout
+from kvpressure.profiles.model import SLIDING as SLIDING_ATTENTION
 from kvpressure.profiles.model import ModelProfile, load_model
+from kvpressure.profiles.weights import pp_layers
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py, 0.33.0
 
@@ -67,7 +75,7 @@ class KVPoolSizing:
     max_num_batched_tokens: int
     max_num_seqs: int
     kv_cache_dtype_bytes: int
-    # memory per rank, bytes
+    # memory per rank, bytes (of the stage that decides the pool)
     total_memory_bytes: int
     requested_bytes: int
     weights_bytes: int
@@ -94,6 +102,17 @@ class KVPoolSizing:
     max_concurrency: float
     estimated: tuple[str, ...]
     """Which memory components are estimates rather than given figures."""
+    pipeline_parallel_size: int = 1
+    deciding_stage: int = 0
+    """The pipeline stage with the fewest blocks (its figures fill the fields above)."""
+    nameplate_memory_bytes: int = 0
+    kv_groups: tuple[dict[str, Any], ...] = ()
+    """vLLM's KV-cache groups: kind, window, block_size, page_bytes, layers, blocks/request."""
+    stages: tuple[dict[str, Any], ...] = ()
+    """Per pipeline stage: layers, weights, available KV bytes, block bytes, blocks."""
+    refusal: str | None = None
+    """vLLM's message when it would refuse to start for want of KV memory (then 0 blocks)."""
+    warnings: tuple[str, ...] = ()
 
     def safe_concurrency(self, avg_seq_len: float, *, half_filled_tail: bool = False) -> int:
         return safe_concurrency(self, avg_seq_len, half_filled_tail=half_filled_tail)
@@ -108,8 +127,9 @@ class KVPoolSizing:
             ("activation peak", self.activation_peak_bytes),
             ("graph capture", self.cudagraph_bytes),
             ("KV pool (num_gpu_blocks x block)", self.kv_pool_bytes),
-            ("left unused in the request", self.requested_bytes - self.non_kv_bytes
-             - self.cudagraph_bytes - self.kv_pool_bytes),
+            # a KV budget given directly may exceed what the request leaves: nothing is unused
+            ("left unused in the request", max(0, self.requested_bytes - self.non_kv_bytes
+                                                - self.cudagraph_bytes - self.kv_pool_bytes)),
         ]
         return [
             {
@@ -124,6 +144,9 @@ class KVPoolSizing:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["estimated"] = list(self.estimated)
+        d["warnings"] = list(self.warnings)
+        d["kv_groups"] = [dict(g) for g in self.kv_groups]
+        d["stages"] = [dict(x) for x in self.stages]
         return d
 
 
@@ -202,9 +225,11 @@ def size_kv_pool(
     block_size: int | None = None,
     kv_cache_dtype_bytes: int | None = None,
     *,
+    pp: int = 1,
     num_gpu_blocks_override: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     enable_chunked_prefill: bool = True,
+    async_scheduling: bool = True,
     usage_context: str = "api_server",
     weights_bytes: int | None = None,
     non_torch_bytes: int | None = None,
@@ -212,22 +237,27 @@ def size_kv_pool(
     cudagraph_bytes: int | None = None,
     total_memory_bytes: int | None = None,
 ) -> KVPoolSizing:
-    """Size one TP rank's KV pool as vLLM 0.33.0 does at startup.
+    """Size the KV pool as vLLM 0.33.0 does at startup, for ``tp`` x ``pp`` ranks.
 
     ``max_model_len`` None uses the model's ``max_position_embeddings``; -1 (vLLM's "auto")
     starts there and shrinks to the longest length that fits. ``max_num_batched_tokens`` and
     ``max_num_seqs`` None take vLLM's device-tier defaults for ``usage_context``.
     ``block_size`` None takes the platform default (16 CUDA, 128 vllm-ascend).
     ``weights_bytes``, ``non_torch_bytes``, ``activation_bytes``, ``cudagraph_bytes`` (per rank)
-    replace the estimates with measured figures; ``total_memory_bytes`` replaces the card's.
-    Raises ``KVPoolError`` (an ``InputError``) when the engine would refuse to start.
+    replace the estimates with measured figures; ``total_memory_bytes`` replaces the card's
+    runtime total. ``async_scheduling`` (0.33.0's default) doubles the tokens in flight that
+    sliding-window layers reserve for. A measured ``weights_bytes`` applies to every stage.
+    Raises ``KVPoolError`` (an ``InputError``) when weights do not fit or ``max_model_len`` is
+    too long; a budget of zero or less gives 0 blocks and ``refusal``.
     """
     hw = load_hardware(hardware)
     mdl = load_model(model)
     mdl.check_tp(tp)
-    if tp > hw.num_cards:
+    pp_layers(mdl.num_hidden_layers, pp, 0)  # validates pp
+    if tp * pp > hw.num_cards:
         raise InputError(
-            f"tensor_parallel_size: {tp} exceeds the {hw.num_cards} cards of hardware {hw.name!r}"
+            f"tensor_parallel_size: {tp} x pipeline_parallel_size {pp} exceeds the "
+            f"{hw.num_cards} cards of hardware {hw.name!r}"
         )
     util = gpu_memory_utilization
     if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
@@ -249,20 +279,22 @@ def size_kv_pool(
         hw, max_model_len, max_num_batched_tokens, max_num_seqs,
         enable_chunked_prefill=enable_chunked_prefill, usage_context=usage_context,
     )
+    in_flight = tokens * ((2 if pp == 1 else pp) if async_scheduling else pp)
 
     estimated: list[str] = []
+    warnings: list[str] = []
     total = hw.usable_memory_bytes if total_memory_bytes is None else total_memory_bytes
     _positive_int("total_memory_bytes", total)
     requested = math.ceil(total * util)
+    measured_weights = weights_bytes
     if weights_bytes is None:
-        weights_bytes = mdl.weight_bytes_per_rank(tp)
         estimated.append("weights")
     if non_torch_bytes is None:
-        non_torch_bytes = estimate_non_torch(tp)
+        non_torch_bytes = estimate_non_torch(tp * pp)
         estimated.append("non_torch")
     fwd, sampler = estimate_activation(mdl, tp, tokens, seqs)
+    measured_activation = activation_bytes
     if activation_bytes is None:
-        activation_bytes = max(fwd, sampler)
         estimated.append("activation")
     if cudagraph_bytes is None:
         cudagraph_bytes = CUDAGRAPH_ESTIMATE_BYTES
@@ -270,58 +302,93 @@ def size_kv_pool(
     for label, value in (("weights_bytes", weights_bytes), ("non_torch_bytes", non_torch_bytes),
                          ("activation_bytes", activation_bytes),
                          ("cudagraph_bytes", cudagraph_bytes)):
-        _non_negative_int(label, value)
-    non_kv = weights_bytes + non_torch_bytes + activation_bytes
+        if value is not None:
+            _non_negative_int(label, value)
 
-    where = f"hardware {hw.name!r}, model {mdl.name!r}, tensor_parallel_size {tp}"
+    layout = plan_layout(layer_specs(mdl, tp, kv_dtype), block)
+    where = f"hardware {hw.name!r}, model {mdl.name!r}, tensor_parallel_size {tp}" + (
+        f", pipeline_parallel_size {pp}" if pp > 1 else "")
     if kv_cache_memory_bytes is not None:
         _positive_int("kv_cache_memory_bytes", kv_cache_memory_bytes)
-        available = kv_cache_memory_bytes
-    else:
-        if weights_bytes > requested:
-            raise KVPoolError(
-                f"{where}: weights need {weights_bytes / GiB:.2f} GiB per rank, more than the "
-                f"{requested / GiB:.2f} GiB requested ({total / GiB:.2f} GiB x "
-                f"gpu_memory_utilization {util}); raise tensor_parallel_size or use a smaller "
-                "or quantized model"
-            )
-        available = requested - non_kv - cudagraph_bytes
-        if available <= 0:
-            raise KVPoolError(
-                f"{where}: no memory left for KV cache blocks: requested "
-                f"{requested / GiB:.2f} GiB - weights {weights_bytes / GiB:.2f} - non-torch "
-                f"{non_torch_bytes / GiB:.2f} - activation {activation_bytes / GiB:.2f} - graphs "
-                f"{cudagraph_bytes / GiB:.2f} = {available / GiB:.2f} GiB; raise "
-                "gpu_memory_utilization or tensor_parallel_size, or lower max_num_batched_tokens"
-            )
+        if kv_cache_memory_bytes > total:
+            warnings.append(
+                f"kv_cache_memory_bytes {kv_cache_memory_bytes / GiB:.2f} GiB is more than the "
+                f"card's {total / GiB:.2f} GiB: vLLM would run out of memory allocating it")
 
-    kv_per_token = mdl.kv_bytes_per_token(tp, kv_dtype)
-    page = block * mdl.kv_bytes_per_token_per_layer(tp, kv_dtype)
-    block_bytes = page * mdl.num_hidden_layers
-    computed = available // block_bytes
-
-    check = available - block_bytes  # the null block is held back
-    largest = max(0, min(max_model_len, (check // block_bytes) * block)) if check > 0 else 0
-    if largest < max_model_len:
-        if auto_len and largest > 0:
-            max_model_len = largest
+    stages = []
+    for rank in range(pp):
+        layers = pp_layers(mdl.num_hidden_layers, pp, rank)
+        w = measured_weights if measured_weights is not None else mdl.weight_bytes_per_rank(
+            tp, pp, rank)
+        if measured_activation is not None:
+            act = measured_activation
+        else:  # only the last stage samples
+            act = max(fwd, sampler) if rank == pp - 1 else fwd
+        if kv_cache_memory_bytes is not None:
+            available = kv_cache_memory_bytes
         else:
-            needed = _cdiv(max_model_len, block) * block_bytes
-            hint = (
-                f"Based on the available memory, the largest max_model_len that fits is "
-                f"{largest}. " if largest > 0 else ""
-            )
-            raise KVPoolError(
-                f"{where}: max_model_len: to serve at least one request of {max_model_len} "
-                f"tokens, {needed / GiB:.2f} GiB of KV cache is needed, more than the "
-                f"{max(check, 0) / GiB:.2f} GiB available. {hint}Lower max_model_len or raise "
-                "gpu_memory_utilization.",
-                largest_fitting_len=largest or None,
-            )
+            if w > requested:
+                raise KVPoolError(
+                    f"{where}: weights need {w / GiB:.2f} GiB per rank, more than the "
+                    f"{requested / GiB:.2f} GiB requested ({total / GiB:.2f} GiB x "
+                    f"gpu_memory_utilization {util}); raise tensor_parallel_size or use a "
+                    "smaller or quantized model"
+                )
+            available = requested - (w + non_torch_bytes + act) - cudagraph_bytes
+        bpb = layout.bytes_per_block(layers)
+        stages.append({"stage": rank, "layers": [layers.start, layers.stop], "weights_bytes": w,
+                       "activation_peak_bytes": act, "available_kv_bytes": available,
+                       "block_bytes": bpb, "num_gpu_blocks": max(0, available) // bpb})
+    decide = min(stages, key=lambda x: (x["num_gpu_blocks"], x["stage"]))
+    weights_bytes, activation_bytes = decide["weights_bytes"], decide["activation_peak_bytes"]
+    available, block_bytes = decide["available_kv_bytes"], decide["block_bytes"]
+    non_kv = weights_bytes + non_torch_bytes + activation_bytes
+    computed = decide["num_gpu_blocks"]
 
-    n = computed if num_gpu_blocks_override is None else num_gpu_blocks_override
-    _positive_int("num_gpu_blocks_override", n)
-    per_req = _cdiv(max_model_len, block)
+    refusal = None
+    per_req = layout.blocks_per_request(max_model_len, in_flight)
+    if min(x["available_kv_bytes"] for x in stages) <= 0:
+        refusal = (
+            f"{where}: No available memory for the cache blocks (vLLM refuses to start): "
+            f"requested {requested / GiB:.2f} GiB - weights {weights_bytes / GiB:.2f} - "
+            f"non-torch {non_torch_bytes / GiB:.2f} - activation {activation_bytes / GiB:.2f} - "
+            f"graphs {cudagraph_bytes / GiB:.2f} = {available / GiB:.2f} GiB. Try increasing "
+            "gpu_memory_utilization or tensor_parallel_size, or lowering max_num_batched_tokens."
+        )
+        computed = 0
+    else:
+        if num_gpu_blocks_override is not None:
+            _positive_int("num_gpu_blocks_override", num_gpu_blocks_override)
+        # every stage must hold one max_model_len request besides the null block
+        budgets = [(num_gpu_blocks_override * x["block_bytes"]
+                    if num_gpu_blocks_override is not None else x["available_kv_bytes"])
+                   - x["block_bytes"] for x in stages]
+        check = min(budgets)
+
+        def fits(length: int) -> bool:
+            need = layout.blocks_per_request(length, in_flight)
+            return all(need * x["block_bytes"] <= b for x, b in zip(stages, budgets, strict=True))
+
+        if not fits(max_model_len):
+            largest = _largest_fitting(fits, max_model_len)
+            if auto_len and largest > 0:
+                max_model_len = largest
+                per_req = layout.blocks_per_request(max_model_len, in_flight)
+            else:
+                needed = per_req * block_bytes
+                hint = (f"Based on the available memory, the largest max_model_len that fits "
+                        f"is {largest}. " if largest > 0 else "")
+                raise KVPoolError(
+                    f"{where}: max_model_len: to serve at least one request of {max_model_len} "
+                    f"tokens, {needed / GiB:.2f} GiB of KV cache is needed, more than the "
+                    f"{max(check, 0) / GiB:.2f} GiB available. {hint}Lower max_model_len or "
+                    "raise gpu_memory_utilization.",
+                    largest_fitting_len=largest or None,
+                )
+
+    n = computed if num_gpu_blocks_override is None or refusal else num_gpu_blocks_override
+    first = layout.groups[0]
+    stage_layers = pp_layers(mdl.num_hidden_layers, pp, decide["stage"])
     return KVPoolSizing(
         hardware=hw.name,
         model=mdl.name,
@@ -342,20 +409,59 @@ def size_kv_pool(
         non_kv_bytes=non_kv,
         cudagraph_bytes=cudagraph_bytes,
         available_kv_bytes=available,
-        kv_bytes_per_token=kv_per_token,
+        kv_bytes_per_token=mdl.kv_bytes_per_token(tp, kv_dtype, stage_layers),
         kv_heads_per_rank=mdl.kv_heads_per_rank(tp),
-        page_size_bytes=page,
+        page_size_bytes=first.page_bytes,
         block_bytes=block_bytes,
         num_gpu_blocks_computed=computed,
         num_gpu_blocks=n,
         kv_pool_bytes=n * block_bytes,
-        usable_blocks=n - 1,
-        usable_tokens=(n - 1) * block,
+        usable_blocks=max(0, n - 1),
+        usable_tokens=max(0, n - 1) * block,
         blocks_per_max_len_request=per_req,
         kv_cache_size_tokens=int(n / per_req * max_model_len),
         max_concurrency=n / per_req,
         estimated=tuple(estimated),
+        pipeline_parallel_size=pp,
+        deciding_stage=decide["stage"],
+        nameplate_memory_bytes=hw.memory_bytes,
+        kv_groups=tuple(
+            {"kind": g.kind, "window": g.window, "block_size": g.block_size,
+             "page_bytes": g.page_bytes, "num_layers": len(g.layers),
+             "blocks_per_request": g.blocks_per_request(max_model_len, in_flight)}
+            for g in layout.groups),
+        stages=tuple(stages),
+        refusal=refusal,
+        warnings=tuple(warnings),
     )
+
+
+def layer_specs(model: ModelProfile, tp: int, kv_dtype_bytes: int) -> list[LayerSpec]:
+    """One KV spec per attention layer, per rank."""
+    specs = []
+    for i in range(model.num_hidden_layers):
+        per_token = model.kv_bytes_per_token_of_layer(i, tp, kv_dtype_bytes)
+        if model.use_mla:
+            specs.append(LayerSpec(MLA, per_token))
+        elif model.layer_type(i) == SLIDING_ATTENTION:
+            specs.append(LayerSpec(SLIDING, per_token, model.sliding_window))
+        else:
+            specs.append(LayerSpec(FULL, per_token))
+    return specs
+
+
+def _largest_fitting(fits: Any, upper: int) -> int:
+    """vLLM's binary search for the longest max_model_len that fits (0: not even 1 token)."""
+    if not fits(1):
+        return 0
+    lo, hi, best = 1, upper, 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
 
 
 def safe_concurrency(
@@ -373,9 +479,20 @@ def safe_concurrency(
     if isinstance(avg_seq_len, bool) or not isinstance(avg_seq_len, int | float) or avg_seq_len <= 0:
         raise InputError(f"avg_seq_len: must be > 0, got {avg_seq_len!r}")
     usable = sizing.num_gpu_blocks - 1
+    groups = sizing.kv_groups or ({"kind": FULL, "window": None,
+                                   "block_size": sizing.block_size},)
+    whole = half = 0.0
+    for g in groups:
+        bs = g["block_size"]
+        blocks, tail = math.ceil(avg_seq_len / bs), avg_seq_len / bs + 0.5
+        if g["kind"] == SLIDING and g["window"]:
+            cap = math.ceil((g["window"] - 1) / bs) + 1  # out-of-window blocks are freed
+            blocks, tail = min(blocks, cap), min(tail, cap)
+        whole += blocks
+        half += tail
     if half_filled_tail:
-        return max(0, math.floor(usable / (avg_seq_len / sizing.block_size + 0.5)))
-    return max(0, usable // math.ceil(avg_seq_len / sizing.block_size))
+        return max(0, math.floor(usable / half))
+    return max(0, int(usable // whole))
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -20,6 +20,7 @@ from kvpressure.profiles.fields import (
     read_json,
     read_yaml_with_lines,
 )
+from kvpressure.profiles.quantization import Quantization, parse_quantization
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -45,8 +46,15 @@ YAML_FIELDS = {
     "max_position_embeddings", "tie_word_embeddings", "attention_bias", "num_experts",
     "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
     "first_k_dense_replace", "use_mla", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
-    "v_head_dim", "q_lora_rank", "sources", "references",
+    "v_head_dim", "q_lora_rank", "num_local_experts", "shared_expert_intermediate_size",
+    "layer_types", "sliding_window", "sliding_window_pattern", "global_head_dim",
+    "num_global_key_value_heads", "quantization_config", "sources", "references",
 }
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+VOCAB_PADDING = 64
+"""vLLM pads the vocabulary of its embedding and LM head to a multiple of 64 before the TP
+split (``DEFAULT_VOCAB_PADDING_SIZE``)."""
 
 
 def dtype_bytes(name: str, where: str = "dtype") -> int:
@@ -92,6 +100,16 @@ class ModelProfile:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     q_lora_rank: int = 0
+    shared_expert_intermediate_size: int = 0
+    """Width of the one shared expert of Qwen-MoE-style models (0: none or DeepSeek-style)."""
+    # attention layout
+    layer_types: tuple[str, ...] = ()
+    """Per layer ``full_attention`` or ``sliding_attention``; empty: all full."""
+    sliding_window: int | None = None
+    global_head_dim: int = 0
+    """Head width of the full-attention layers when it differs from the sliding ones."""
+    num_global_key_value_heads: int = 0
+    quantization: Quantization | None = None
     sources: dict[str, str] = field(default_factory=dict)
     path: str | None = None
 
@@ -135,21 +153,29 @@ class ModelProfile:
     # --- memory -------------------------------------------------------------------------------
     @property
     def weight_bytes(self) -> int:
-        """All weights, whole model (MoE: every expert is resident)."""
-        return self.num_params * self.weight_dtype_bytes
+        """All stored weights, whole model (MoE: every expert is resident; quantized layers at
+        their stored bits)."""
+        return self.weight_bytes_per_rank(1)
 
-    def weight_bytes_per_rank(self, tp: int = 1) -> int:
-        """Weights one TP rank holds: linear layers and the vocab-parallel embedding / LM head
-        are split ``tp`` ways; replicated norms are negligible."""
+    def weight_bytes_per_rank(self, tp: int = 1, pp: int = 1, pp_rank: int | None = None) -> int:
+        """Weights one rank holds (``weights.py``): linear layers split ``tp`` ways, norms and
+        routers replicated, the pipeline stage's layers only. ``pp_rank`` None: the largest
+        stage."""
+        from kvpressure.profiles.weights import stage_weight_bytes
+
         _check_tp_value(tp)
-        return math.ceil(self.weight_bytes / tp)
+        if pp_rank is None:
+            return max(stage_weight_bytes(self, tp, pp, r) for r in range(pp))
+        return stage_weight_bytes(self, tp, pp, pp_rank)
 
     def active_weight_bytes_per_rank(self, tp: int = 1) -> int:
         """Weights a decode step touches per rank when few experts are hit (dense: all)."""
         _check_tp_value(tp)
-        return math.ceil(self.num_active_params * self.weight_dtype_bytes / tp)
+        if not self.num_params:
+            return 0
+        return math.ceil(self.weight_bytes * self.num_active_params / self.num_params / tp)
 
-    def kv_heads_per_rank(self, tp: int = 1) -> int:
+    def kv_heads_per_rank(self, tp: int = 1, *, full_layer: bool = False) -> int:
         """vLLM's ``get_num_kv_heads``: MLA keeps one latent head on every rank; otherwise KV
         heads are split and, when fewer than ``tp``, replicated (at least one per rank).
 
@@ -157,22 +183,39 @@ class ModelProfile:
         _check_tp_value(tp)
         if self.use_mla:
             return 1
-        return max(1, self.num_key_value_heads // tp)
+        heads = self.num_key_value_heads
+        if full_layer and self.num_global_key_value_heads:
+            heads = self.num_global_key_value_heads
+        return max(1, heads // tp)
 
-    def kv_head_size(self) -> tuple[int, int]:
+    def kv_head_size(self, *, full_layer: bool = False) -> tuple[int, int]:
         """(K width, V width) per KV head. MLA stores the latent plus RoPE key and no V."""
         if self.use_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim, 0
+        if full_layer and self.global_head_dim:
+            return self.global_head_dim, self.global_head_dim
         return self.head_dim, self.head_dim
 
-    def kv_bytes_per_token_per_layer(self, tp: int = 1, kv_dtype_bytes: int | None = None) -> int:
-        k, v = self.kv_head_size()
-        nbytes = kv_dtype_bytes if kv_dtype_bytes is not None else self.dtype_bytes
-        return self.kv_heads_per_rank(tp) * (k + v) * nbytes
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else FULL
 
-    def kv_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: int | None = None) -> int:
-        """KV bytes one token occupies on one TP rank, all layers."""
-        return self.num_hidden_layers * self.kv_bytes_per_token_per_layer(tp, kv_dtype_bytes)
+    def kv_bytes_per_token_of_layer(self, layer: int, tp: int = 1,
+                                    kv_dtype_bytes: int | None = None) -> int:
+        full = self.layer_type(layer) == FULL
+        k, v = self.kv_head_size(full_layer=full)
+        nbytes = kv_dtype_bytes if kv_dtype_bytes is not None else self.dtype_bytes
+        return self.kv_heads_per_rank(tp, full_layer=full) * (k + v) * nbytes
+
+    def kv_bytes_per_token_per_layer(self, tp: int = 1, kv_dtype_bytes: int | None = None) -> int:
+        """Of the first layer (all layers alike in a model without per-layer head widths)."""
+        return self.kv_bytes_per_token_of_layer(0, tp, kv_dtype_bytes)
+
+    def kv_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: int | None = None,
+                           layers: range | None = None) -> int:
+        """KV bytes one token occupies on one TP rank, over ``layers`` (default all), as if
+        every layer kept every token (sliding layers keep only their window)."""
+        layers = range(self.num_hidden_layers) if layers is None else layers
+        return sum(self.kv_bytes_per_token_of_layer(i, tp, kv_dtype_bytes) for i in layers)
 
     def check_tp(self, tp: int) -> None:
         """vLLM's checks: attention heads divide across TP; KV heads divide or are replicated."""
@@ -192,6 +235,11 @@ class ModelProfile:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["layer_types"] = list(self.layer_types)
+        d["quantization"] = (None if self.quantization is None else {
+            "method": self.quantization.method, "bits": self.quantization.bits,
+            "kept_16bit": sorted(self.quantization.kept_16bit),
+            "description": self.quantization.description})
         d["weight_bytes"] = self.weight_bytes
         d["kv_bytes_per_token"] = self.kv_bytes_per_token(1)
         return d
@@ -246,16 +294,18 @@ def _build(r: FieldReader, *, hf: bool, name: str | None = None) -> ModelProfile
         dtype = r.string("dtype", "bfloat16")
     dtype_bytes(dtype, f"{r.where('dtype')}: field 'dtype'")
     weight_dtype = dtype
-    quant = r.data.get("quantization_config")
-    if hf and isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8":
-        weight_dtype = "float8_e4m3"
-    if not hf and r.has("weight_dtype"):
+    quant = parse_quantization(r.data.get("quantization_config"), r.where("quantization_config"))
+    if quant is not None and quant.bits == 8 and quant.method in ("fp8", "compressed-tensors"):
+        weight_dtype = "float8_e4m3" if "fp8" in quant.description or quant.method == "fp8" \
+            else "int8"
+    if r.has("weight_dtype"):
         weight_dtype = r.string("weight_dtype")
         dtype_bytes(weight_dtype, f"{r.where('weight_dtype')}: field 'weight_dtype'")
 
-    num_experts = r.integer("n_routed_experts", 0, minimum=0) or r.integer(
-        "num_experts", 0, minimum=0
-    )
+    # Each family names its expert count differently (DeepSeek, Mixtral / gpt-oss, Qwen-MoE).
+    num_experts = (r.integer("n_routed_experts", 0, minimum=0)
+                   or r.integer("num_local_experts", 0, minimum=0)
+                   or r.integer("num_experts", 0, minimum=0))
     model_type = str(r.data.get("model_type", ""))
     fields: dict[str, Any] = dict(
         name=name if name is not None else r.string("name"),
@@ -274,17 +324,26 @@ def _build(r: FieldReader, *, hf: bool, name: str | None = None) -> ModelProfile
         max_position_embeddings=r.integer("max_position_embeddings", None),
         hf_repo=r.string("hf_repo", None) if not hf else r.data.get("_name_or_path") or None,
         tie_word_embeddings=r.boolean("tie_word_embeddings", False),
-        attention_bias=r.boolean("attention_bias", model_type == "qwen2"),
+        attention_bias=r.boolean("attention_bias", model_type in ("qwen2", "qwen2_moe")),
         num_experts=num_experts,
         use_mla=use_mla,
+        quantization=quant,
+        global_head_dim=r.integer("global_head_dim", 0, minimum=0),
+        num_global_key_value_heads=r.integer("num_global_key_value_heads", 0, minimum=0),
         sources={} if hf else load_sources(r),
         path=None if r.source.startswith("<") else r.source,
     )
+    fields.update(_attention_layout(r, layers, model_type))
     if num_experts:
+        # Mixtral and gpt-oss give the expert width as intermediate_size and have no dense MLP.
+        expert_width = r.integer("moe_intermediate_size", 0, minimum=0) or fields[
+            "intermediate_size"]
         fields.update(
             num_experts_per_tok=r.integer("num_experts_per_tok"),
-            moe_intermediate_size=r.integer("moe_intermediate_size"),
+            moe_intermediate_size=expert_width,
             num_shared_experts=r.integer("n_shared_experts", 0, minimum=0),
+            shared_expert_intermediate_size=r.integer("shared_expert_intermediate_size", 0,
+                                                      minimum=0),
             num_dense_layers=r.integer("first_k_dense_replace", 0, minimum=0),
         )
         if fields["num_experts_per_tok"] > num_experts:
@@ -312,51 +371,60 @@ def _build(r: FieldReader, *, hf: bool, name: str | None = None) -> ModelProfile
     return replace(model, num_params=params, num_active_params=active_params)
 
 
+def _attention_layout(r: FieldReader, layers: int, model_type: str) -> dict[str, Any]:
+    """Which layers attend over a sliding window, as vLLM 0.33.0 reads the config:
+    ``layer_types`` when given; else Gemma's ``sliding_window_pattern`` (every n-th layer
+    full); else a ``sliding_window`` with ``use_sliding_window`` (or a Mistral-family config,
+    which has no such switch) makes every layer sliding."""
+    window = r.integer("sliding_window", None) if r.data.get("sliding_window") else None
+    types = r.data.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or any(
+            t not in (FULL, SLIDING) for t in types
+        ):
+            raise r.error("layer_types", f"expected {layers} entries, each {FULL!r} or "
+                                         f"{SLIDING!r}")
+        if SLIDING in types and window is None:
+            raise r.error("sliding_window", "missing while layer_types has sliding layers")
+        return {"layer_types": tuple(types), "sliding_window": window if SLIDING in types
+                else None}
+    if window is None:
+        return {}
+    pattern = r.integer("sliding_window_pattern", 0, minimum=0)
+    if pattern:
+        return {"layer_types": tuple(FULL if (i + 1) % pattern == 0 else SLIDING
+                                     for i in range(layers)), "sliding_window": window}
+    if r.data.get("use_sliding_window") or (
+        model_type in ("mistral", "mixtral") and r.data.get("use_sliding_window") is None
+    ):
+        return {"layer_types": (SLIDING,) * layers, "sliding_window": window}
+    return {}
+
+
 def estimate_params(m: ModelProfile) -> tuple[int, int]:
-    """(total, active) parameter counts from the shapes.
+    """(total, active) parameter counts from the shapes (``weights.param_counts``).
 
     Per layer, with H = hidden, n_h / n_kv heads, d = head_dim:
       attention (GQA)  H*n_h*d (q) + 2*H*n_kv*d (k, v) + n_h*d*H (o) [+ n_h*d + 2*n_kv*d biases]
       attention (MLA)  H*r_q + r_q*n_h*(d_nope+d_rope)   (q; without q_lora: H*n_h*(d_nope+d_rope))
                        + H*(r_kv + d_rope) + r_kv*n_h*(d_nope+d_v) (kv) + n_h*d_v*H (o) + r_q + r_kv
       dense MLP        3*H*I (gate, up, down)
-      MoE MLP          E*3*H*I_e routed + S*3*H*I_e shared + H*E router; active uses top-k for E
+      MoE MLP          E*3*H*I_e routed + S*3*H*I_e shared (or 3*H*I_s + H for one Qwen-style
+                       shared expert and its gate) + H*E router; active uses top-k for E
       norms            2*H
-    plus embeddings V*H, LM head V*H unless tied, final norm H. Multi-token-prediction heads
-    that some checkpoints ship (DeepSeek-V3) are not served and not counted.
+    plus embeddings V*H, LM head V*H unless tied, final norm H (unpadded vocabulary here).
+    Multi-token-prediction heads that some checkpoints ship (DeepSeek-V3) are not served and
+    not counted.
     """
-    H, L = m.hidden_size, m.num_hidden_layers
-    if m.use_mla:
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        if m.q_lora_rank:
-            q = H * m.q_lora_rank + m.q_lora_rank * m.num_attention_heads * qk + m.q_lora_rank
-        else:
-            q = H * m.num_attention_heads * qk
-        kv = H * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * m.num_attention_heads * (
-            m.qk_nope_head_dim + m.v_head_dim
-        ) + m.kv_lora_rank
-        attn = q + kv + m.num_attention_heads * m.v_head_dim * H
-    else:
-        q_width = m.num_attention_heads * m.head_dim
-        kv_width = m.num_key_value_heads * m.head_dim
-        attn = 2 * H * q_width + 2 * H * kv_width
-        if m.attention_bias:
-            attn += q_width + 2 * kv_width
-    norms = 2 * H
-    dense_mlp = 3 * H * m.intermediate_size
-    if m.is_moe:
-        expert = 3 * H * m.moe_intermediate_size
-        shared = m.num_shared_experts * expert + H * m.num_experts
-        moe_total = m.num_experts * expert + shared
-        moe_active = m.num_experts_per_tok * expert + shared
-        n_dense = m.num_dense_layers
-        n_moe = L - n_dense
-        layers_total = L * (attn + norms) + n_dense * dense_mlp + n_moe * moe_total
-        layers_active = L * (attn + norms) + n_dense * dense_mlp + n_moe * moe_active
-    else:
-        layers_total = layers_active = L * (attn + norms + dense_mlp)
-    embed = m.vocab_size * H * (1 if m.tie_word_embeddings else 2) + H
-    return layers_total + embed, layers_active + embed
+    from kvpressure.profiles.weights import param_counts
+
+    counts = param_counts(m)
+    total = counts.total()
+    inactive = 0
+    if m.is_moe and m.num_experts:
+        per_expert = 3 * m.hidden_size * m.moe_intermediate_size
+        inactive = counts.moe_layers * (m.num_experts - m.num_experts_per_tok) * per_expert
+    return total, total - inactive
 
 
 # --- loaders ------------------------------------------------------------------------------------
