@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvpressure.analysis.knee import find_knee, qn_scale
+from kvpressure.analysis.knee import find_knee, robust_roughness
 from kvpressure.cli import main
 from kvpressure.errors import InputError
 
@@ -113,13 +113,61 @@ def test_sustained_range_and_decline_onset():
     assert (k.sustained_end, k.decline_onset) == (96, None)
 
 
-def test_qn_scale_hand_worked_and_unbiased():
-    # n = 3: h = 2, the smallest of the pairwise distances {1, 3, 2} is 1.
-    assert qn_scale(np.array([0.0, 1.0, 3.0])) == pytest.approx(2.2219 * 0.994)
+def test_robust_roughness_hand_worked_and_unbiased():
+    # The largest (|-4|) and its neighbours (1, 0.5) are left out: median |.| of 0.2, 0.3, 0.4.
+    r = np.array([0.2, 1.0, -4.0, 0.5, 0.3, 0.4])
+    assert robust_roughness(r) == pytest.approx(0.3 / 0.6745)
+    # Fewer than two would remain: every difference counts.
+    assert robust_roughness(np.array([1.0, -3.0])) == pytest.approx(2.0 / 0.6745)
+    # Normal noise of sd 2 on independent values: close to 2 once the window is left out.
     rng = np.random.default_rng(3)
-    for n in (3, 5, 8, 12):
-        z = rng.normal(0, 2.0, size=(4000, n))
-        assert np.mean([qn_scale(r) for r in z]) == pytest.approx(2.0, rel=0.05), n
+    z = rng.normal(0, 2.0, size=(4000, 12))
+    assert np.median([robust_roughness(v) for v in z]) == pytest.approx(2.0, rel=0.15)
+
+
+def test_one_noisy_level_does_not_widen_the_plateau_band():
+    # A published-style sweep: 40 is 1% below the plateau, 32 is 8% below it; the level at 24
+    # reads 8% low. The old scale of all second differences took the three it moves for noise
+    # (4.2% of the peak), so the band (2 x noise) reached 32 and the plateau began a level early.
+    x = [8, 16, 24, 32, 40, 48, 64, 96, 128]
+    y = [250, 500, 740 * 0.92, 930, 1000, 1010, 1015, 1012, 1008]
+    k = find_knee(x, y)
+    assert k.plateau == (40, 128)
+    assert k.knee_x == 40
+    assert k.noise_sd / k.peak_y < 0.01
+    assert k.plateau_band == pytest.approx(0.05 * 1015)
+
+
+def test_noisy_plateau_sweep_knee_at_the_bend():
+    # Doubling steps to 32, then a plateau with +-1.5% noise on every held level.
+    x = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128]
+    y = [31, 62, 124, 248, 496, 990, 1005, 975, 1002, 985]
+    k = find_knee(x, y)
+    assert k.knee_x == 32 and k.plateau == (32, 128)
+    assert not k.declines
+
+
+def test_near_linear_negative_control_gets_no_early_knee():
+    # Rises almost linearly (x ** 0.97) with 2% noise to the last level: no knee before the
+    # second-to-last level in 200 seeded draws, on even and doubling steps.
+    rng = np.random.default_rng(5)
+    for x in (np.array([8, 16, 24, 32, 40, 48, 56, 64.0]), np.array([1, 2, 4, 8, 16, 32, 64.0])):
+        for _ in range(200):
+            y = 12.5 * x**0.97 * (1 + rng.normal(0, 0.02, len(x)))
+            k = find_knee(x, y)
+            assert k.knee_x is None or k.knee_x >= x[-2], (y, k.knee_x)
+    k = find_knee([8, 16, 24, 32, 40, 48, 56, 64], [100, 201, 297, 402, 499, 596, 703, 795])
+    assert k.knee_x is None and k.still_rising
+
+
+def test_one_or_two_levels_give_no_knee_and_say_why():
+    one = find_knee([32], [900.0])
+    assert one.knee_x is None and "a point" in one.notes[0]
+    two = find_knee([8, 32], [100, 90])
+    assert two.knee_x is None and two.peak_x == 8
+    assert "2 levels: a slope" in two.notes[0]
+    # Repeats of two levels are still two levels.
+    assert find_knee([8, 8, 32, 32], [100, 102, 150, 148]).knee_x is None
 
 
 def test_roughness_noise_ignores_the_shape_of_the_curve():
@@ -142,9 +190,7 @@ def test_roughness_noise_tracks_measurement_noise():
     assert 0.02 <= float(np.median(rel)) <= 0.05
 
 
-def test_few_points_and_bad_input():
-    k = find_knee([8, 32], [100, 90])
-    assert k.knee_x == 8 and k.peak_x == 8
+def test_bad_input():
     with pytest.raises(InputError, match="x has 3 values, y has 2"):
         find_knee([1, 2, 3], [1, 2])
     with pytest.raises(InputError):

@@ -8,18 +8,20 @@ method:
    standard deviation of one measurement). Without repeats (and without a given ``noise_sd``)
    the noise is read from the roughness of the level means: each level against the straight line
    through its two neighbours (a second difference, scaled to the noise of one level and taken
-   relative to the level, since throughput noise grows with throughput), summarised by a robust
-   scale (Qn, Rousseeuw and Croux 1993, a more efficient relative of the median absolute
-   deviation, which like it measures spread, not offset). Only the levels up to the plateau's
-   end (the rising part and the levels held within ``plateau_tol`` of the peak) are used when
-   there are four or more, otherwise every level. A straight curve leaves no roughness and a
-   smooth bend little (its second differences are alike, and only their spread counts); the
-   corner at the knee is an outlier the robust scale ignores; the drop after the peak is left
-   out. A broken-stick residual, by contrast, counts the shape of a curve that rises, peaks and
-   falls (or bends smoothly) as noise. ``noise_source`` says which estimate was used.
+   relative to the level, since throughput noise grows with throughput). A straight rise and a
+   held plateau leave second differences of zero; the corner at the knee, or one noisy level,
+   moves three consecutive ones. The estimate is the median absolute second difference with
+   the largest and its two neighbours left out (when two or more remain), scaled to a standard
+   deviation: a scale of all of them breaks down when three of a sweep's handful are moved,
+   and the plateau band then reaches a level that is clearly below the peak. Only the levels up
+   to the plateau's end (the rising part and the levels held within ``plateau_tol`` of the
+   peak) are used when there are four or more, otherwise every level; the drop after the peak
+   is left out. A broken-stick residual, by contrast, counts the shape of a curve that rises,
+   peaks and falls (or bends smoothly) as noise. ``noise_source`` says which estimate was used.
 2. Peak: the highest mean. Plateau: the contiguous run of levels around the peak whose mean is
    within ``band = max(plateau_tol * peak, z * noise / sqrt(n))`` of it.
-3. Knee (where added concurrency stops paying): a continuous two-segment ("broken-stick")
+3. Knee (where added concurrency stops paying), from three levels on (one level is a point, two
+   are a slope: ``knee_x`` is None and a note says so): a continuous two-segment ("broken-stick")
    least-squares fit whose breakpoint is one of the levels up to the peak; the fit uses the points
    up to the plateau's end (all points when the plateau is only the peak, so a falling tail is
    the second segment). It uses every point at once and so holds up under noise better than
@@ -52,6 +54,8 @@ import numpy as np
 from kvpressure.errors import InputError
 from kvpressure.jsonable import to_jsonable
 
+# One level is a point and two are a slope: a bend needs a third.
+MIN_KNEE_LEVELS = 3
 CLI_KEYS = ("knee_x", "peak_x", "peak_y", "plateau", "declines", "decline_pct", "points")
 
 
@@ -86,6 +90,16 @@ class KneeResult:
         return out
 
 
+def few_levels_note(levels: int) -> str:
+    """Why a curve of fewer than ``MIN_KNEE_LEVELS`` levels has no knee."""
+    if levels == 0:
+        return "no level with a known concurrency and throughput: no curve, no knee"
+    if levels == 1:
+        return "1 level: a point, not a curve; no knee (a knee needs at least 3 levels)"
+    return (f"{levels} levels: a slope, not a bend; no knee (a knee needs at least "
+            f"{MIN_KNEE_LEVELS} levels)")
+
+
 def _aggregate(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     xs = np.unique(x)
     means = np.array([y[x == v].mean() for v in xs])
@@ -94,12 +108,6 @@ def _aggregate(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     return xs, means, counts, sds
 
 
-# Qn scale estimator (Rousseeuw and Croux, 1993): 2.2219 times the k-th smallest pairwise
-# distance, k = C(n // 2 + 1, 2), with their small-sample factors (beyond the table:
-# n / (n + 1.4) for odd n, n / (n + 3.8) for even n). It ignores up to half the values, like the
-# MAD, and wastes fewer of the few second differences a sweep has.
-_QN_SMALL_N = {2: 0.399, 3: 0.994, 4: 0.512, 5: 0.844, 6: 0.611, 7: 0.857, 8: 0.669, 9: 0.872}
-_QN_NORMAL = 2.2219
 # Second differences needed for a noise estimate: two on the rising part (four levels; rough,
 # but a sweep often has no more before its peak), three over every level (where the drop after
 # the peak is one of them). A sweep of fewer than five levels in all gives none: on a short
@@ -108,18 +116,8 @@ _QN_NORMAL = 2.2219
 _MIN_HELD_RESIDUALS = 2
 _MIN_RESIDUALS = 3
 _MIN_LEVELS = 5
-
-
-def qn_scale(values: np.ndarray) -> float:
-    """Robust standard deviation of ``values`` (normal-consistent, unbiased for small n)."""
-    r = np.sort(np.asarray(values, dtype=float))
-    n = len(r)
-    if n < 2:
-        raise ValueError("qn_scale needs at least 2 values")
-    h = n // 2 + 1
-    pairs = np.sort(np.abs(r[:, None] - r[None, :])[np.triu_indices(n, 1)])
-    factor = _QN_SMALL_N.get(n, n / (n + 1.4) if n % 2 else n / (n + 3.8))
-    return float(_QN_NORMAL * factor * pairs[h * (h - 1) // 2 - 1])
+# Median of |N(0, 1)|: the median absolute value of normal noise is 0.6745 standard deviations.
+_MAD_NORMAL = 0.6745
 
 
 def _relative_second_differences(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -139,6 +137,25 @@ def _exact_zero(rel: float) -> float:
     return 0.0 if rel < 1e-9 else rel
 
 
+def robust_roughness(r: np.ndarray) -> float:
+    """Noise of one level (relative) from second differences ``r``: the median absolute second
+    difference, scaled to a standard deviation for normal noise, after leaving out the largest
+    and its two neighbours when at least two remain.
+
+    A straight rise and a held plateau leave second differences of zero; a corner (the knee) or
+    one noisy level moves three consecutive ones (its own fully, its neighbours' by half). A
+    scale of all of them breaks down when three of a sweep's handful are moved: the band grows
+    past levels that are clearly below the peak. Leaving out that window keeps the estimate to
+    what the rest of the curve shows.
+    """
+    a = np.abs(np.asarray(r, dtype=float))
+    i = int(np.argmax(a))
+    keep = np.ones(len(a), dtype=bool)
+    keep[max(0, i - 1): i + 2] = False
+    rest = a[keep] if keep.sum() >= 2 else a
+    return float(np.median(rest) / _MAD_NORMAL)
+
+
 def roughness_noise(x: np.ndarray, y: np.ndarray, plateau_tol: float = 0.05
                     ) -> tuple[float | None, str]:
     """Noise of one level of a curve without repeats, relative to the level (multiply by the
@@ -156,16 +173,15 @@ def roughness_noise(x: np.ndarray, y: np.ndarray, plateau_tol: float = 0.05
         end += 1
     held = _relative_second_differences(x[: end + 1], y[: end + 1]) if end >= 2 else None
     if held is not None and len(held) >= _MIN_HELD_RESIDUALS:
-        return _exact_zero(qn_scale(held)), (
-            "roughness: Qn scale of the second differences of the level means up to the "
-            f"plateau's end (the rising part and the levels held near the peak; {len(held)} "
-            "differences)")
+        return _exact_zero(robust_roughness(held)), (
+            "roughness: median absolute second difference of the level means (the largest "
+            "and its neighbours left out) up to the plateau's end (the rising part and the levels held near "
+            f"the peak; {len(held)} differences)")
     every = _relative_second_differences(x, y) if len(x) >= 3 else np.empty(0)
     if len(every) >= _MIN_RESIDUALS:
-        return _exact_zero(qn_scale(every)), (
-            "roughness: Qn scale of the second differences of the level means over every level "
-            "(fewer than 4 levels up to the plateau's end; a sharp drop after the peak may "
-            "inflate it)")
+        return _exact_zero(robust_roughness(every)), (
+            "roughness: median absolute second difference of the level means (the largest "
+            "and its neighbours left out) over every level (fewer than 4 levels up to the plateau's end)")
     return None, "unknown (too few levels); min_decline_pct and plateau_tol alone decide"
 
 
@@ -277,9 +293,9 @@ def find_knee(
     if still_rising:
         knee, method = None, "none: still rising at the largest level"
         notes.append("throughput still grows at the largest level; no knee inside the range")
-    elif knee_bs is None:
-        knee = float(xs[lo])
-        method = "plateau start (fewer than 3 levels)"
+    elif len(xs) < MIN_KNEE_LEVELS:
+        knee, method = None, f"none: {len(xs)} level{'s' if len(xs) > 1 else ''}"
+        notes.append(few_levels_note(len(xs)))
     elif knee_kn is not None and abs(
         int(np.searchsorted(xs, knee_kn)) - int(np.searchsorted(xs, knee_bs))
     ) <= 1:
@@ -304,7 +320,7 @@ def find_knee(
     decline_pct = 100.0 * decline_abs / peak_y if peak_y > 0 else 0.0
     noise_floor = 0.0 if sigma is None else z * sigma * math.sqrt(2.0 / n_typ)
     declines = bool(after.size and decline_pct >= min_decline_pct and decline_abs > noise_floor)
-    if len(xs) < 5:
+    if MIN_KNEE_LEVELS <= len(xs) < 5:
         notes.append(f"only {len(xs)} levels: knee and decline are rough")
 
     return KneeResult(
