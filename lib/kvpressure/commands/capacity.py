@@ -6,8 +6,35 @@ import argparse
 import json
 import sys
 
+from kvpressure.errors import InputError
 from kvpressure.profiles import GiB, dtype_bytes, safe_concurrency, size_kv_pool
 from kvpressure.profiles.kvpool import DEFAULT_GPU_MEMORY_UTILIZATION, KVPoolSizing
+from kvpressure.profiles.startup_log import (
+    ROUNDING_BYTES,
+    StartupLog,
+    blocks_from_tokens,
+    read_startup_log,
+)
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3,
+          "mb": 10**6, "gb": 10**9}
+MEASURED = (  # flag, size_kv_pool argument, what vLLM logs it as
+    ("--weights", "weights_bytes", "Model loading took / model weights take"),
+    ("--non-torch", "non_torch_bytes", "non_torch_memory"),
+    ("--activation-peak", "activation_bytes", "PyTorch activation peak memory / peak activation"),
+    ("--cudagraph", "cudagraph_bytes", "CUDA graph memory"),
+    ("--total-memory", "total_memory_bytes", "total_gpu_memory"),
+)
+
+
+def parse_size(text: str, option: str) -> int:
+    """``14.96GiB``, ``512MiB``, ``16e9`` or plain bytes."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise InputError(f"{option}: expected a size like 14.96GiB, 512MiB or bytes, got {text!r}")
+    return int(round(float(m.group(1)) * _UNITS[m.group(2).lower()]))
 
 DEFAULT_AVG_SEQ_LENS = (1024, 2048, 4096, 8192)
 
@@ -17,8 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="built-in hardware profile name (see `kvpressure profiles`) or YAML")
     parser.add_argument("--model", required=True,
                         help="built-in model profile name, profile YAML, or HF config.json")
-    parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
-                        help="tensor-parallel size (default 1)")
+    parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=None,
+                        help="tensor-parallel size (default 1, or the log's)")
+    parser.add_argument("--pp", "--pipeline-parallel-size", dest="pp", type=int, default=None,
+                        help="pipeline-parallel size (default 1, or the log's)")
     parser.add_argument("--gpu-memory-utilization", type=float,
                         default=DEFAULT_GPU_MEMORY_UTILIZATION,
                         help=f"fraction of device memory vLLM may use "
@@ -35,8 +64,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", default="auto",
                         help="auto (= model dtype), fp8, bfloat16, ... (default auto)")
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
-                        help="KV memory per rank; skips the profiling estimate")
+    parser.add_argument("--kv-cache-memory-bytes", default=None, metavar="SIZE",
+                        help="KV memory per rank (bytes, or 40GiB); skips the profiling estimate")
+    for flag, _, logged in MEASURED:
+        parser.add_argument(flag, default=None, metavar="SIZE",
+                            help=f"measured per-rank figure replacing the estimate "
+                                 f"(vLLM logs it as '{logged}'); bytes or e.g. 14.96GiB")
+    parser.add_argument("--from-log", default=None, metavar="STARTUP.log",
+                        help="a vLLM startup log (V1 or V0): its measured figures replace the "
+                             "estimates, and the log's numbers are shown next to the kit's")
     parser.add_argument("--avg-seq-len", type=int, nargs="+", default=None, metavar="TOKENS",
                         help="average prompt + output lengths for the safe-concurrency table "
                              f"(default {' '.join(map(str, DEFAULT_AVG_SEQ_LENS))})")
@@ -47,19 +83,35 @@ def run(args: argparse.Namespace) -> int:
     kv_dtype = None if args.kv_cache_dtype == "auto" else dtype_bytes(
         args.kv_cache_dtype, "--kv-cache-dtype"
     )
-    sizing = size_kv_pool(
-        args.hardware,
-        args.model,
-        tp=args.tp,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        block_size=args.block_size,
-        kv_cache_dtype_bytes=kv_dtype,
-        num_gpu_blocks_override=args.num_gpu_blocks_override,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+    log = read_startup_log(args.from_log) if args.from_log else None
+    tp = args.tp if args.tp is not None else (log and log.tensor_parallel_size) or 1
+    pp = args.pp if args.pp is not None else (log and log.pipeline_parallel_size) or 1
+    max_len = args.max_model_len if args.max_model_len is not None else (
+        log.max_model_len if log else None)
+    util = args.gpu_memory_utilization
+    if log and log.gpu_memory_utilization is not None and \
+            args.gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION:
+        util = log.gpu_memory_utilization
+    common = dict(
+        tp=tp, pp=pp, gpu_memory_utilization=util, max_model_len=max_len,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        block_size=args.block_size, kv_cache_dtype_bytes=kv_dtype,
     )
+    measured = {arg: parse_size(getattr(args, flag[2:].replace("-", "_")), flag)
+                for flag, arg, _ in MEASURED
+                if getattr(args, flag[2:].replace("-", "_")) is not None}
+    kv_bytes = (parse_size(args.kv_cache_memory_bytes, "--kv-cache-memory-bytes")
+                if args.kv_cache_memory_bytes is not None else None)
+    comparison = None
+    if log is not None:
+        estimate = size_kv_pool(args.hardware, args.model, **common)
+        sizing, comparison = compare_with_log(log, estimate, args.hardware, args.model, common)
+    else:
+        sizing = size_kv_pool(
+            args.hardware, args.model, **common,
+            num_gpu_blocks_override=args.num_gpu_blocks_override,
+            kv_cache_memory_bytes=kv_bytes, **measured,
+        )
     lens = args.avg_seq_len or [n for n in DEFAULT_AVG_SEQ_LENS if n <= sizing.max_model_len]
     rows = [
         {
@@ -72,16 +124,101 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = sizing.to_dict()
         out["safe_concurrency"] = rows
+        if comparison is not None:
+            out["from_log"] = comparison
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_sizing(sizing, rows))
+        if comparison is not None:
+            sys.stdout.write(format_comparison(comparison))
+    for warning in sizing.warnings:
+        sys.stderr.write(f"warning: {warning}\n")
+    if sizing.refusal:
+        sys.stderr.write(f"vLLM would not start: {sizing.refusal}\n")
+        return 1
     return 0
+
+
+def compare_with_log(log: StartupLog, estimate: KVPoolSizing, hardware: str, model: str,
+                     common: dict) -> tuple[KVPoolSizing, dict]:
+    """The pool from the log's own measured figures, and a field-by-field comparison of the
+    log, that reproduction and the full estimate (profiles only)."""
+    if log.available_kv_gib is not None:
+        kv_bytes = int(round(log.available_kv_gib * GiB))
+        reproduced = size_kv_pool(hardware, model, **common, kv_cache_memory_bytes=kv_bytes)
+        bpb = reproduced.block_bytes
+        lo = max(0, kv_bytes - ROUNDING_BYTES) // bpb
+        hi = (kv_bytes + ROUNDING_BYTES) // bpb
+    else:
+        reproduced, lo, hi = estimate, None, None
+    log_blocks = log.num_gpu_blocks
+    if log_blocks is None and log.kv_cache_size_tokens is not None and log.max_model_len:
+        log_blocks = blocks_from_tokens(log.kv_cache_size_tokens, reproduced.max_model_len,
+                                        reproduced.blocks_per_max_len_request)
+    blocks = reproduced.num_gpu_blocks
+    if lo is not None and log_blocks is not None and lo <= log_blocks <= hi:
+        # the log rounds to 0.01 GiB: the count inside that interval it names is the one
+        blocks = log_blocks
+        reproduced = size_kv_pool(hardware, model, **common,
+                                  kv_cache_memory_bytes=kv_bytes if kv_bytes else None,
+                                  num_gpu_blocks_override=blocks)
+    g = GiB
+
+    def gib(x: int | None) -> float | None:
+        return None if x is None else round(x / g, 2)
+
+    fields = [
+        ("total memory (GiB)", log.total_memory_gib, None, gib(estimate.total_memory_bytes)),
+        ("requested (GiB)", log.requested_gib, None, gib(estimate.requested_bytes)),
+        ("weights (GiB)", log.weights_gib, None, gib(estimate.weights_bytes)),
+        ("non-torch (GiB)", log.non_torch_gib, None, gib(estimate.non_torch_bytes)),
+        ("activation peak (GiB)", log.activation_peak_gib, None,
+         gib(estimate.activation_peak_bytes)),
+        ("graph memory (GiB)", log.cudagraph_gib, None, gib(estimate.cudagraph_bytes)),
+        ("available KV memory (GiB)", log.available_kv_gib, gib(reproduced.available_kv_bytes),
+         gib(estimate.available_kv_bytes)),
+        ("num_gpu_blocks", log_blocks, blocks, estimate.num_gpu_blocks),
+        ("KV cache size (tokens)", log.kv_cache_size_tokens, reproduced.kv_cache_size_tokens,
+         estimate.kv_cache_size_tokens),
+        ("max concurrency", log.max_concurrency, round(reproduced.max_concurrency, 2),
+         round(estimate.max_concurrency, 2)),
+    ]
+    rows = [{"field": f, "log": a, "from_log": b, "estimate": c} for f, a, b, c in fields]
+    exact = log_blocks is not None and blocks == log_blocks
+    error = (None if not log_blocks else
+             round(estimate.num_gpu_blocks / log_blocks - 1, 4))
+    return reproduced, {
+        "log": log.to_dict(), "rows": rows, "blocks_interval": [lo, hi],
+        "reproduces_blocks": exact, "estimate_error": error,
+    }
+
+
+def format_comparison(c: dict) -> str:
+    def cell(v: object) -> str:
+        if v is None:
+            return "-"
+        return f"{v:,}" if isinstance(v, int) else f"{v:,.2f}"
+
+    lines = ["", f"Startup log {c['log']['path']} ({c['log']['format']} format) next to the kit",
+             f"  {'field':<28s} {'log':>12s} {'from log':>12s} {'estimate':>12s}"]
+    for r in c["rows"]:
+        lines.append(f"  {r['field']:<28s} {cell(r['log']):>12s} {cell(r['from_log']):>12s} "
+                     f"{cell(r['estimate']):>12s}")
+    lo, hi = c["blocks_interval"]
+    if lo is not None:
+        lines.append(f"  the log's 0.01 GiB rounding allows {lo:,}-{hi:,} blocks")
+    lines.append("  blocks reproduced from the log's figures: "
+                 + ("yes" if c["reproduces_blocks"] else "no"))
+    if c["estimate_error"] is not None:
+        lines.append(f"  full estimate vs the log's blocks: {c['estimate_error']:+.1%}")
+    return "\n".join(lines) + "\n"
 
 
 def format_sizing(s: KVPoolSizing, rows: list[dict]) -> str:
     lines = [
         f"KV pool: {s.model} on {s.hardware}, TP {s.tensor_parallel_size}, "
+        f"PP {s.pipeline_parallel_size}, "
         f"gpu_memory_utilization {s.gpu_memory_utilization:g}",
         f"  max_model_len {s.max_model_len}, max_num_batched_tokens {s.max_num_batched_tokens}, "
         f"max_num_seqs {s.max_num_seqs}, block_size {s.block_size}",
@@ -92,6 +229,17 @@ def format_sizing(s: KVPoolSizing, rows: list[dict]) -> str:
         lines.append(f"  {row['component']:<33s} {row['GiB']:8.2f} {row['share_of_card']:6.1%}")
     if s.estimated:
         lines.append(f"  (estimated, not measured: {', '.join(s.estimated)})")
+    if s.pipeline_parallel_size > 1:
+        lines.append(f"  (pipeline stage {s.deciding_stage} of {s.pipeline_parallel_size} has "
+                     "the fewest blocks and decides the pool)")
+    if len(s.kv_groups) > 1 or any(g["kind"] != "full" for g in s.kv_groups):
+        lines.append("")
+        lines.append("KV-cache groups (vLLM's hybrid manager)")
+        for g in s.kv_groups:
+            window = f" window {g['window']}" if g["window"] else ""
+            lines.append(f"  {g['kind']}{window}: {g['num_layers']} layers, block_size "
+                         f"{g['block_size']}, {g['blocks_per_request']} blocks per "
+                         f"max_model_len request")
     lines += [
         "",
         f"KV bytes per token per rank   {s.kv_bytes_per_token:,} "

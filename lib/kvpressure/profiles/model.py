@@ -295,9 +295,9 @@ def _build(r: FieldReader, *, hf: bool, name: str | None = None) -> ModelProfile
     dtype_bytes(dtype, f"{r.where('dtype')}: field 'dtype'")
     weight_dtype = dtype
     quant = parse_quantization(r.data.get("quantization_config"), r.where("quantization_config"))
-    if quant is not None and quant.bits == 8 and quant.method in ("fp8", "compressed-tensors"):
-        weight_dtype = "float8_e4m3" if "fp8" in quant.description or quant.method == "fp8" \
-            else "int8"
+    if quant is not None and int(quant.bits) == 8:
+        weight_dtype = "float8_e4m3" if "fp8" in quant.description or "float" in \
+            quant.description else "int8"
     if r.has("weight_dtype"):
         weight_dtype = r.string("weight_dtype")
         dtype_bytes(weight_dtype, f"{r.where('weight_dtype')}: field 'weight_dtype'")

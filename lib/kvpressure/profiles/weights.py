@@ -115,8 +115,10 @@ def _bytes(params: float, bits: float) -> float:
 def stage_weight_bytes(m: ModelProfile, tp: int, pp: int = 1, rank: int = 0) -> int:
     """Bytes of weights one TP rank of pipeline stage ``rank`` loads."""
     counts = param_counts(m)
-    dense_bits = 8 * m.weight_dtype_bytes
     q = m.quantization
+    # a quantized checkpoint keeps its unconverted parts in the model dtype; a profile without
+    # quantization_config stores everything in weight_dtype
+    dense_bits = 8 * (m.dtype_bytes if q is not None else m.weight_dtype_bytes)
 
     def bits(component: str) -> float:
         return dense_bits if q is None else q.bits_for(component, dense_bits)
