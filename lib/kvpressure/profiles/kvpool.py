@@ -254,10 +254,9 @@ def size_kv_pool(
     mdl = load_model(model)
     mdl.check_tp(tp)
     pp_layers(mdl.num_hidden_layers, pp, 0)  # validates pp
-    if tp * pp > hw.num_cards:
+    if tp > hw.num_cards:  # pipeline stages may sit on other servers; a TP group may not
         raise InputError(
-            f"tensor_parallel_size: {tp} x pipeline_parallel_size {pp} exceeds the "
-            f"{hw.num_cards} cards of hardware {hw.name!r}"
+            f"tensor_parallel_size: {tp} exceeds the {hw.num_cards} cards of hardware {hw.name!r}"
         )
     util = gpu_memory_utilization
     if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:

@@ -104,7 +104,7 @@ def parse_quantization(config: Mapping[str, Any] | None, where: str) -> Quantiza
     if method in ("gptq", "awq", "gptq-marlin", "awq-marlin"):
         bits = int(number("bits", number("w_bit", 4)))
         group = int(number("group_size", number("q_group_size", 128)))
-        zero = not config.get("sym", False) or method.startswith("awq")
+        zero = True  # GPTQ and AWQ checkpoints store packed zero points even when symmetric
         extra = frozenset({"lm_head"}) if config.get("lm_head") else frozenset()
         return Quantization(method, bits + _group_overhead_bits(bits, group, zero_point=zero),
                             skipped, extra, f"{method} int{bits}, group {group}")

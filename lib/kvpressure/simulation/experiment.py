@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import yaml
@@ -50,11 +50,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvpressure.errors import InputError
 from kvpressure.paths import data_dir
 from kvpressure.simulation.cost_model import CostCoefficients, StepCostModel
+from kvpressure.simulation.prom_view import MAX_SCRAPES
 from kvpressure.simulation.workload import (
     WorkloadSpec,
     format_validation_error,
     generate_requests,
 )
+from kvpressure.user_files import read_user_text
 
 # Engine arguments an experiment (or an override) may set, with the scenario setting each maps
 # to (None: used only to size the KV pool).
@@ -82,7 +84,7 @@ POOL_ARGS = ("gpu_memory_utilization", "max_model_len", "max_num_batched_tokens"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class EngineArgs(_Strict):
@@ -114,7 +116,7 @@ class ExperimentWorkload(WorkloadSpec):
     """The workload section: a ``WorkloadSpec`` plus the levels to sweep."""
 
     concurrency: list[int] | None = None
-    request_rates: list[float] | None = None
+    request_rates: list[Annotated[float, Field(allow_inf_nan=True)]] | None = None
     burstiness: float = Field(1.0, gt=0)
 
     @model_validator(mode="before")
@@ -183,7 +185,7 @@ class Comparison(SettingChange):
 class Focus(_Strict):
     variant: str = "baseline"
     concurrency: int | None = Field(None, ge=1)
-    request_rate: float | None = Field(None, gt=0)
+    request_rate: float | None = Field(None, gt=0, allow_inf_nan=True)
 
 
 class ExperimentFile(_Strict):
@@ -198,7 +200,8 @@ class ExperimentFile(_Strict):
     comparison: Comparison | None = None
     remedies: list[SettingChange] = Field(default_factory=list)
     cost_model: dict[str, float | bool] = Field(default_factory=dict)
-    scrape_interval_s: float = Field(5.0, gt=0)
+    # Finer than this the Prometheus view would hold millions of scrapes of a short run.
+    scrape_interval_s: float = Field(5.0, ge=0.01)
     focus: Focus = Field(default_factory=Focus)
 
     @field_validator("cost_model")
@@ -378,6 +381,9 @@ class Experiment:
                 )
             except InputError as exc:
                 raise InputError(f"{self._where()}: {exc}") from None
+            if self._pool_cache[key].refusal:
+                refusal = self._pool_cache.pop(key).refusal
+                raise InputError(f"{self._where()}: {refusal}")
         return self._pool_cache[key]
 
     def settings(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -443,7 +449,8 @@ class Experiment:
             if request_rate is not None:
                 raise InputError(f"{self._where()}: a closed-loop experiment takes a concurrency"
                                  ", not a request rate")
-            concurrency = concurrency or self.config.focus.concurrency or self.concurrencies[-1]
+            if concurrency is None:
+                concurrency = self.config.focus.concurrency or self.concurrencies[-1]
             if concurrency < 1:
                 raise InputError(f"concurrency must be >= 1, got {concurrency}")
             requests = [dict(r) for r in self.requests_for_seed(seed)]
@@ -453,7 +460,10 @@ class Experiment:
             if concurrency is not None:
                 raise InputError(f"{self._where()}: an open-loop experiment takes a request "
                                  "rate, not a concurrency")
-            request_rate = request_rate or self.config.focus.request_rate or self.request_rates[-1]
+            if request_rate is None:
+                request_rate = self.config.focus.request_rate or self.request_rates[-1]
+            if not request_rate > 0:
+                raise InputError(f"request rate must be > 0, got {request_rate}")
             requests = self.requests_at_rate(request_rate, seed)
             mode = {"type": "open"}
             level = f"rate{_fmt(request_rate)}"
@@ -484,6 +494,13 @@ class Experiment:
         if refused:
             scenario_dict["refused_requests"] = refused
         scenario = load_scenario(scenario_dict)
+        span = max((float(r.get("arrival_time_s") or 0.0) for r in kept), default=0.0)
+        interval = self.config.scrape_interval_s
+        if with_recorder and not span / interval <= MAX_SCRAPES:
+            raise InputError(
+                f"{self._where()}: the requests arrive over {span:.3g} s of simulated time, "
+                f"{span / interval:.3g} scrapes at scrape_interval_s {interval:g} (at most "
+                f"{MAX_SCRAPES:,}); raise the request rate or scrape_interval_s")
         if not with_recorder:
             return Point(scenario, self.cost_model, None, variant, mode.get("concurrency"),
                          request_rate if self.mode == "open" else None, settings)
@@ -536,7 +553,7 @@ def load_experiment(path: str | Path) -> Experiment:
         p = data_dir() / "experiments" / f"{text_path}.yaml"
     if not p.is_file():
         raise InputError(f"{path}: experiment file not found")
-    text = p.read_text(encoding="utf-8")
+    text = read_user_text(p, "experiment file")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

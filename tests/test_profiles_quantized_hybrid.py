@@ -1,0 +1,168 @@
+"""Quantized, MoE, hybrid-attention and MLA models against hand-worked bytes.
+
+The config.json files under tests/data/hf_config/ are written from the public model cards'
+configs (shapes, quantization_config, layer_types) of the models each test names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvpressure.profiles import GiB, KVPoolError, load_model, size_kv_pool
+from kvpressure.profiles.weights import pp_layers
+
+HF = Path(__file__).parent / "data" / "hf_config"
+
+
+def test_gptq_int4_7b_weights_and_kv():
+    """Llama-2-7B GPTQ int4, group 128.
+
+    Linear weights per layer: q, k, v, o 4 x 4096^2 = 67,108,864; MLP 3 x 4096 x 11008 =
+    135,266,304; 32 layers: 6,476,005,376 weights at 4 bits + a 16-bit scale and a 4-bit zero
+    per 128 = 4.15625 bits -> 3,364,487,168 B. fp16: embedding and LM head 2 x 32000 x 4096
+    x 2 B = 524,288,000; norms 32 x 2 x 4096 x 2 + 4096 x 2 = 532,480. Total 3,889,307,648 B
+    (3.62 GiB, not the 12.6 GiB of 2-byte weights). KV per token: 2 x 32 x 32 x 128 x 2 B =
+    524,288.
+    """
+    m = load_model(HF / "llama-2-7b-gptq-int4.json")
+    assert m.quantization.method == "gptq"
+    assert m.quantization.bits == 4 + 20 / 128
+    assert m.weight_bytes == 3_364_487_168 + 524_288_000 + 532_480 == 3_889_307_648
+    assert m.kv_bytes_per_token() == 524_288
+
+
+def test_w8a8_70b_is_one_byte_per_linear_weight_and_fits_at_tp2():
+    """Llama-3.1-70B compressed-tensors w8a8 int8 per channel, lm_head ignored.
+
+    Linear per layer: 2 x 8192^2 + 2 x 8192 x 1024 + 3 x 8192 x 28672 = 855,638,016; x 80 =
+    68,451,041,280 B at 1 byte. bf16: embedding 128256 x 8192 x 2 = 2,101,346,304, the LM head
+    the same, norms 80 x 2 x 8192 x 2 + 8192 x 2 = 2,637,824. Total 72,656,371,712 B = 67.67
+    GiB (not 131 GiB). At TP 2 a rank holds half of every linear layer and table and all
+    norms: 34,225,520,640 + 2,101,346,304 + 2,637,824 = 36,329,504,768 B.
+    """
+    m = load_model(HF / "llama-3.1-70b-w8a8.json")
+    assert m.weight_bytes == 72_656_371_712
+    assert m.weight_bytes_per_rank(2) == 36_329_504_768
+    s = size_kv_pool("h100-80g", m, tp=2, max_model_len=8192)
+    assert s.num_gpu_blocks > 0 and s.weights_bytes == 36_329_504_768
+    assert m.kv_bytes_per_token(2) == 80 * 4 * 256 * 2
+
+
+def test_mxfp4_moe_gpt_oss_20b_shapes():
+    """gpt-oss-20b: 24 layers alternating 128-token sliding and full attention, 32 experts.
+
+    Experts (mxfp4, 4 + 8/32 = 4.25 bits): 24 x 32 x 3 x 2880^2 = 19,110,297,600 weights ->
+    10,152,345,600 B. Kept in bf16 by modules_to_not_convert: attention 24 x (2 x 2880 x 4096
+    + 2 x 2880 x 512 + 4096 + 1024 biases) = 637,132,800 weights, routers 24 x 2880 x 32 =
+    2,211,840, norms 24 x 2 x 2880 + 2880 = 141,120; embedding and LM head 2 x 201088 x 2880 =
+    1,158,266,880; at 2 B: 3,595,505,280 B. Total 13,747,850,880 B (12.80 GiB).
+    KV per token per layer: 8 heads x (64 + 64) x 2 B = 2048; 49,152 over 24 layers.
+    """
+    m = load_model(HF / "gpt-oss-20b.json")
+    assert (m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size) == (32, 4, 2880)
+    assert m.layer_types.count("sliding_attention") == 12 and m.sliding_window == 128
+    assert m.weight_bytes == 10_152_345_600 + 3_595_505_280 == 13_747_850_880
+    assert m.kv_bytes_per_token() == 49_152
+
+
+def test_gpt_oss_pool_groups_sliding_and_full_layers_like_vllm():
+    """Two groups of 12 layers with one 2048 B/token page each: a block is 12 x 16 x 2048 =
+    393,216 B, half of treating all 24 layers as full attention (786,432 B), so twice the
+    blocks. At max_model_len 8192, 2048 batched tokens, synchronous scheduling: a request
+    needs cdiv(8192, 16) = 512 full blocks + cdiv(127 + 2048, 16) + 1 = 137 sliding ones."""
+    budget = 40 * GiB
+    s = size_kv_pool("h100-80g", HF / "gpt-oss-20b.json", max_model_len=8192,
+                     max_num_batched_tokens=2048, async_scheduling=False,
+                     kv_cache_memory_bytes=budget)
+    assert s.block_bytes == 393_216
+    assert s.num_gpu_blocks == budget // 393_216 == 109_226
+    assert [g["kind"] for g in s.kv_groups] == ["sliding", "full"]
+    assert [g["num_layers"] for g in s.kv_groups] == [12, 12]
+    assert s.blocks_per_max_len_request == 512 + 137
+    assert s.kv_cache_size_tokens == int(109_226 / 649 * 8192)
+    # asynchronous scheduling (0.33.0's default) keeps two batches in flight
+    a = size_kv_pool("h100-80g", HF / "gpt-oss-20b.json", max_model_len=8192,
+                     max_num_batched_tokens=2048, kv_cache_memory_bytes=budget)
+    assert a.blocks_per_max_len_request == 512 + (-(-(127 + 4096) // 16) + 1)
+
+
+def test_mixtral_counts_every_expert():
+    """Mixtral-8x7B (num_local_experts 8, experts of intermediate_size 14336, top 2).
+
+    Per layer: experts 8 x 3 x 4096 x 14336 = 1,409,286,144; attention 2 x 4096^2 + 2 x 4096 x
+    1024 = 41,943,040; router 4096 x 8 = 32,768; norms 8192. 32 layers + embedding and LM head
+    2 x 32000 x 4096 + final norm 4096: 46,702,792,704 weights (the card's 46.7B), 93.4 GB in
+    bf16. Active: minus 32 x 6 unused experts x 3 x 4096 x 14336 = 12,879,925,248 (12.9B).
+    """
+    m = load_model(HF / "mixtral-8x7b.json")
+    assert m.num_params == 46_702_792_704
+    assert m.num_active_params == 12_879_925_248
+    assert m.weight_bytes == 2 * 46_702_792_704
+    assert m.layer_types == ()  # sliding_window null: all full attention
+
+
+def test_sliding_window_hybrid_gemma3_pattern():
+    """Gemma-3-12B text: 48 layers, every 6th full, the rest sliding over 1024 tokens; 8 KV
+    heads of 256 -> 8 x 512 x 2 = 8192 B per token per layer, a 16-token page 131,072 B.
+    40 sliding + 8 full layers: groups of 8 (40 >= 1.5 x 8), 5 sliding groups + 1 full group,
+    a block = 8 pages = 1,048,576 B (a sixth of 48 full layers). A request of 8192 tokens,
+    2048 batched, sync: 512 full blocks + 5 x (cdiv(1023 + 2048, 16) + 1 = 193) = 1477."""
+    m = load_model(HF / "gemma-3-12b-text.json")
+    assert [i for i, t in enumerate(m.layer_types) if t == "full_attention"] == list(
+        range(5, 48, 6))
+    s = size_kv_pool("h100-80g", m, max_model_len=8192, max_num_batched_tokens=2048,
+                     async_scheduling=False, kv_cache_memory_bytes=16 * GiB)
+    assert s.block_bytes == 1_048_576
+    assert len(s.kv_groups) == 6
+    assert s.blocks_per_max_len_request == 512 + 5 * 193 == 1477
+    assert s.num_gpu_blocks == 16 * 1024
+
+
+def test_mla_at_tp8_pp2_the_larger_stage_decides():
+    """DeepSeek-V3 (61 MLA layers) at TP 8 x PP 2: vLLM's get_pp_indices gives 31 + 30 layers
+    (the remainder goes to the stage before the last). MLA keeps one 576-wide latent per
+    rank: 1152 B per token per layer at any TP. Stage 0 blocks are 31 x 16 x 1152 = 571,392
+    B, stage 1's 30 x 18,432 = 552,960 B; with 20 GiB for KV on every rank stage 0 has
+    fewer blocks (37,583 vs 38,836) and decides the pool."""
+    assert pp_layers(61, 2, 0) == range(0, 31) and pp_layers(61, 2, 1) == range(31, 61)
+    s = size_kv_pool("h200", HF / "deepseek-v3.json", tp=8, pp=2, max_model_len=8192,
+                     kv_cache_memory_bytes=20 * GiB)
+    assert [x["block_bytes"] for x in s.stages] == [571_392, 552_960]
+    assert s.deciding_stage == 0
+    assert s.num_gpu_blocks == 20 * GiB // 571_392 == 37_583
+    assert s.kv_bytes_per_token == 31 * 1152
+    # every weight is on some stage: the stages together exceed one TP-1/PP-1 copy / 8
+    m = load_model(HF / "deepseek-v3.json")
+    stage_bytes = [m.weight_bytes_per_rank(8, 2, r) for r in (0, 1)]
+    assert sum(stage_bytes) >= m.weight_bytes / 8
+    full = size_kv_pool("h200", m, tp=8, pp=2, max_model_len=8192)
+    assert full.weights_bytes == stage_bytes[full.deciding_stage]
+
+
+def test_budget_at_or_below_zero_is_vllms_refusal_not_an_input_error():
+    s = size_kv_pool("l40s", "llama-3.1-8b", gpu_memory_utilization=0.36, max_model_len=4096)
+    assert s.num_gpu_blocks == 0 and s.kv_pool_bytes == 0
+    assert "No available memory for the cache blocks" in s.refusal
+    assert all(r["bytes"] >= 0 for r in s.memory_breakdown())
+
+
+def test_kv_budget_larger_than_the_card_is_warned_and_nothing_is_negative():
+    s = size_kv_pool("l4", "llama-3.1-8b", max_model_len=4096, kv_cache_memory_bytes=40 * GiB)
+    assert s.warnings and "more than the card" in s.warnings[0]
+    rows = {r["component"]: r["bytes"] for r in s.memory_breakdown()}
+    assert rows["left unused in the request"] == 0
+
+
+def test_unknown_quant_method_names_the_field(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text((HF / "mixtral-8x7b.json").read_text().replace(
+        '"torch_dtype"', '"quantization_config": {"quant_method": "magic"}, "torch_dtype"'))
+    with pytest.raises(Exception, match="quantization_config.quant_method"):
+        load_model(p)
+
+
+def test_pp_larger_than_layers_is_refused():
+    with pytest.raises(KVPoolError.__mro__[1], match="pipeline_parallel_size"):
+        size_kv_pool("h100-80g", "llama-3.1-8b", pp=64, max_model_len=4096)
