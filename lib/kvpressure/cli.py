@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "knee": "locate the knee, peak and decline of a throughput-vs-concurrency curve",
     "report": "run the investigation notebooks and render the record and the report",
     "profiles": "list the built-in hardware, model and experiment profiles",
+    "twin": "fit a simulated twin to a measured run folder, check it, predict remedies",
 }
 
 

@@ -1,0 +1,92 @@
+"""``kvpressure twin RUN_DIR --out DIR [--limits ttft_p95=2s,itl_p95=80ms]``: the twin of a
+measured server (settings and workload from the data, step time fitted with bootstrap
+intervals), measured vs twin level by level with a verdict, then the remedies predicted on the
+fitted twin and the setting to recommend under the latency limits.
+
+Writes ``twin.json``, ``fit_table.csv``, ``twin.png`` and ``twin.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from kvpressure.errors import InputError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", type=Path,
+                        help="an ingested run folder: runs.csv (+ series.csv, ingest.json), as "
+                             "written by ingest, report --source, collect or sweep")
+    parser.add_argument("--out", required=True, type=Path, help="output folder of the twin")
+    parser.add_argument("--limits", default="",
+                        help="latency limits of the recommendation, e.g. "
+                             "ttft_p95=2s,itl_p95=80ms (ttft_p50, ttft_p95, itl_p50, itl_p95)")
+    parser.add_argument("--focus", type=int,
+                        help="concurrency level to recommend for (default: the highest)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="an engine setting the data lacks or gets wrong, e.g. "
+                             "num_gpu_blocks=512 or max_num_seqs=64 (repeatable)")
+    parser.add_argument("--variant", help="which variant of runs.csv to build the twin on "
+                                          "(default: baseline, else the first)")
+    parser.add_argument("--hardware", help="hardware profile: its roofline stands in for "
+                                           "coefficients the data cannot identify")
+    parser.add_argument("--model", help="model profile (with --hardware)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (with --hardware)")
+    parser.add_argument("--bootstrap", type=int, default=200,
+                        help="bootstrap draws over levels for the intervals (default 200)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    parser.add_argument("--no-remedies", action="store_true",
+                        help="fit and check the twin only")
+
+
+def _overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpressure.twin.api import build_twin
+    from kvpressure.twin.output import write_twin
+    from kvpressure.twin.remedies import parse_limits
+
+    limits = parse_limits(args.limits)
+    if args.bootstrap < 0:
+        raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    if args.out.exists() and not args.out.is_dir():
+        raise InputError(f"--out {args.out}: exists and is not a folder")
+    cost_model = None
+    if args.hardware or args.model:
+        if not (args.hardware and args.model):
+            raise InputError("--hardware and --model go together (the roofline needs both)")
+        from kvpressure.profiles.hardware import load_hardware
+        from kvpressure.profiles.model import load_model
+        from kvpressure.simulation.cost_model import StepCostModel
+
+        cost_model = StepCostModel.from_profiles(load_hardware(args.hardware),
+                                                 load_model(args.model), args.tp)
+    twin = build_twin(args.run_dir, overrides=_overrides(args.overrides), variant=args.variant,
+                      cost_model=cost_model)
+    twin.fit(bootstrap=args.bootstrap, seed=args.seed)
+    report = twin.fit_report()
+    remedies = None if args.no_remedies else twin.predict_remedies(focus=args.focus,
+                                                                    limits=limits)
+    written = write_twin(twin, remedies, args.out)
+    summary = {
+        "out": str(args.out),
+        "files": [p.name for p in written],
+        "fit": report.verdict.text,
+        "coefficients": {k: {"value": v["value"], "source": v["source"]}
+                         for k, v in twin.fitted.describe().items()},
+    }
+    if remedies is not None:
+        summary["recommendation"] = remedies["recommendation"]["text"]
+    print(json.dumps(summary, indent=2, default=str))
+    return 0

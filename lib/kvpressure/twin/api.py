@@ -1,0 +1,186 @@
+"""The twin of a measured server: build it from a run folder, fit it, check it, predict.
+
+```python
+from kvpressure.twin.api import build_twin
+twin = build_twin("reports/prod")            # settings + workload + basis simulations
+fit = twin.fit()                              # step-time coefficients with bootstrap intervals
+report = twin.fit_report()                    # measured vs twin per level, and the verdict
+advice = twin.predict_remedies(limits={"ttft_p95_s": 2.0, "itl_p95_s": 0.08})
+```
+
+A twin that was not fitted simulates nothing: ``predict_remedies`` refuses it. A twin whose
+fit report does not pass marks every prediction as untrusted, with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvpressure.errors import InputError
+from kvpressure.twin.basis import LevelBasis, simulate_basis
+from kvpressure.twin.fit import PARAMETERS, TwinFit, fit_step_time
+from kvpressure.twin.fit_report import FitVerdict, comparison_table, verdict
+from kvpressure.twin.measured import Measured, load_measured
+from kvpressure.twin.settings import twin_settings
+from kvpressure.twin.simulate import simulate_level
+from kvpressure.twin.workload import LevelWorkload, level_workloads
+
+
+class TwinNotFitted(InputError):
+    """A prediction was asked of a twin whose step time was never fitted."""
+
+
+@dataclass
+class FitReport:
+    table: pd.DataFrame
+    verdict: FitVerdict
+    twin_levels: dict[int, dict[str, Any]]
+
+
+@dataclass
+class Twin:
+    measured: Measured
+    settings: dict[str, Any]
+    settings_source: dict[str, str]
+    workloads: dict[int, LevelWorkload]
+    priors: dict[str, float] | None = None
+    prior_source: str = "profile"
+    bases: dict[int, LevelBasis] = field(default_factory=dict)
+    fitted: TwinFit | None = None
+    report: FitReport | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    # --- fit ------------------------------------------------------------------------------
+    def basis(self, concurrency: int, overrides: Mapping[str, Any] | None = None
+              ) -> LevelBasis:
+        """The level's basis simulations under the baseline settings (kept) or ``overrides``."""
+        if not overrides:
+            if concurrency not in self.bases:
+                self.bases[concurrency] = simulate_basis(self.settings,
+                                                         self.workloads[concurrency])
+            return self.bases[concurrency]
+        return simulate_basis({**self.settings, **overrides}, self.workloads[concurrency])
+
+    def fit(self, *, levels: list[int] | None = None, bootstrap: int = 200, seed: int = 0,
+            min_levels: int | None = None) -> TwinFit:
+        """Fit the step time on ``levels`` (default: every measured level)."""
+        t = time.perf_counter()
+        chosen = levels if levels is not None else sorted(self.workloads)
+        unknown = [c for c in chosen if c not in self.workloads]
+        if unknown:
+            raise InputError(f"levels {unknown}: not measured "
+                             f"({', '.join(map(str, sorted(self.workloads)))})")
+        bases = {c: self.basis(c) for c in chosen}
+        self.timings["basis_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        kw = {} if min_levels is None else {"min_levels": min_levels}
+        sub = self.measured.levels[self.measured.levels["concurrency"].isin(chosen)]
+        self.fitted = fit_step_time(sub, bases, priors=self.priors,
+                                    prior_source=self.prior_source, bootstrap=bootstrap,
+                                    seed=seed, **kw)
+        self.timings["fit_s"] = time.perf_counter() - t
+        self.report = None
+        return self.fitted
+
+    def require_fit(self, what: str) -> TwinFit:
+        if self.fitted is None:
+            raise TwinNotFitted(
+                f"{what}: the twin's step time is not fitted to the measured server, so its "
+                "times would be the kit's defaults, not this server's; fit it first "
+                "(Twin.fit(), which needs at least 3 measured levels)")
+        return self.fitted
+
+    # --- predictions -----------------------------------------------------------------------
+    def predict_level(self, concurrency: int, overrides: Mapping[str, Any] | None = None
+                      ) -> dict[str, Any]:
+        """One level simulated with the fitted coefficients (and ``overrides``)."""
+        fit = self.require_fit(f"simulating concurrency {concurrency}")
+        if concurrency not in self.workloads:
+            raise InputError(f"concurrency {concurrency}: no measured workload for it")
+        return simulate_level({**self.settings, **(overrides or {})},
+                              self.workloads[concurrency], fit.step_coefficients(),
+                              fit.theta["ttft_offset"])
+
+    def throughput_band(self, basis: LevelBasis) -> tuple[float, float]:
+        fit = self.require_fit("the throughput band")
+        thr = basis.output_tokens / basis.time("duration", fit.samples[:, :-1])
+        if not len(thr):
+            return (float("nan"), float("nan"))
+        lo, hi = np.percentile(thr, [5, 95])
+        return float(lo), float(hi)
+
+    def fit_report(self, levels: list[int] | None = None) -> FitReport:
+        """Measured against twin at ``levels`` (default: every measured level), with the
+        verdict. Levels left out of the fit are predictions (leave-levels-out)."""
+        self.require_fit("the fit report")
+        t = time.perf_counter()
+        chosen = levels if levels is not None else sorted(self.workloads)
+        twin_levels = {c: self.predict_level(c) for c in chosen}
+        band = {c: self.throughput_band(self.basis(c)) for c in chosen}
+        sub = self.measured.levels[self.measured.levels["concurrency"].isin(chosen)]
+        table = comparison_table(sub, twin_levels, band)
+        self.report = FitReport(table, verdict(table), twin_levels)
+        self.timings["report_s"] = time.perf_counter() - t
+        return self.report
+
+    def predict_remedies(self, *, focus: int | None = None,
+                         limits: Mapping[str, float] | None = None,
+                         candidates: Mapping[str, Mapping[str, Any]] | None = None
+                         ) -> dict[str, Any]:
+        from kvpressure.twin.remedies import predict_remedies
+
+        self.require_fit("a remedy")
+        if self.report is None:
+            self.fit_report()
+        t = time.perf_counter()
+        out = predict_remedies(self, focus=focus, limits=limits or {}, candidates=candidates)
+        self.timings["remedies_s"] = time.perf_counter() - t
+        return out
+
+    # --- description -----------------------------------------------------------------------
+    def assumptions(self) -> list[str]:
+        out = [f"{k} = {self.settings[k]}: {src}" for k, src in sorted(
+            self.settings_source.items()) if "assumed" in src or "default" in src]
+        inexact = [c for c, w in sorted(self.workloads.items()) if not w.exact]
+        if inexact:
+            out.append("request lengths at concurrency " + ", ".join(map(str, inexact))
+                       + ": every request given the level's mean prompt and output length (no "
+                       "per-request lengths in the data)")
+        out.append("closed loop without think time: a finished request's client resubmits at "
+                   "the next engine step (vllm bench serve --request-rate inf "
+                   "--max-concurrency C)")
+        if self.fitted is not None:
+            for p in PARAMETERS:
+                if self.fitted.source[p] != "fitted":
+                    out.append(f"{p} = {self.fitted.theta[p]:.3g}: {self.fitted.source[p]}")
+        return out + list(self.measured.notes)
+
+
+def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None,
+               variant: str | None = None, cost_model: Any = None,
+               workloads: Mapping[int, LevelWorkload] | None = None) -> Twin:
+    """The twin of the server measured in ``run_dir``: settings and workload from the data.
+
+    ``overrides`` replace engine settings (``{"num_gpu_blocks": 512}``); ``cost_model`` (a
+    ``StepCostModel`` from the hardware and model profiles) supplies the coefficients the data
+    cannot identify; ``workloads`` replace the per-level request sets.
+    """
+    from kvpressure.twin.step_time import profile_priors
+
+    measured = load_measured(run_dir, variant=variant)
+    if measured.levels.empty:
+        raise InputError(f"{run_dir}: runs.csv has no run with a concurrency level")
+    settings, source = twin_settings(Path(run_dir), measured.runs, measured.series,
+                                     measured.ingest, overrides)
+    loads = dict(workloads) if workloads is not None else level_workloads(measured)
+    priors = profile_priors(cost_model) if cost_model is not None else None
+    name = getattr(getattr(cost_model, "geometry", None), "name", "profile")
+    return Twin(measured, settings, source, loads, priors,
+                f"profile roofline ({name})" if priors else "profile")

@@ -1,0 +1,144 @@
+"""Measured against twin, level by level, and the verdict on how far the twin can be trusted.
+
+The tolerances are the issue's targets for a twin a capacity planner may act on: output
+throughput within 15% at every level, preemptions within 10% (or 2 preemptions, whichever is
+larger: a handful of preemptions is within run-to-run noise), the knee (where growth stops)
+within one level, where "the knee" is the first level within 5% of the curve's peak
+(``growth_stops``). Latency percentiles are shown with their errors and, beyond 25%, named as a
+caveat of any latency limit checked on the twin.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+THROUGHPUT_TOL_PCT = 15.0
+PREEMPTION_TOL_PCT = 10.0
+PREEMPTION_TOL_ABS = 2.0
+LATENCY_TOL_PCT = 25.0
+KNEE_TOL_LEVELS = 1
+PLATEAU_TOL_PCT = 5.0
+COMPARED = ("output_throughput", "preemptions", "ttft_p50_s", "ttft_p95_s", "itl_p50_s",
+            "itl_p95_s", "mean_running", "tokens_per_step")
+
+
+@dataclass
+class FitVerdict:
+    fits: bool
+    text: str
+    throughput_max_error_pct: float | None
+    preemption_misses: list[dict[str, Any]] = field(default_factory=list)
+    throughput_misses: list[dict[str, Any]] = field(default_factory=list)
+    latency_caveats: list[str] = field(default_factory=list)
+    knee: dict[str, Any] = field(default_factory=dict)
+
+
+def _err(twin: float, measured: float) -> float:
+    if not (isinstance(measured, float | int) and math.isfinite(measured) and measured != 0):
+        return math.nan
+    if not math.isfinite(twin):
+        return math.nan
+    return 100.0 * (twin - measured) / measured
+
+
+def comparison_table(measured_levels: pd.DataFrame, twin_levels: Mapping[int, dict[str, Any]],
+                     throughput_band: Mapping[int, tuple[float, float]]) -> pd.DataFrame:
+    """One row per level: ``<stat>_measured``, ``<stat>_twin``, ``<stat>_error_pct``; the
+    recompute range measured (ratio low..high) against the twin's exact ratio; the bootstrap
+    band of the twin's throughput."""
+    rows = []
+    for _, m in measured_levels.iterrows():
+        c = int(m["concurrency"])
+        t = twin_levels.get(c)
+        if t is None:
+            continue
+        row: dict[str, Any] = {"concurrency": c}
+        for stat in COMPARED:
+            mv = float(m[stat]) if stat in m and pd.notna(m[stat]) else math.nan
+            tv = float(t[stat])
+            row[f"{stat}_measured"] = mv
+            row[f"{stat}_twin"] = tv
+            row[f"{stat}_error_pct"] = _err(tv, mv)
+        lo, hi = throughput_band.get(c, (math.nan, math.nan))
+        row["output_throughput_twin_p05"], row["output_throughput_twin_p95"] = lo, hi
+        rlo, rhi = float(m["recompute_ratio_low"]), float(m["recompute_ratio_high"])
+        row["recompute_ratio_measured_low"], row["recompute_ratio_measured_high"] = rlo, rhi
+        row["recompute_ratio_twin"] = float(t["recompute_ratio"])
+        row["recompute_twin_in_range"] = (
+            bool(rlo - 1e-9 <= t["recompute_ratio"] <= rhi + 1e-9)
+            if math.isfinite(rlo) and math.isfinite(rhi) else None)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def growth_stops(x: list[int], y: list[float], tol_pct: float = PLATEAU_TOL_PCT) -> int | None:
+    """The first level whose throughput is within ``tol_pct`` of the curve's peak: where
+    growth stops. On the plateaus these curves often have, a knee finder's corner moves with
+    noise of a few percent; the first level to reach the plateau does not."""
+    pts = [(int(a), float(b)) for a, b in zip(x, y, strict=True) if math.isfinite(float(b))]
+    if not pts:
+        return None
+    peak = max(b for _, b in pts)
+    return next(a for a, b in sorted(pts) if b >= (1.0 - tol_pct / 100.0) * peak)
+
+
+def verdict(table: pd.DataFrame) -> FitVerdict:
+    """The fit's verdict from the comparison table (see the module docstring)."""
+    levels = table["concurrency"].astype(int).tolist()
+    thr_err = table["output_throughput_error_pct"].to_numpy(float)
+    finite = np.isfinite(thr_err)
+    max_err = float(np.max(np.abs(thr_err[finite]))) if finite.any() else None
+    thr_miss = [{"concurrency": c, "error_pct": round(float(e), 1)}
+                for c, e in zip(levels, thr_err, strict=True)
+                if math.isfinite(e) and abs(e) > THROUGHPUT_TOL_PCT]
+    pre_miss = []
+    for _, r in table.iterrows():
+        mv, tv = r["preemptions_measured"], r["preemptions_twin"]
+        if not math.isfinite(mv):
+            continue
+        if abs(tv - mv) > max(PREEMPTION_TOL_PCT / 100.0 * mv, PREEMPTION_TOL_ABS):
+            pre_miss.append({"concurrency": int(r["concurrency"]), "measured": mv, "twin": tv})
+    mk = growth_stops(levels, table["output_throughput_measured"].tolist())
+    tk = growth_stops(levels, table["output_throughput_twin"].tolist())
+    knee = {"measured": mk, "twin": tk, "levels_apart": None, "ok": True,
+            "rule": f"first level within {PLATEAU_TOL_PCT:g}% of the curve's peak"}
+    if mk is not None and tk is not None:
+        apart = abs(levels.index(mk) - levels.index(tk))
+        knee["levels_apart"] = apart
+        knee["ok"] = apart <= KNEE_TOL_LEVELS
+    caveats = []
+    for stat in ("ttft_p95_s", "itl_p95_s"):
+        e = table[f"{stat}_error_pct"].to_numpy(float)
+        e = e[np.isfinite(e)]
+        if len(e) and np.max(np.abs(e)) > LATENCY_TOL_PCT:
+            caveats.append(f"{stat.removesuffix('_s').replace('_', ' ').upper()} off by up to "
+                           f"{np.max(np.abs(e)):.0f}%")
+    fits = max_err is not None and not thr_miss and not pre_miss and knee["ok"]
+    if max_err is None:
+        text = "does not fit: no measured throughput to compare"
+    elif fits:
+        text = (f"twin fits within {math.ceil(max_err)}% (output throughput, every level); "
+                "preemptions within "
+                f"{PREEMPTION_TOL_PCT:g}% or {PREEMPTION_TOL_ABS:g}; knee within "
+                f"{KNEE_TOL_LEVELS} level")
+    else:
+        where = []
+        if thr_miss:
+            where.append("throughput at " + ", ".join(
+                f"c={m['concurrency']} ({m['error_pct']:+.0f}%)" for m in thr_miss))
+        if pre_miss:
+            where.append("preemptions at " + ", ".join(
+                f"c={m['concurrency']} ({m['measured']:.0f} measured, {m['twin']:.0f} twin)"
+                for m in pre_miss))
+        if not knee["ok"]:
+            where.append(f"knee at c={mk} measured, c={tk} twin")
+        text = "does not fit: " + "; ".join(where)
+    if caveats:
+        text += "; latency caveat: " + ", ".join(caveats)
+    return FitVerdict(fits, text, max_err, pre_miss, thr_miss, caveats, knee)

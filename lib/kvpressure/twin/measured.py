@@ -1,0 +1,263 @@
+"""What a run folder measured, one row per concurrency level of the baseline curve.
+
+A run folder is what ``kvpressure ingest``, ``kvpressure report --source`` or a sweep wrote:
+``runs.csv`` (one row per measured point), optionally ``series.csv`` (the scraped metrics)
+and ``ingest.json``. Besides the ``runs`` columns, a level gets, where the data has them:
+
+* from its ``vllm bench serve`` result file (the row's ``source``): the medians
+  (``median_ttft_ms``, ``median_itl_ms``) and, with ``--save-detailed``, the exact prompt and
+  output lengths of every request;
+* from the scraped series inside the level's window (``t_start``..``t_end``): the means of
+  ``vllm:request_prefill_time_seconds`` and ``vllm:request_decode_time_seconds``, the number of
+  engine steps and tokens per step from ``vllm:iteration_tokens_total``, and TTFT/ITL medians
+  from their histograms when no bench file gives them;
+* from a simulated sweep's point folder (``points/<variant>/c<C>/requests.csv``): the lengths.
+
+A value the data cannot give stays NaN; nothing is guessed here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvpressure.errors import InputError
+
+# Columns of the levels table (seconds, tokens per second, counts).
+LEVEL_COLUMNS = (
+    "concurrency", "num_requests", "duration_s", "output_throughput", "total_token_throughput",
+    "ttft_mean_s", "ttft_p50_s", "ttft_p95_s", "itl_mean_s", "itl_p50_s", "itl_p95_s",
+    "tpot_mean_s", "e2e_mean_s", "preemptions", "recomputed_tokens_low",
+    "recomputed_tokens_high", "recompute_ratio_low", "recompute_ratio_high", "mean_running",
+    "max_running", "mean_kv_usage", "prefill_time_mean_s", "decode_time_mean_s",
+    "engine_steps", "tokens_per_step", "input_len_mean", "output_len_mean", "t_start", "t_end",
+)
+
+
+@dataclass
+class Measured:
+    """The measured curve of one run folder."""
+
+    run_dir: Path
+    levels: pd.DataFrame
+    """One row per concurrency level, ``LEVEL_COLUMNS``, sorted by concurrency."""
+    lengths: dict[int, tuple[list[int], list[int]]]
+    """Per level, the exact (prompt lengths, output lengths) of its requests, where known."""
+    runs: pd.DataFrame
+    """The baseline rows of ``runs.csv`` as read."""
+    series: pd.DataFrame | None
+    ingest: dict[str, Any]
+    variant: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def concurrencies(self) -> list[int]:
+        return [int(c) for c in self.levels["concurrency"]]
+
+    def level(self, concurrency: int) -> pd.Series:
+        rows = self.levels[self.levels["concurrency"] == concurrency]
+        if rows.empty:
+            raise InputError(f"concurrency {concurrency}: not a measured level "
+                             f"({', '.join(map(str, self.concurrencies))})")
+        return rows.iloc[0]
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def read_runs(run_dir: Path) -> pd.DataFrame:
+    path = run_dir / "runs.csv"
+    if not path.is_file():
+        raise InputError(f"{run_dir}: no runs.csv (a folder written by 'kvpressure ingest', "
+                         "'kvpressure report --source', 'kvpressure sweep' or 'kvpressure "
+                         "collect')")
+    try:
+        runs = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not a readable CSV: {exc}") from None
+    for col in ("concurrency", "output_throughput"):
+        if col not in runs.columns:
+            raise InputError(f"{path}: no column '{col}'")
+    return runs
+
+
+def read_series(run_dir: Path) -> pd.DataFrame | None:
+    path = run_dir / "series.csv"
+    if not path.is_file():
+        return None
+    try:
+        series = pd.read_csv(path, dtype={"labels": "string"}, keep_default_na=False,
+                             na_values={"value": ["NaN", "nan"], "t": ["NaN", "nan"]})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not a readable CSV: {exc}") from None
+    missing = [c for c in ("t", "metric", "labels", "value") if c not in series.columns]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}")
+    series["t"] = pd.to_numeric(series["t"], errors="coerce")
+    series["value"] = pd.to_numeric(series["value"], errors="coerce")
+    return series
+
+
+def _bench_result(source: Any, run_dir: Path) -> dict[str, Any] | None:
+    """The bench result object a runs row came from (``path#k + log`` in ``source``)."""
+    from kvpressure.ingestion.bench import load_results
+
+    if not isinstance(source, str) or not source:
+        return None
+    first = source.split(" + ")[0].strip()
+    path_text, sep, k = first.rpartition("#")
+    index = int(k) - 1 if sep and k.isdigit() else 0
+    path = Path(path_text if sep and k.isdigit() else first)
+    candidates = [path] if path.is_absolute() else [path, run_dir / path, run_dir / path.name]
+    for p in candidates:
+        if p.is_file() and p.suffix in (".json", ".jsonl", ".gz"):
+            try:
+                results = load_results(p)
+            except (InputError, OSError, UnicodeDecodeError):
+                return None
+            if index < len(results) and isinstance(results[index][1], dict):
+                return results[index][1]
+            return None
+    return None
+
+
+def _lens(res: dict[str, Any]) -> tuple[list[int], list[int]] | None:
+    ins, outs = res.get("input_lens"), res.get("output_lens")
+    if not (isinstance(ins, list) and isinstance(outs, list) and ins and len(ins) == len(outs)):
+        return None
+    errors = res.get("errors")
+    ok = [not e for e in errors] if isinstance(errors, list) and len(errors) == len(ins) else (
+        [True] * len(ins))
+    pairs = [(int(i), int(o)) for i, o, keep in zip(ins, outs, ok, strict=True)
+             if keep and isinstance(i, int | float) and isinstance(o, int | float) and o >= 1]
+    if not pairs:
+        return None
+    return [p for p, _ in pairs], [o for _, o in pairs]
+
+
+def _point_lengths(run_dir: Path, variant: str, c: int) -> tuple[list[int], list[int]] | None:
+    path = run_dir / "points" / variant / f"c{c}" / "requests.csv"
+    if not path.is_file():
+        return None
+    req = pd.read_csv(path, usecols=["prompt_len", "output_len"])
+    return req["prompt_len"].astype(int).tolist(), req["output_len"].astype(int).tolist()
+
+
+def _window_stats(series: pd.DataFrame, t0: float, t1: float) -> dict[str, float]:
+    """Histogram means and step counts inside one level's window, when the series covers it."""
+    from kvpressure.ingestion.counters import histogram_mean, histogram_quantile, window_increase
+
+    t = series["t"].to_numpy(float)
+    if not len(t) or np.nanmin(t) > t0 + 1e-9 or np.nanmax(t) < t1 - 1e-9:
+        return {}  # a series cropped to another level's window says nothing about this one
+    run = None
+    if "run" in series.columns and series["run"].nunique() > 1:
+        return {}
+    out = {
+        "prefill_time_mean_s": histogram_mean(series, "vllm:request_prefill_time_seconds",
+                                              t0, t1, run=run),
+        "decode_time_mean_s": histogram_mean(series, "vllm:request_decode_time_seconds",
+                                             t0, t1, run=run),
+        "ttft_p50_s": histogram_quantile(series, "vllm:time_to_first_token_seconds", 0.5, t0, t1,
+                                         run=run),
+        "itl_p50_s": histogram_quantile(series, "vllm:inter_token_latency_seconds", 0.5, t0, t1,
+                                        run=run),
+    }
+    steps = window_increase(series, "vllm:iteration_tokens_total_count", t0, t1, run=run)
+    tokens = window_increase(series, "vllm:iteration_tokens_total_sum", t0, t1, run=run)
+    out["engine_steps"] = steps
+    out["tokens_per_step"] = tokens / steps if steps and steps > 0 else math.nan
+    return out
+
+
+def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
+    """The baseline curve of ``run_dir`` (or of ``variant``), one row per concurrency level;
+    several rows of one level (repeats) are averaged."""
+    import json
+
+    from kvpressure.pipeline.levels import base_repeat
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir}: not a folder")
+    runs = read_runs(run_dir)
+    notes: list[str] = []
+    if "variant" in runs.columns:
+        variants = [str(v) for v in pd.unique(runs["variant"].fillna("baseline"))]
+        chosen = variant or ("baseline" if "baseline" in variants else variants[0])
+        if chosen not in variants:
+            raise InputError(f"{run_dir / 'runs.csv'}: no variant {chosen!r} "
+                             f"(present: {', '.join(variants)})")
+        runs = runs[runs["variant"].fillna("baseline").astype(str) == chosen]
+        if len(variants) > 1:
+            notes.append(f"runs.csv holds variants {', '.join(variants)}; the twin is built on "
+                         f"{chosen!r}")
+    else:
+        chosen = variant or "baseline"
+    runs = runs.copy()
+    runs["concurrency"] = pd.to_numeric(runs["concurrency"], errors="coerce")
+    without = int(runs["concurrency"].isna().sum())
+    if without:
+        notes.append(f"{without} run(s) without a concurrency level left out (a twin replays "
+                     "a closed loop at the measured levels)")
+    runs = runs.dropna(subset=["concurrency"]).reset_index(drop=True)
+    series = read_series(run_dir)
+    ingest_path = run_dir / "ingest.json"
+    ingest: dict[str, Any] = {}
+    if ingest_path.is_file():
+        try:
+            ingest = json.loads(ingest_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{ingest_path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+    rows: list[dict[str, Any]] = []
+    lengths: dict[int, tuple[list[int], list[int]]] = {}
+    base = base_repeat(runs)
+    for c, group in runs.groupby("concurrency", sort=True):
+        c_int = int(c)
+        row: dict[str, Any] = {}
+        for col in LEVEL_COLUMNS:
+            vals = pd.to_numeric(group[col], errors="coerce") if col in group.columns else None
+            row[col] = float(vals.mean()) if vals is not None and vals.notna().any() else math.nan
+        row["concurrency"] = c_int
+        first = base[base["concurrency"] == c]
+        first = first.iloc[0] if len(first) else group.iloc[0]
+        res = _bench_result(first.get("source"), run_dir)
+        if res is not None:
+            for col, key in (("ttft_p50_s", "median_ttft_ms"), ("itl_p50_s", "median_itl_ms")):
+                v = _num(res.get(key))
+                if not math.isnan(v):
+                    row[col] = v / 1000.0
+            got = _lens(res)
+            if got is not None:
+                lengths[c_int] = got
+        if c_int not in lengths:
+            got = _point_lengths(run_dir, chosen, c_int)
+            if got is not None:
+                lengths[c_int] = got
+        t0, t1 = _num(row.get("t_start")), _num(row.get("t_end"))
+        if series is not None and not (math.isnan(t0) or math.isnan(t1)) and t1 > t0:
+            for key, value in _window_stats(series, t0, t1).items():
+                if math.isnan(_num(row.get(key))) and not math.isnan(value):
+                    row[key] = value
+        duration, n = row["duration_s"], row["num_requests"]
+        if c_int in lengths:
+            ins, outs = lengths[c_int]
+            row["input_len_mean"], row["output_len_mean"] = float(np.mean(ins)), float(
+                np.mean(outs))
+        elif duration > 0 and n > 0:
+            out_tok = row["output_throughput"] * duration
+            row["output_len_mean"] = out_tok / n
+            row["input_len_mean"] = (row["total_token_throughput"] * duration - out_tok) / n
+        rows.append(row)
+    levels = pd.DataFrame(rows, columns=list(LEVEL_COLUMNS))
+    return Measured(run_dir, levels, lengths, runs, series, ingest, chosen, notes)

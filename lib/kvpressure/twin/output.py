@@ -1,0 +1,143 @@
+"""The twin folder: ``twin.json`` (everything), ``fit_table.csv`` (measured vs twin per level),
+``twin.png`` (the curves overlaid) and ``twin.md`` (the fit first, then the predictions)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvpressure.jsonable import to_jsonable
+from kvpressure.twin.step_time import UNITS
+
+TWIN_JSON = "twin.json"
+FIT_TABLE = "fit_table.csv"
+FIGURE = "twin.png"
+SUMMARY_MD = "twin.md"
+
+
+def twin_document(twin: Any, remedies: dict[str, Any] | None) -> dict[str, Any]:
+    fit, report = twin.fitted, twin.report
+    return {
+        "run_dir": str(twin.measured.run_dir),
+        "variant": twin.measured.variant,
+        "settings": {k: {"value": twin.settings[k], "source": twin.settings_source.get(k)}
+                     for k in sorted(twin.settings)},
+        "workload": [w.describe() for _, w in sorted(twin.workloads.items())],
+        "step_time": {"model": "T = t0 + t_prefill_token*P + t_decode_seq*D + "
+                               "t_decode_ctx*sum_decode_ctx + t_prefill_attn*sum_prefill_attn",
+                      "coefficients": fit.describe(), "fitted_on_levels": fit.levels,
+                      "fit_rows": fit.rows.to_dict(orient="records"), "notes": fit.notes},
+        "fit": {"verdict": report.verdict.text, "fits": report.verdict.fits,
+                "details": to_jsonable(report.verdict),
+                "levels": report.table.to_dict(orient="records")},
+        "remedies": remedies,
+        "assumptions": twin.assumptions(),
+        "timings_s": {k: round(v, 3) for k, v in twin.timings.items()},
+    }
+
+
+def _figure(twin: Any, remedies: dict[str, Any] | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvpressure.pipeline.display import figure_png
+
+    t = twin.report.table
+    fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.0))
+    x = t["concurrency"]
+    ax = axes[0]
+    ax.plot(x, t["output_throughput_measured"], "o-", color="black", label="measured")
+    ax.plot(x, t["output_throughput_twin"], "s--", color="tab:blue", label="twin")
+    ax.fill_between(x, t["output_throughput_twin_p05"], t["output_throughput_twin_p95"],
+                    color="tab:blue", alpha=0.2, lw=0, label="twin 90% (bootstrap)")
+    if remedies and remedies.get("recommendation", {}).get("overrides"):
+        rec = remedies["recommendation"]
+        curve = pd.DataFrame([twin.predict_level(c, rec["overrides"])
+                              for c in sorted(twin.workloads)])
+        ax.plot(curve["concurrency"], curve["output_throughput"], "^:", color="tab:green",
+                label=f"twin, {rec['setting']}")
+    ax.set(xlabel="concurrency", ylabel="output tokens/s", title="throughput")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    ax.plot(x, t["preemptions_measured"], "o-", color="black", label="measured")
+    ax.plot(x, t["preemptions_twin"], "s--", color="tab:red", label="twin")
+    ax.set(xlabel="concurrency", ylabel="preemptions", title="preemptions")
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    for stat, color in (("ttft_p95_s", "tab:purple"), ("itl_p95_s", "tab:orange")):
+        ax.plot(x, t[f"{stat}_measured"], "o-", color=color, label=f"{stat[:-2]} measured")
+        ax.plot(x, t[f"{stat}_twin"], "s--", color=color, alpha=0.7, label=f"{stat[:-2]} twin")
+    ax.set(xlabel="concurrency", ylabel="seconds", title="latency p95", yscale="log")
+    ax.legend(fontsize=8)
+    fig.suptitle(twin.report.verdict.text[:140], fontsize=9)
+    fig.tight_layout()
+    path.write_bytes(figure_png(fig))
+    plt.close(fig)
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def _markdown(doc: dict[str, Any]) -> str:
+    fit = doc["fit"]
+    lines = [f"# Twin of {doc['run_dir']}", "", f"**Fit: {fit['verdict']}**", "",
+             "## Measured vs twin, per level", "",
+             "| c | throughput meas | twin | err % | preempt meas | twin | TTFT p95 meas | twin "
+             "| ITL p95 meas | twin | recompute meas (low-high) | twin |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in fit["levels"]:
+        lines.append(
+            f"| {r['concurrency']} | {_fmt(r['output_throughput_measured'], 4)} | "
+            f"{_fmt(r['output_throughput_twin'], 4)} | {_fmt(r['output_throughput_error_pct'], 2)} "
+            f"| {_fmt(r['preemptions_measured'])} | {_fmt(r['preemptions_twin'])} | "
+            f"{_fmt(r['ttft_p95_s_measured'])} | {_fmt(r['ttft_p95_s_twin'])} | "
+            f"{_fmt(r['itl_p95_s_measured'])} | {_fmt(r['itl_p95_s_twin'])} | "
+            f"{_fmt(r['recompute_ratio_measured_low'])}-{_fmt(r['recompute_ratio_measured_high'])}"
+            f" | {_fmt(r['recompute_ratio_twin'])} |")
+    lines += ["", "## Step time", "", "| coefficient | value | 90% interval | unit | source |",
+              "|---|---|---|---|---|"]
+    for name, c in doc["step_time"]["coefficients"].items():
+        lines.append(f"| {name} | {_fmt(c['value'])} | {_fmt(c['p05'])} - {_fmt(c['p95'])} | "
+                     f"{UNITS.get(name, c['unit'])} | {c['source']} |")
+    rem = doc.get("remedies")
+    if rem:
+        lines += ["", f"## Remedies at concurrency {rem['focus_concurrency']}", "",
+                  f"{rem['trust']}", "",
+                  f"**Recommendation: {rem['recommendation']['text']}**", "",
+                  "| setting | throughput | change % (90%) | TTFT p95 s | ITL p95 s | "
+                  "preemptions | meets limits |", "|---|---|---|---|---|---|---|"]
+        for r in rem["candidates"]:
+            lo, _, hi = r["throughput_change_pct_p05_p50_p95"]
+            lines.append(f"| {r['setting']} | {_fmt(r['output_throughput'], 4)} | "
+                         f"{r['throughput_change_pct']:+.1f} ({lo:+.1f} to {hi:+.1f}) | "
+                         f"{_fmt(r['ttft_p95_s'])} | {_fmt(r['itl_p95_s'])} | "
+                         f"{r['preemptions']} | {'yes' if r['meets_limits'] else 'no'} |")
+    lines += ["", "## Settings", ""]
+    lines += [f"- {k} = {v['value']} ({v['source']})" for k, v in doc["settings"].items()]
+    lines += ["", "## Assumptions", ""] + [f"- {a}" for a in doc["assumptions"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_twin(twin: Any, remedies: dict[str, Any] | None, out_dir: str | Path
+               ) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = to_jsonable(twin_document(twin, remedies))
+    paths = [out / TWIN_JSON, out / FIT_TABLE, out / FIGURE, out / SUMMARY_MD]
+    paths[0].write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False,
+                                   default=str) + "\n", encoding="utf-8")
+    twin.report.table.to_csv(paths[1], index=False, lineterminator="\n")
+    _figure(twin, remedies, paths[2])
+    paths[3].write_text(_markdown(doc), encoding="utf-8")
+    return paths

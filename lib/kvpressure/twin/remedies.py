@@ -1,0 +1,174 @@
+"""Remedies on the fitted twin, their uncertainty, and the setting to recommend.
+
+The remedies and their gains and costs are the kit's (``analysis.remedies``), simulated on the
+twin at every measured level. Two changes for a measured server: lowering ``max_num_seqs``
+goes to what the pool holds (full sequences of the focus level's mean length, the number that
+runs without preemption), and growing the pool through ``gpu_memory_utilization`` is left out
+(the twin's pool is measured; how it grows with memory needs the hardware profile).
+
+Each setting is also priced under every bootstrap draw of the coefficients, on the same
+request set as the baseline, so the predicted change in throughput at the focus level comes
+with an interval. The recommendation is the setting (the baseline included) with the highest
+predicted throughput at the focus level whose TTFT and ITL percentiles meet the limits.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvpressure.errors import InputError
+
+LIMIT_NAMES = ("ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s")
+_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+def parse_limits(text: str | None) -> dict[str, float]:
+    """``"ttft_p95=2s,itl_p95=80ms"`` -> ``{"ttft_p95_s": 2.0, "itl_p95_s": 0.08}``."""
+    out: dict[str, float] = {}
+    if not text:
+        return out
+    for part in str(text).split(","):
+        if not part.strip():
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip().lower().removesuffix("_s")
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?\d+)?)\s*(s|ms|us)?\s*", value)
+        if not sep or f"{name}_s" not in LIMIT_NAMES or not m:
+            raise InputError(
+                f"--limits {part.strip()!r}: give NAME=VALUE with NAME one of "
+                f"{', '.join(n.removesuffix('_s') for n in LIMIT_NAMES)} and VALUE in s or ms "
+                "(e.g. ttft_p95=2s,itl_p95=80ms)")
+        out[f"{name}_s"] = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+        if out[f"{name}_s"] <= 0:
+            raise InputError(f"--limits {part.strip()!r}: the limit must be > 0")
+    return out
+
+
+def pool_holds(settings: Mapping[str, Any], workload: Any) -> int:
+    """How many sequences of the workload's mean full length (prompt + output) the pool holds."""
+    bs = int(settings["block_size"])
+    mean_len = float(np.mean(np.add(workload.prompt_lens, workload.output_lens)))
+    return max(1, int(settings["num_gpu_blocks"]) // max(1, math.ceil(mean_len / bs)))
+
+
+def _curve(twin: Any, overrides: Mapping[str, Any]) -> pd.DataFrame:
+    rows = [twin.predict_level(c, overrides) for c in sorted(twin.workloads)]
+    return pd.DataFrame(rows)
+
+
+def _priced(twin: Any, focus: int, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Point prediction and bootstrap draws at the focus level for one setting."""
+    fit = twin.fitted
+    basis = twin.basis(focus, overrides or None)
+    point = twin.predict_level(focus, overrides or None)
+    samples = fit.samples
+    thr = basis.output_tokens / basis.time("duration", samples[:, :-1]) if len(samples) else (
+        np.array([point["output_throughput"]]))
+    ttft = basis.ttft @ samples[:, :-1].T + samples[:, -1] if len(samples) else None
+    ttft_p95 = np.percentile(ttft, 95, axis=0, method="inverted_cdf") if ttft is not None else (
+        np.array([point["ttft_p95_s"]]))
+    return {"point": point, "throughput_draws": np.atleast_1d(thr),
+            "ttft_p95_draws": np.atleast_1d(ttft_p95)}
+
+
+def _interval(values: np.ndarray) -> list[float]:
+    lo, mid, hi = np.percentile(values, [5, 50, 95])
+    return [float(lo), float(mid), float(hi)]
+
+
+def _meets(point: Mapping[str, Any], limits: Mapping[str, float]) -> tuple[bool, list[str]]:
+    broken = [f"{k.removesuffix('_s')} {point[k]:.3g} s > {v:.3g} s"
+              for k, v in limits.items() if point[k] > v]
+    return not broken, broken
+
+
+def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float],
+                     candidates: Mapping[str, Mapping[str, Any]] | None = None
+                     ) -> dict[str, Any]:
+    """The kit's remedy report on the twin, every candidate's predicted effect at ``focus``
+    with its bootstrap interval, and the recommendation under ``limits``."""
+    from kvpressure.analysis.remedies import default_overrides, evaluate_remedies
+
+    levels = sorted(twin.workloads)
+    focus = int(focus) if focus is not None else levels[-1]
+    if focus not in twin.workloads:
+        raise InputError(f"--focus {focus}: not a measured level ({', '.join(map(str, levels))})")
+    bad = sorted(set(limits) - set(LIMIT_NAMES))
+    if bad:
+        raise InputError(f"limits: unknown {', '.join(bad)}; known: {', '.join(LIMIT_NAMES)}")
+    settings = twin.settings
+    fits = bool(twin.report.verdict.fits)
+    trust = ("the twin fits the measured curve (" + twin.report.verdict.text + ")") if fits else (
+        "UNTRUSTED: the twin does not fit the measured curve (" + twin.report.verdict.text
+        + "); these predictions show the scheduler's logic, not this server's numbers")
+    base_curve = pd.DataFrame([twin.report.twin_levels[c] for c in levels])
+    longest = max(w.max_sequence_tokens() for w in twin.workloads.values())
+    holds = pool_holds(settings, twin.workloads[focus])
+    chosen = default_overrides(settings, base_curve, max_sequence_tokens=longest, target=focus)
+    chosen["lower_max_num_seqs"] = (
+        {"max_num_seqs": holds} if holds < int(settings["max_num_seqs"]) else None)
+    chosen["raise_gpu_memory_utilization"] = None
+    kit = evaluate_remedies(base_curve, lambda ov: _curve(twin, ov), settings=settings,
+                            target_concurrency=focus, remedies=chosen,
+                            max_sequence_tokens=longest)
+    options: dict[str, dict[str, Any]] = {"baseline": {}}
+    for o in kit.outcomes:
+        if o.applicable:
+            options[o.remedy] = dict(o.overrides)
+    mns = int(settings["max_num_seqs"])
+    for f in (0.5, 0.75, 1.25, 1.5):
+        v = int(round(holds * f))
+        if 1 <= v < mns and v != holds:
+            options.setdefault(f"max_num_seqs={v}", {"max_num_seqs": v})
+    for name, ov in (candidates or {}).items():
+        options[str(name)] = dict(ov)
+    base = _priced(twin, focus, {})
+    table = []
+    for name, ov in options.items():
+        got = base if not ov else _priced(twin, focus, ov)
+        p = got["point"]
+        ok, broken = _meets(p, limits)
+        change = 100.0 * (got["throughput_draws"] / base["throughput_draws"] - 1.0)
+        point_change = 100.0 * (p["output_throughput"] / base["point"]["output_throughput"] - 1)
+        table.append({
+            "setting": name, "overrides": ov,
+            "output_throughput": p["output_throughput"],
+            "output_throughput_p05_p50_p95": _interval(got["throughput_draws"]),
+            "throughput_change_pct": point_change,
+            "throughput_change_pct_p05_p50_p95": _interval(change),
+            "better_than_baseline_share": float(np.mean(change > 0)) if ov else None,
+            "ttft_p95_s": p["ttft_p95_s"],
+            "ttft_p95_s_p05_p50_p95": _interval(got["ttft_p95_draws"]),
+            "itl_p95_s": p["itl_p95_s"], "ttft_p50_s": p["ttft_p50_s"],
+            "itl_p50_s": p["itl_p50_s"], "preemptions": p["preemptions"],
+            "recompute_ratio": p["recompute_ratio"], "meets_limits": ok,
+            "limits_broken": broken,
+        })
+    allowed = [r for r in table if r["meets_limits"]]
+    if allowed:
+        best = max(allowed, key=lambda r: (r["output_throughput"], r["setting"] == "baseline"))
+        if best["setting"] == "baseline":
+            text = (f"keep the current settings: no candidate raises throughput at concurrency "
+                    f"{focus} within the limits")
+        else:
+            lo, mid, hi = best["throughput_change_pct_p05_p50_p95"]
+            text = (f"{best['setting']} ({', '.join(f'{k}={v}' for k, v in best['overrides'].items())})"
+                    f": output throughput at concurrency {focus} {best['throughput_change_pct']:+.1f}% "
+                    f"(90% interval {lo:+.1f}% to {hi:+.1f}%), TTFT p95 {best['ttft_p95_s']:.3g} s, "
+                    f"ITL p95 {best['itl_p95_s'] * 1000:.3g} ms")
+        recommendation = {"setting": best["setting"], "overrides": best["overrides"],
+                          "text": text, "trusted": fits}
+    else:
+        recommendation = {"setting": None, "overrides": {}, "trusted": fits,
+                          "text": f"no setting tried meets the limits at concurrency {focus}"}
+    if not fits:
+        recommendation["text"] = "UNTRUSTED (twin does not fit): " + recommendation["text"]
+    return {"focus_concurrency": focus, "limits": dict(limits), "trust": trust,
+            "trusted": fits, "pool_holds_sequences": holds, "kit_remedies": kit.to_dict(),
+            "candidates": table, "recommendation": recommendation}
