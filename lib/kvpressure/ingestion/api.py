@@ -34,6 +34,7 @@ from kvpressure.ingestion.prom_api import fetch_live, read_query_range_file, scr
 from kvpressure.ingestion.prom_text import RunSamples, add_scrape
 from kvpressure.ingestion.recompute_estimate import check_scheduler_args
 from kvpressure.ingestion.scrape_runs import RUNS_COLUMNS, SCRAPE_COLUMNS, scrape_row
+from kvpressure.ingestion.server_log import read_server_log
 from kvpressure.ingestion.sources import (
     Source,
     detect,
@@ -46,7 +47,7 @@ from kvpressure.ingestion.sources import (
 from kvpressure.jsonable import to_jsonable
 
 SERIES_COLUMNS = ["run", "t", "metric", "labels", "value"]
-_SUFFIXES = (".gz", ".jsonl", ".json", ".prom", ".txt", ".metrics")
+_SUFFIXES = (".gz", ".jsonl", ".json", ".prom", ".txt", ".metrics", ".log")
 
 
 @dataclass
@@ -255,6 +256,8 @@ def ingest(
     policy: str | None = None,
     scheduler_reserve_full_isl: bool | None = None,
     bench_timezone: str | None = None,
+    log_year: int | None = None,
+    log_timezone: str | None = None,
 ) -> IngestResult:
     """Read every SOURCE into the canonical tables.
 
@@ -268,6 +271,9 @@ def ingest(
     not exported; None = unknown) narrow it.
     ``bench_timezone``: the zone of the bench results' ``date`` when they are matched to a
     scrape log by time (default: this machine's; "UTC", "+08:00", "Asia/Shanghai").
+    ``log_year``: the year of a vLLM server log's first dated line (its dates have none; default:
+    from the file's modification time); ``log_timezone``: the zone its times were written in
+    (default: this machine's; same forms as ``bench_timezone``).
     """
     if isinstance(sources, str | Path):
         sources = [sources]
@@ -278,6 +284,10 @@ def ingest(
     check_scheduler_args(policy, scheduler_reserve_full_isl)
     families = _families_filter(metrics)
     tz = bench_tzinfo(bench_timezone)
+    try:
+        log_tz = bench_tzinfo(log_timezone)
+    except InputError as exc:
+        raise InputError(str(exc).replace("bench_timezone", "log timezone", 1)) from None
     warnings: list[str] = []
     report: dict[str, Any] = {
         "kvpressure_version": __version__,
@@ -295,6 +305,8 @@ def ingest(
             "end": end,
             "step": step,
             "bench_timezone": bench_timezone,
+            "log_year": log_year,
+            "log_timezone": log_timezone,
             "policy": policy,
             "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
         },
@@ -302,6 +314,7 @@ def ingest(
     accs: dict[str, RunSamples] = {}
     acc_sources: dict[str, list[str]] = {}
     bench_rows: list[dict[str, Any]] = []
+    server_logs: dict[str, dict[str, Any]] = {}
 
     def acc_for(name: str) -> RunSamples:
         if name not in accs:
@@ -319,6 +332,12 @@ def ingest(
                 bench_rows.extend(rows)
                 warnings.extend(notes)
                 entry["bench_runs"] = len(rows)
+            elif src.kind == "server_log":
+                acc = acc_for(name)
+                acc_sources.setdefault(name, []).append(src.location)
+                server_logs[name] = read_server_log(Path(src.location), acc, warnings,
+                                                    year=log_year, tz=log_tz)
+                entry["stats_lines"] = server_logs[name]["stats_lines"]
             else:
                 acc = acc_for(name)
                 acc_sources.setdefault(name, []).append(src.location)
@@ -339,6 +358,8 @@ def ingest(
         times = _distinct_times(frame)
         origin = _decide_origin(acc, times, counter_origin)
         info = _run_report(acc, frame, times, label_info, origin)
+        if name in server_logs:
+            info["server_log"] = server_logs[name]
         if acc.stats.duplicate_samples:
             warnings.append(
                 f"run {name}: {acc.stats.duplicate_samples} sample(s) repeated a series at a "

@@ -11,6 +11,8 @@ Kinds:
   ``/api/v1/query``).
 * ``bench``: ``vllm bench serve --save-result`` JSON (one object, or one per line with
   ``--append-result``).
+* ``server_log``: a vLLM server's log (``vllm serve ... 2>&1 | tee server.log``, optionally
+  gzip-compressed), recognised by vLLM's line prefix or its stats lines.
 * ``prometheus_url``: a live Prometheus server (``http://host:9090``), read over a time range.
 * ``metrics_url``: a live exporter (``http://host:8000/metrics``), scraped once.
 
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpressure.errors import InputError
+from kvpressure.ingestion.log_lines import looks_like_prometheus, looks_like_server_log
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _BENCH_KEYS = {
@@ -117,6 +120,10 @@ def sniff_file(path: Path) -> str:
             if len(_BENCH_KEYS & obj.keys()) >= 2:
                 return "bench"
         return "json_other"
+    if looks_like_server_log(head):
+        return "server_log"
+    if not looks_like_prometheus(head):
+        return "text_other"
     return "prom_text"
 
 
@@ -128,6 +135,12 @@ def _refuse(path: Path, kind: str) -> InputError:
         )
     if kind == "json_broken":
         return InputError(f"{path}: JSON that does not parse")
+    if kind == "text_other":
+        return InputError(
+            f"{path}: neither Prometheus text ('name{{labels}} value' lines) nor a vLLM server "
+            "log (lines such as 'INFO 12-01 14:25:31 [loggers.py:123] Engine 000: Avg prompt "
+            "throughput: ...')"
+        )
     return InputError(
         f"{path}: JSON that is neither a Prometheus scrape log ({{'t', 'text'}} per line), a "
         "Prometheus HTTP API answer ({'status', 'data'}) nor a 'vllm bench serve' result"
@@ -149,7 +162,7 @@ def detect(location: str | Path) -> list[Source]:
     kind = sniff_file(path)
     if kind == "empty":
         raise InputError(f"{path}: empty file")
-    if kind in ("json_list", "json_broken", "json_other"):
+    if kind in ("json_list", "json_broken", "json_other", "text_other"):
         raise _refuse(path, kind)
     return [Source(kind, str(path))]
 
@@ -165,7 +178,7 @@ def _detect_dir(path: Path) -> list[Source]:
         kind = sniff_file(f)
         if kind == "prom_text":
             dumps.append(f)
-        elif kind in ("prom_jsonl", "query_range", "bench"):
+        elif kind in ("prom_jsonl", "query_range", "bench", "server_log"):
             out.append(Source(kind, str(f)))
         else:
             skipped.append(f.name)
@@ -174,7 +187,7 @@ def _detect_dir(path: Path) -> list[Source]:
     if not out:
         raise InputError(
             f"{path}: none of its {len(files)} files is a Prometheus text dump, scrape log, "
-            f"HTTP API answer or vllm bench result (e.g. {files[0].name})"
+            f"HTTP API answer, vllm bench result or vLLM server log (e.g. {files[0].name})"
         )
     if skipped:
         out[0].notes.append(f"{path}: files not read: {', '.join(skipped[:10])}")

@@ -31,6 +31,7 @@ import pandas as pd
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.cache_config import cache_config
+from kvpressure.ingestion.server_log import engine_args_from_reports
 from kvpressure.jsonable import finite_or_none, to_jsonable
 from kvpressure.pipeline.levels import REPEAT, repeats_of
 from kvpressure.pipeline.run_folder import (
@@ -431,7 +432,8 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         json.dumps(_ingest_report({"runs": reports}), indent=2, sort_keys=True) + "\n")
     engine_metrics = bool(len(series))
     geometry = cache_config(series) if engine_metrics else {}
-    settings = {**geometry, **dict(engine_args)}
+    # A server log shows some engine arguments (max_num_seqs...); what the user gives wins.
+    settings = {**geometry, **engine_args_from_reports(reports), **dict(engine_args)}
     variant_settings = {}
     for v in variants:
         variant_settings[v] = {**settings, **_parse_variant(v)} if v != base else dict(settings)
