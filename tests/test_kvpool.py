@@ -46,13 +46,18 @@ def test_pool_is_block_by_block_from_the_budget():
     assert s.block_size == 128  # vllm-ascend default
     assert s.kv_bytes_per_token == 40 * 1024
     assert s.block_bytes == 128 * 40 * 1024
+    # the runtime total of a 64 GB 910B (60.96 GiB), not the nameplate, is what vLLM scales
+    assert s.total_memory_bytes == round(60.96 * GiB) and s.nameplate_memory_bytes == 64 * GiB
     expected_available = (
-        math.ceil(64 * GiB * 0.92) - s.weights_bytes - s.non_torch_bytes
+        math.ceil(round(60.96 * GiB) * 0.92) - s.weights_bytes - s.non_torch_bytes
         - s.activation_peak_bytes - s.cudagraph_bytes
     )
     assert s.available_kv_bytes == expected_available
     assert s.num_gpu_blocks == expected_available // s.block_bytes
-    assert s.weights_bytes == math.ceil(2 * 70.6e9 / 8)
+    # per rank at TP 8, bf16: linear layers 80 x (2 x 8192^2 + 2 x 8192 x 1024
+    # + 3 x 8192 x 28672) / 8 = 8,556,380,160 weights; embedding and LM head 2 x 128256 x 8192
+    # / 8 = 262,668,288; norms (replicated) 80 x 2 x 8192 + 8192 = 1,318,912
+    assert s.weights_bytes == 2 * (8_556_380_160 + 262_668_288 + 1_318_912) == 17_640_734_720
     assert s.usable_tokens == (s.num_gpu_blocks - 1) * 128
     assert s.num_gpu_blocks > 0
 
@@ -97,13 +102,18 @@ def test_auto_max_model_len_shrinks_to_what_fits():
 
 
 def test_weights_that_do_not_fit_are_a_clear_error():
-    with pytest.raises(KVPoolError, match="weights need 78.1. GiB per rank"):
+    with pytest.raises(KVPoolError, match="weights need 79.06 GiB per rank"):
         size_kv_pool("ascend-910b-64g", "deepseek-v3", tp=8)
 
 
-def test_no_memory_left_for_kv_is_refused():
-    # L40S 48 GiB x 0.33 = 15.84 GiB < 14.96 weights + 0.5 non-torch + 0.5 graphs + activation
-    with pytest.raises(KVPoolError, match="no memory left for KV cache blocks"):
+def test_no_memory_left_for_kv_is_vllms_refusal():
+    # L40S 44.4 GiB x 0.36 = 15.98 GiB < 14.96 weights + 0.5 non-torch + 0.5 graphs + ~0.25
+    # activation: 0 blocks and vLLM's message, not an input error
+    s = size_kv_pool("l40s", LLAMA8, gpu_memory_utilization=0.36, max_model_len=4096)
+    assert s.num_gpu_blocks == 0 and s.available_kv_bytes < 0
+    assert "No available memory for the cache blocks" in s.refusal
+    # x 0.33 = 14.65 GiB does not even hold the weights: that is still an error
+    with pytest.raises(KVPoolError, match="weights need 14.96 GiB"):
         size_kv_pool("l40s", LLAMA8, gpu_memory_utilization=0.33, max_model_len=4096)
 
 
@@ -128,7 +138,8 @@ def test_higher_utilization_gives_more_blocks():
                       max_model_len=8192)
     hi = size_kv_pool("ascend-910b-64g", "qwen2.5-72b", tp=8, gpu_memory_utilization=0.95,
                       max_model_len=8192)
-    gained = math.ceil(64 * GiB * 0.95) - math.ceil(64 * GiB * 0.85)
+    total = round(60.96 * GiB)
+    gained = math.ceil(total * 0.95) - math.ceil(total * 0.85)
     assert hi.num_gpu_blocks - lo.num_gpu_blocks in (
         gained // hi.block_bytes, gained // hi.block_bytes + 1
     )
