@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,95 @@ def test_reader_closing_the_pipe_early_is_not_an_error():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0, err
     assert "Traceback" not in err and "BrokenPipeError" not in err and err == ""
+
+
+LOGS = Path(__file__).parent / "data" / "startup_logs"
+
+
+@pytest.mark.parametrize(
+    ("log", "blocks", "interval"),
+    [("vllm033_llama31_8b_h100.log", 28_317, [28_316, 28_321]),
+     ("vllm_v0_llama3_8b_h100.log", 27_279, [27_276, 27_281])],
+)
+def test_from_log_reproduces_the_logs_blocks(capsys, log, blocks, interval):
+    """Hand-worked in tests/data/startup_logs/README.md: the log's available KV memory, to
+    0.01 GiB, over 2 MiB blocks allows ``interval``; the log names ``blocks`` (V1 through its
+    token count 28,317 x 16, V0 directly) and the kit lands on it."""
+    rc = main(["capacity", "--hardware", "h100-80g", "--model", "llama-3.1-8b", "--from-log",
+               str(LOGS / log), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    c = out["from_log"]
+    assert c["blocks_interval"] == interval
+    assert c["reproduces_blocks"] is True
+    rows = {r["field"]: r for r in c["rows"]}
+    assert rows["num_gpu_blocks"]["log"] == rows["num_gpu_blocks"]["from_log"] == blocks
+    assert out["num_gpu_blocks"] == blocks
+    assert out["max_model_len"] == 8192 and out["tensor_parallel_size"] == 1
+    assert rows["max concurrency"]["from_log"] == rows["max concurrency"]["log"]
+    # the full estimate (profiles only) is reported against the log, not forced onto it
+    assert c["estimate_error"] == round(rows["num_gpu_blocks"]["estimate"] / blocks - 1, 4)
+
+
+def test_from_log_with_the_wrong_kv_layout_does_not_reproduce(capsys):
+    # an fp8 KV cache halves the block: the log's 55.31 GiB would be ~56,600 blocks
+    rc = main(["capacity", "--hardware", "h100-80g", "--model", "llama-3.1-8b", "--from-log",
+               str(LOGS / "vllm033_llama31_8b_h100.log"), "--kv-cache-dtype", "fp8", "--json"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["from_log"]["reproduces_blocks"] is False
+
+
+def test_from_log_text_shows_the_fields_side_by_side(capsys):
+    assert main(["capacity", "--hardware", "h100-80g", "--model", "llama-3.1-8b", "--from-log",
+                 str(LOGS / "vllm033_llama31_8b_h100.log")]) == 0
+    text = capsys.readouterr().out
+    assert "v1 format" in text and "blocks reproduced from the log's figures: yes" in text
+    assert "453,072" in text and "28,317" in text
+
+
+def test_log_without_kv_lines_is_an_input_error(tmp_path, capsys):
+    p = tmp_path / "x.log"
+    p.write_text("INFO nothing here\n")
+    assert main(["capacity", "--hardware", "h100-80g", "--model", "llama-3.1-8b",
+                 "--from-log", str(p)]) == 2
+    assert "no KV-pool line" in capsys.readouterr().err
+
+
+def test_measured_flags_replace_the_estimates(capsys):
+    """The V0 log's figures as flags: 79.22 GiB = 85,061,827,297 B, x 0.9 rounded up =
+    76,555,644,568 B, minus 14.96, 1.79 and 1.26 GiB (16,063,177,687 + 1,921,997,865 +
+    1,352,914,698 B) = 57,217,554,318 B -> 27,283 blocks of 2 MiB (the log's own 0.01 GiB
+    rounding of each term puts vLLM's count, 27,279, four blocks lower)."""
+    rc = main(["capacity", "--hardware", "h100-80g", "--model", "llama-3.1-8b",
+               "--max-model-len", "8192", "--block-size", "16", "--gpu-memory-utilization", "0.9",
+               "--total-memory", "79.22GiB", "--weights", "14.96GiB", "--non-torch", "1.79GiB",
+               "--activation-peak", "1.26GiB", "--cudagraph", "0", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["estimated"] == []
+    assert out["available_kv_bytes"] == 57_217_554_318
+    assert out["num_gpu_blocks"] == 27_283
+
+
+def test_zero_budget_prints_vllms_refusal_and_exits_1(capsys):
+    rc = main(["capacity", "--hardware", "l40s", "--model", "llama-3.1-8b",
+               "--gpu-memory-utilization", "0.36", "--max-model-len", "4096"])
+    assert rc == 1
+    captured = capsys.readouterr()
+    assert "No available memory for the cache blocks" in captured.err
+    assert "num_gpu_blocks                0" in captured.out
+
+
+def test_kv_budget_larger_than_the_card_is_warned(capsys):
+    rc = main(["capacity", "--hardware", "l4", "--model", "llama-3.1-8b", "--max-model-len",
+               "4096", "--kv-cache-memory-bytes", "40GiB"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "warning:" in captured.err and "more than the card" in captured.err
+    assert re.search(r"left unused in the request +0\.00 ", captured.out)
+
+
+def test_bad_size_names_the_option(capsys):
+    assert main(["capacity", "--hardware", "l4", "--model", "llama-3.1-8b",
+                 "--weights", "lots"]) == 2
+    assert "--weights" in capsys.readouterr().err
