@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -86,9 +88,13 @@ def test_what_was_collected_survives_a_server_that_stops_answering(
     clock = _FakeClock()
     _Exporter.fail_at = set(range(3, 100))
     log = scrape_to_log(exporter, tmp_path / "live.jsonl", interval_s=1, duration_s=60,
-                        max_consecutive_failures=3, clock=clock, sleep=clock.sleep)
+                        max_failures=3, clock=clock, sleep=clock.sleep)
     assert log.scrapes == 2 and len(log.failures) == 3
-    assert len((tmp_path / "live.jsonl").read_text().splitlines()) == 2
+    assert log.gave_up and "--max-failures 3" in log.gave_up
+    lines = [json.loads(x) for x in (tmp_path / "live.jsonl").read_text().splitlines()]
+    assert [("text" in x, "gap" in x) for x in lines] == [(True, False)] * 2 + [(False, True)] * 3
+    # The pause after each failure doubles (1, 2 s) instead of retrying on the 1 s grid.
+    assert [x["t"] for x in lines] == [1000.0, 1001.0, 1002.0, 1003.0, 1005.0]
 
 
 def test_unreachable_server_and_bad_parameters_are_refused(tmp_path: Path) -> None:
@@ -98,3 +104,146 @@ def test_unreachable_server_and_bad_parameters_are_refused(tmp_path: Path) -> No
                       count=2, timeout_s=0.5, clock=clock, sleep=clock.sleep)
     with pytest.raises(InputError, match="--interval"):
         scrape_to_log("http://127.0.0.1:9/metrics", tmp_path / "x.jsonl", interval_s=0)
+
+
+# --------------------------------------------------------------------------- hardening
+GOOD = (
+    "# TYPE vllm:num_preemptions_total counter\n"
+    'vllm:num_preemptions_total{engine="0",model_name="m"} 4.0\n'
+)
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    """Answers the k-th GET with ``answers[k]`` (the last one repeats): (status, content type,
+    body, seconds to wait between the body's bytes)."""
+
+    answers: list[tuple[int, str, bytes, float]] = []
+    hits = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        cls = type(self)
+        status, ctype, body, trickle = cls.answers[min(cls.hits, len(cls.answers) - 1)]
+        cls.hits += 1
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            if trickle:
+                for b in body:
+                    self.wfile.write(bytes([b]))
+                    self.wfile.flush()
+                    time.sleep(trickle)
+            else:
+                self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def scripted():
+    _Scripted.hits = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    server.shutdown()
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_bodies_that_are_not_prometheus_text_are_gaps_with_their_reason(
+    scripted: str, tmp_path: Path
+) -> None:
+    text = "text/plain; version=0.0.4"
+    _Scripted.answers = [
+        (200, text, GOOD.encode(), 0.0),
+        (200, "text/html", b"<html><body>502 Bad Gateway</body></html>", 0.0),
+        (200, text, b"", 0.0),
+        (200, text, b"\x00\xff\xfe garbage", 0.0),
+        (200, text, b"hello world, this is not an exposition\n", 0.0),
+        (200, text, GOOD.encode(), 0.0),
+    ]
+    clock = _FakeClock()
+    log = scrape_to_log(scripted, tmp_path / "live.jsonl", interval_s=1, count=6,
+                        clock=clock, sleep=clock.sleep)
+    assert log.scrapes == 2
+    reasons = [f["error"] for f in log.failures]
+    assert len(reasons) == 4
+    assert "HTML" in reasons[0] and "empty body" in reasons[1]
+    assert "UTF-8" in reasons[2] and "line 1 is not a Prometheus sample" in reasons[3]
+    lines = _lines(tmp_path / "live.jsonl")
+    assert [x.get("gap") for x in lines[1:5]] == reasons
+    # Ingestion reads the good scrapes and names the gaps.
+    result = ingest([tmp_path / "live.jsonl"], run="live")
+    assert sorted(result.series["t"].unique()) == [lines[0]["t"], lines[5]["t"]]
+    assert sum("recorded a gap" in w for w in result.report["warnings"]) == 4
+
+
+def test_an_outage_does_not_end_the_log_while_the_duration_lasts(
+    scripted: str, tmp_path: Path
+) -> None:
+    text = "text/plain; version=0.0.4"
+    # Up, then 30 failed scrapes (far beyond the old limit of 12), then up again.
+    _Scripted.answers = [(200, text, GOOD.encode(), 0.0)] + [(503, text, b"", 0.0)] * 30 + [
+        (200, text, GOOD.encode(), 0.0)]
+    clock = _FakeClock()
+    log = scrape_to_log(scripted, tmp_path / "live.jsonl", interval_s=1, duration_s=3600,
+                        clock=clock, sleep=clock.sleep)
+    assert log.gave_up is None and len(log.failures) == 30 and log.scrapes > 1
+    times = [x["t"] for x in _lines(tmp_path / "live.jsonl")]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    # Back-off: the pause doubles and stays capped at 30 s; no catch-up burst after it.
+    assert gaps[:6] == [1.0, 1.0, 2.0, 4.0, 8.0, 16.0]
+    assert max(gaps) == 30.0 and min(gaps) >= 1.0
+    assert times[-1] <= 1000.0 + 3600
+
+
+def test_a_log_whose_last_line_was_cut_gets_the_next_scrape_on_a_line_of_its_own(
+    scripted: str, tmp_path: Path
+) -> None:
+    _Scripted.answers = [(200, "text/plain", GOOD.encode(), 0.0)]
+    path = tmp_path / "live.jsonl"
+    first = json.dumps({"t": 990.0, "text": GOOD})
+    path.write_text(first + "\n" + first[: len(first) // 2])  # killed mid-write
+    clock = _FakeClock()
+    scrape_to_log(scripted, path, interval_s=1, count=2, clock=clock, sleep=clock.sleep)
+    raw = path.read_text().splitlines()
+    assert raw[1] == first[: len(first) // 2]
+    assert [json.loads(x)["t"] for x in raw[2:]] == [1000.0, 1001.0]
+    result = ingest([path], run="live")
+    assert sorted(result.series["t"].unique()) == [990.0, 1000.0, 1001.0]
+    assert any("cut short" in w for w in result.report["warnings"])
+
+
+def test_a_trickling_server_cannot_hold_a_scrape_past_the_total_timeout(
+    scripted: str, tmp_path: Path
+) -> None:
+    # One byte every 0.2 s: each read returns within the timeout, the whole body would take 16 s.
+    _Scripted.answers = [(200, "text/plain", GOOD.encode(), 0.2)]
+    started = time.monotonic()
+    with pytest.raises(InputError, match="no scrape succeeded .*longer than 1 s"):
+        scrape_to_log(scripted, tmp_path / "live.jsonl", interval_s=1, count=1, timeout_s=1.0)
+    assert time.monotonic() - started < 4.0
+
+
+def test_bad_options_and_targets_are_refused_naming_them(tmp_path: Path) -> None:
+    for kwargs, match in (({"interval_s": float("nan")}, "--interval"),
+                          ({"interval_s": float("inf")}, "--interval"),
+                          ({"timeout_s": -5}, "--timeout"),
+                          ({"duration_s": float("nan"), "interval_s": 1}, "--duration"),
+                          ({"max_failures": 0}, "--max-failures")):
+        with pytest.raises(InputError, match=match):
+            scrape_to_log("http://127.0.0.1:9/metrics", tmp_path / "x.jsonl", **kwargs)
+    with pytest.raises(InputError, match=r"http://\[::1"):
+        scrape_to_log("http://[::1", tmp_path / "x.jsonl")
+    with pytest.raises(InputError, match="is a folder"):
+        scrape_to_log("http://127.0.0.1:9/metrics", tmp_path, count=1)
+    with pytest.raises(InputError, match="cannot write"):
+        scrape_to_log("http://127.0.0.1:9/metrics", Path("/dev/full"), count=1)

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "capacity": "size the KV pool from a hardware and model profile, the way vLLM does",
     "simulate": "simulate vLLM's V1 scheduler on a step-level workload or an experiment",
     "sweep": "simulate an experiment at every concurrency level (and comparison variant)",
+    "collect": "load a live vLLM server level by level, record its metrics, run the report",
     "scrape": "record a live server's /metrics into a scrape log during a load test",
     "ingest": "read Prometheus scrapes, the Prometheus HTTP API or vllm bench results",
     "knee": "locate the knee, peak and decline of a throughput-vs-concurrency curve",

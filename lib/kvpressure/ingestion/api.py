@@ -205,7 +205,11 @@ def bench_tzinfo(zone: str | None) -> _dt.tzinfo | None:
 
 def bench_window(row: dict[str, Any], tz: _dt.tzinfo | None = None) -> tuple[float, float] | None:
     """Unix-time window of a bench run: vLLM stamps ``date`` (local time, whole seconds) when it
-    ends, so the run spans ``[date - duration, date + 1)`` at most."""
+    ends, so the run spans ``[date - duration, date + 1)`` at most. A result of ``kvpressure
+    collect`` carries its exact span (``window_start``/``window_end``, unix seconds)."""
+    start, stop = row.get("window_start"), row.get("window_end")
+    if isinstance(start, float) and isinstance(stop, float):
+        return start, stop
     date, duration = row.get("date"), row.get("duration_s")
     if not isinstance(date, str) or not isinstance(duration, float) or math.isnan(duration):
         return None

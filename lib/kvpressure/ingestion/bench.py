@@ -126,6 +126,12 @@ def bench_row(
         "model": res.get("model_id"),
         "date": res.get("date"),
     }
+    window = res.get("kvpressure_window")
+    if isinstance(window, dict):
+        # `kvpressure collect` stamps the level's span in unix seconds, finer than 'date'.
+        start, end = _num(window.get("start")), _num(window.get("end"))
+        if math.isfinite(start) and math.isfinite(end) and end > start:
+            row["window_start"], row["window_end"] = start, end
     if "max_concurrency" not in res:
         notes.append(f"{where}: no 'max_concurrency' (older vLLM?): concurrency left empty")
     elif res.get("max_concurrency") is None:
@@ -169,6 +175,13 @@ def read_bench(path: Path, run: str, notes: list[str]) -> list[dict[str, Any]]:
     rows = []
     for k, (lineno, res) in enumerate(results):
         where = f"{path}" if len(results) == 1 else f"{path}: line {lineno}"
+        level = res.get("kvpressure_level") if isinstance(res, dict) else None
+        if isinstance(level, dict) and level.get("complete") is False:
+            # A level cut short (server gone, Ctrl-C, timeout) would put a false point on the
+            # curve; it is kept on disk for reading and named here.
+            notes.append(f"{where}: level incomplete ({level.get('reason') or 'no reason given'})"
+                         ": not on the curve")
+            continue
         row = bench_row(res, where, run, notes)
         row["source"] = str(path) if len(results) == 1 else f"{path}#{k + 1}"
         rows.append(row)

@@ -242,7 +242,16 @@ def _jsonl_scrape(
                 f"column {exc.pos}); the complete scrapes before it are kept"
             )
             return Scrape(float("nan"), "", where, 1, last=True)
+        if raw.startswith('{"t": ') and not raw.rstrip("\n").endswith("}"):
+            # A scrape cut by a kill mid-write; the scraper, restarted, went on on a fresh line.
+            warnings.append(f"{where}: a scrape cut short (the scraper was stopped while "
+                            "writing it); the scrapes around it are kept")
+            return Scrape(float("nan"), "", where, 1, last=last)
         raise InputError(f"{where}: not a JSON scrape ({exc.msg} at column {exc.colno})") from None
+    if isinstance(obj, dict) and "gap" in obj and "text" not in obj:
+        # `kvpressure scrape` writes a failed scrape as a gap with its reason.
+        warnings.append(f"{where}: the scraper recorded a gap: {obj['gap']}")
+        return Scrape(float("nan"), "", where, 1, last=last)
     if not isinstance(obj, dict) or "text" not in obj:
         raise InputError(f"{where}: a scrape needs the fields 't' and 'text'")
     t = obj.get("t", obj.get("time", obj.get("timestamp")))

@@ -1,0 +1,620 @@
+"""The sweep of ``kvpressure collect``: warm-up, then one closed-loop load level after another,
+with the server's ``/metrics`` recorded the whole time.
+
+The run folder (``--out``) is written as the sweep goes, so whatever stops it keeps everything
+done so far:
+
+```
+engine.json           the server's model and KV-cache geometry, the engine arguments and where
+                      each came from
+levels.json           the plan, each level's window (start, end), status and figures, the
+                      warm-up and every cool-down (idle gaps, recorded as such)
+metrics.prom.jsonl    the scrape log, one line per scrape, flushed as it arrives
+bench/c<C>.json       one ``vllm bench serve`` result per level (complete or marked incomplete)
+prometheus/           the same series read back through a Prometheus server (--prometheus)
+report/               the investigation (``kvpressure report`` on bench/ + the scrape log)
+```
+
+A level's window is marked by a scrape right before it starts and one right after it ends, so
+counters cut at the window count exactly that level's work. A level that does not run to its
+end (the server stops answering, most requests fail, the level timeout, Ctrl-C) is written with
+``complete: false`` and its reason, and ends the sweep: the report is made from the complete
+levels and names the others. A level whose TTFT p95 exceeds ``max_ttft_s`` is kept, and ends
+the sweep (the server is saturated; higher levels would only take longer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import numpy as np
+
+from kvpressure.errors import InputError
+from kvpressure.ingestion.live_scrape import ACCEPT, Scraper, check_url
+from kvpressure.ingestion.names import PREEMPTIONS, RUNNING, WAITING
+from kvpressure.live.client import LoopResult, RequestOutcome, closed_loop
+from kvpressure.live.progress import LevelProgress
+from kvpressure.live.prompts import DEFAULT_TOKEN_IDS, RequestSource
+from kvpressure.live.results import bench_result, error_summary, write_result
+from kvpressure.live.server import ServerInfo, metric_total, probe
+
+ENGINE_JSON = "engine.json"
+LEVELS_JSON = "levels.json"
+SCRAPE_LOG = "metrics.prom.jsonl"
+BENCH_DIR = "bench"
+PROMETHEUS_DIR = "prometheus"
+REPORT_DIR = "report"
+WARMUP_STREAM = 0  # request streams: 0 the warm-up, the concurrency for each level
+
+# Errors that mean nothing answers any more (as opposed to a server answering 500 or 429).
+_GONE = ("ConnectError", "RemoteProtocolError", "ReadError", "WriteError", "ConnectTimeout")
+
+
+@dataclass
+class CollectOptions:
+    url: str
+    out: Path
+    levels: list[int]
+    input_len: int = 512
+    output_len: int = 256
+    range_ratio: float = 0.0
+    prompts_per_level: int | None = None  # None with no duration: 8 per client, at least 16
+    duration_per_level_s: float | None = None
+    warmup: int = 4
+    cooldown_s: float = 5.0
+    level_timeout_s: float = 600.0
+    request_timeout_s: float = 300.0
+    max_ttft_s: float | None = None
+    scrape_interval_s: float = 1.0
+    seed: int = 0
+    token_ids: tuple[int, int] = DEFAULT_TOKEN_IDS
+    load_engine: str = "auto"  # auto | builtin | vllm-bench
+    vllm: str | None = None
+    tokenizer: str | None = None
+    model: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    prometheus: str | None = None
+
+    def check(self) -> None:
+        if not self.levels:
+            raise InputError("--levels: give at least one concurrency, e.g. 4,8,16,32")
+        bad = [c for c in self.levels if c < 1]
+        if bad:
+            raise InputError(f"--levels: every level must be >= 1, got {bad[0]}")
+        if len(set(self.levels)) != len(self.levels):
+            raise InputError("--levels: a level is listed twice")
+        for name, value in (("--duration-per-level", self.duration_per_level_s),
+                            ("--cooldown", self.cooldown_s),
+                            ("--level-timeout", self.level_timeout_s),
+                            ("--request-timeout", self.request_timeout_s),
+                            ("--max-ttft", self.max_ttft_s),
+                            ("--scrape-interval", self.scrape_interval_s)):
+            if value is None:
+                continue
+            low_ok = value >= 0 if name == "--cooldown" else value > 0
+            if not (math.isfinite(value) and low_ok):
+                raise InputError(f"{name}: must be a finite number of seconds "
+                                 f"{'>= 0' if name == '--cooldown' else '> 0'}, got {value}")
+        if self.prompts_per_level is not None and self.prompts_per_level < 1:
+            raise InputError(f"--prompts-per-level: must be >= 1, got {self.prompts_per_level}")
+        if self.warmup < 0:
+            raise InputError(f"--warmup: must be >= 0, got {self.warmup}")
+        if self.load_engine not in ("auto", "builtin", "vllm-bench"):
+            raise InputError(f"--load-engine {self.load_engine!r}: auto, builtin or vllm-bench")
+        if self.prometheus:
+            check_url(self.prometheus, "--prometheus")
+
+    def prompts_for(self, concurrency: int) -> int | None:
+        if self.duration_per_level_s is not None:
+            return None
+        return self.prompts_per_level or max(16, 8 * concurrency)
+
+
+@dataclass
+class CollectOutcome:
+    out: Path
+    levels: list[dict[str, Any]]
+    stopped: str | None
+    interrupted: bool
+    report: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def complete_levels(self) -> list[int]:
+        return [lv["concurrency"] for lv in self.levels if lv["status"] == "complete"]
+
+    @property
+    def all_complete(self) -> bool:
+        return all(lv["status"] == "complete" for lv in self.levels if lv["status"] != "not run")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def prepare_out(out: Path) -> Path:
+    """An absent or empty folder; never one that holds anything (a previous sweep's data)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: is a file; give a folder for the run")
+    if out.is_dir() and any(out.iterdir()):
+        raise InputError(f"--out {out}: already holds files (a previous collect?); choose a new "
+                         "folder, nothing is ever overwritten")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot create: {exc.strerror or exc}") from None
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+class _Sweep:
+    """The state of one sweep, written to levels.json at every change."""
+
+    def __init__(self, opts: CollectOptions, server: ServerInfo, engine: str,
+                 stream: TextIO) -> None:
+        self.opts = opts
+        self.server = server
+        self.engine = engine
+        self.stream = stream
+        self.out = Path(opts.out)
+        self.interrupted = False
+        self.stopped: str | None = None
+        self.current: asyncio.Task | None = None
+        self.cancel = threading.Event()  # for a vllm bench child
+        self.scraper: Scraper | None = None
+        self.doc: dict[str, Any] = {
+            "url": server.base_url,
+            "model": server.model,
+            "load_engine": engine,
+            "options": {k: v for k, v in asdict(opts).items()
+                        if k not in ("out", "engine_args")} | {"out": str(opts.out)},
+            "state": "running",
+            "stopped": None,
+            "scrape_log": SCRAPE_LOG,
+            "warmup": None,
+            "cooldowns": [],
+            "levels": [{"concurrency": c, "status": "not run", "reason": None}
+                       for c in opts.levels],
+        }
+        self.save()
+
+    def say(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def save(self) -> None:
+        self.doc["stopped"] = self.stopped
+        _write_json(self.out / LEVELS_JSON, self.doc)
+
+    def level(self, c: int) -> dict[str, Any]:
+        return next(lv for lv in self.doc["levels"] if lv["concurrency"] == c)
+
+    def stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+        for lv in self.doc["levels"]:
+            if lv["status"] == "not run" and lv["reason"] is None:
+                lv["reason"] = f"not run: {reason}"
+        self.save()
+
+    def interrupt(self) -> None:
+        if self.interrupted:
+            return
+        self.interrupted = True
+        self.say("\ninterrupted: keeping the completed levels and the scrape log; "
+                 "the report runs on what exists (Ctrl-C again to skip it)")
+        self.cancel.set()
+        if self.current is not None:
+            self.current.cancel()
+
+    # ------------------------------------------------------------------ metrics at hand
+    def latest(self, name: str) -> float | None:
+        scraper = self.scraper
+        text = scraper.last_text if scraper is not None else None
+        return metric_total(text, name) if text else None
+
+    async def fresh_scrape(self, http: httpx.AsyncClient, limit_s: float = 10.0) -> None:
+        """Ask the scraper for a scrape now and wait until it is in the log."""
+        scraper = self.scraper
+        if scraper is None:
+            return
+        asked = time.time()
+        scraper.poke()
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if scraper.last_t is not None and scraper.last_t >= asked:
+                return
+            if scraper.log.failures and scraper.log.failures[-1]["t"] >= asked:
+                return
+            await asyncio.sleep(0.02)
+
+    async def engine_load(self, http: httpx.AsyncClient) -> float | None:
+        """Requests running + waiting in the engine right now (None if /metrics fails)."""
+        try:
+            resp = await http.get(self.server.metrics_url, headers={"Accept": ACCEPT},
+                                  timeout=5.0)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        running = metric_total(resp.text, RUNNING)
+        waiting = metric_total(resp.text, WAITING)
+        if running is None:
+            return None
+        return running + (waiting or 0.0)
+
+    async def cooldown(self, http: httpx.AsyncClient, after: str) -> None:
+        """Let the engine drain (requests a cancelled client left behind finish or abort) and
+        rest ``cooldown_s``; recorded as a cool-down, never as part of a level."""
+        start = time.time()
+        deadline = time.monotonic() + self.opts.cooldown_s + 60.0
+        idle = False
+        while time.monotonic() < deadline:
+            load = await self.engine_load(http)
+            if load == 0:
+                idle = True
+                break
+            await asyncio.sleep(0.25)
+        rest = self.opts.cooldown_s - (time.time() - start)
+        if rest > 0:
+            await asyncio.sleep(rest)
+        await self.fresh_scrape(http)
+        entry = {"after": after, "start": start, "end": time.time(), "idle": idle}
+        if not idle:
+            entry["note"] = "the engine still held requests when the next level started"
+        self.doc["cooldowns"].append(entry)
+        self.save()
+
+    # ------------------------------------------------------------------ the warm-up
+    async def warmup(self, http: httpx.AsyncClient) -> None:
+        n = self.opts.warmup
+        if n == 0:
+            return
+        c = min(n, self.opts.levels[0])
+        source = self._source(WARMUP_STREAM)
+        self.say(f"warm-up: {n} requests at concurrency {c} (not measured)")
+        res = await closed_loop(http, self.server.completions_url, self.server.model, source, c,
+                                num_requests=n, timeout_s=self.opts.level_timeout_s)
+        errors = [o for o in res.outcomes if not o.success]
+        self.doc["warmup"] = {"requests": n, "concurrency": c, "start": res.started,
+                              "end": res.ended, "failed": len(errors)}
+        self.save()
+        if len(errors) == len(res.outcomes):
+            raise InputError(f"URL {self.server.base_url}: every warm-up request failed "
+                             f"({error_summary(errors)})")
+
+    def _source(self, stream: int) -> RequestSource:
+        o = self.opts
+        return RequestSource(o.input_len, o.output_len, o.seed, stream, o.range_ratio,
+                             o.token_ids)
+
+    # ------------------------------------------------------------------ one level
+    async def run_level(self, http: httpx.AsyncClient, c: int) -> None:
+        o = self.opts
+        lv = self.level(c)
+        n = o.prompts_for(c)
+        progress = LevelProgress(c, n, o.duration_per_level_s, stream=self.stream)
+        base_preempt = self.latest(PREEMPTIONS)
+        lv.update(status="running", start=time.time())
+        self.save()
+        in_row = {"failed": 0}
+
+        def on_outcome(outcome: RequestOutcome) -> None:
+            progress.done += 1
+            if outcome.success:
+                progress.tokens += outcome.output_len
+                in_row["failed"] = 0
+            else:
+                progress.failed += 1
+                in_row["failed"] += 1
+
+        def should_stop() -> str | None:
+            # A server that is gone fails every request at once: stop instead of spinning.
+            if in_row["failed"] >= max(3, c) and progress.done == progress.failed:
+                return "every request failed"
+            return None
+
+        async def ticker() -> None:
+            while True:
+                now = self.latest(PREEMPTIONS)
+                if now is not None and base_preempt is not None:
+                    progress.preemptions = now - base_preempt
+                progress.running, progress.waiting = self.latest(RUNNING), self.latest(WAITING)
+                progress.draw()
+                await asyncio.sleep(0.5)
+
+        tick = asyncio.create_task(ticker())
+        started = time.time()
+        result: LoopResult | None = None
+        bench: dict[str, Any] | None = None
+        reason: str | None = None
+        try:
+            if self.engine == "builtin":
+                self.current = asyncio.create_task(closed_loop(
+                    http, self.server.completions_url, self.server.model, self._source(c), c,
+                    num_requests=n, duration_s=o.duration_per_level_s,
+                    timeout_s=o.level_timeout_s, on_outcome=on_outcome,
+                    should_stop=should_stop))
+                result = await self.current
+            else:
+                bench, reason = await self._vllm_bench_level(c, n or max(16, 8 * c))
+        except asyncio.CancelledError:
+            reason = "interrupted (Ctrl-C)"
+        finally:
+            self.current = None
+            tick.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tick
+        ended = time.time() if result is None else result.ended
+        await self.fresh_scrape(http)
+        if bench is not None:
+            self._record(c, bench, True, None, progress)
+            return
+        outcomes = result.outcomes if result is not None else []
+        if result is not None and result.stopped and reason is None:
+            reason = result.stopped
+        if self.interrupted and reason is None:
+            reason = "interrupted (Ctrl-C)"
+        failed = [x for x in outcomes if not x.success]
+        if reason is None and outcomes and len(failed) * 2 > len(outcomes):
+            reason = f"most requests failed ({len(failed)} of {len(outcomes)})"
+        if reason is not None and failed:
+            gone = any(x.error.startswith(_GONE) for x in failed)
+            if gone and not await self._answers(http):
+                reason = f"the server stopped answering ({error_summary(failed, 1)})"
+            else:
+                reason = f"{reason}: {error_summary(failed)}"
+        complete = reason is None
+        res = bench_result(outcomes, concurrency=c, model=self.server.model,
+                           tokenizer=o.tokenizer or self.server.model_root or self.server.model,
+                           started=result.started if result is not None else started,
+                           ended=ended, complete=complete, reason=reason)
+        self._record(c, res, complete, reason, progress)
+
+    async def _answers(self, http: httpx.AsyncClient) -> bool:
+        try:
+            resp = await http.get(self.server.base_url + "/v1/models", timeout=5.0)
+            return resp.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def _vllm_bench_level(self, c: int, n: int) -> tuple[dict[str, Any] | None,
+                                                               str | None]:
+        """The level run by vllm bench serve (in a thread): (result, None) or (None, why)."""
+        from kvpressure.live.vllm_bench import run_level
+
+        o = self.opts
+        tokenizer = o.tokenizer or self.server.model_root or self.server.model
+        self.cancel.clear()
+        run = await asyncio.get_running_loop().run_in_executor(None, lambda: run_level(
+            o.vllm or "vllm", base_url=self.server.base_url, model=self.server.model,
+            tokenizer=tokenizer, concurrency=c, num_prompts=n, input_len=o.input_len,
+            output_len=o.output_len, range_ratio=o.range_ratio, seed=o.seed + c,
+            work_dir=self.out / BENCH_DIR / "vllm-bench", timeout_s=o.level_timeout_s,
+            cancel=self.cancel))
+        return run.result, run.reason
+
+    def _record(self, c: int, res: dict[str, Any], complete: bool, reason: str | None,
+                progress: LevelProgress | None) -> None:
+        o = self.opts
+        path = write_result(res, self.out / BENCH_DIR / f"c{c}.json")
+        ttfts = [t for t, e in zip(res.get("ttfts", []), res.get("errors", []), strict=False)
+                 if not e]
+        ttft_p95 = res.get("p95_ttft_ms")
+        ttft_p95 = ttft_p95 / 1000.0 if isinstance(ttft_p95, int | float) else _percentile(
+            ttfts, 95)
+        lv = self.level(c)
+        lv.update(
+            status="complete" if complete else "incomplete", reason=reason,
+            start=res["kvpressure_window"]["start"], end=res["kvpressure_window"]["end"],
+            requests=res.get("num_prompts"), completed=res.get("completed"),
+            failed=res.get("failed"), output_throughput=res.get("output_throughput"),
+            total_output_tokens=res.get("total_output_tokens"),
+            ttft_p95_s=ttft_p95 if res.get("completed") else None,
+            result=str(path.relative_to(self.out)),
+        )
+        now = self.latest(PREEMPTIONS)
+        saturated = (complete and o.max_ttft_s is not None and lv["ttft_p95_s"] is not None
+                     and lv["ttft_p95_s"] > o.max_ttft_s)
+        lv["saturated"] = bool(saturated)
+        verdict = ("complete" if complete else f"INCOMPLETE: {reason}")
+        if saturated:
+            verdict += f"; saturated (TTFT p95 {lv['ttft_p95_s']:.2f} s > --max-ttft " \
+                       f"{o.max_ttft_s:g} s)"
+        if progress is not None:
+            progress.finish(verdict)
+        else:
+            tput = res.get("output_throughput") or 0.0
+            self.say(f"c={c:<4} {res.get('completed')} req  {tput:7.1f} tok/s  "
+                     f"preemptions so far {now if now is not None else '?'}  -> {verdict}")
+        self.save()
+        if not complete:
+            self.stop(f"level c={c} incomplete: {reason}")
+        elif saturated:
+            self.stop(f"level c={c} saturated: TTFT p95 {lv['ttft_p95_s']:.2f} s over "
+                      f"--max-ttft {o.max_ttft_s:g} s")
+
+    # ------------------------------------------------------------------ the whole sweep
+    async def drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.interrupt)
+        limits = httpx.Limits(max_connections=max(self.opts.levels) + 8,
+                              max_keepalive_connections=max(self.opts.levels) + 8)
+        timeout = httpx.Timeout(self.opts.request_timeout_s, connect=10.0)
+        try:
+            async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+                try:
+                    await self.warmup(http)
+                    await self.cooldown(http, "warm-up")
+                    for k, c in enumerate(self.opts.levels):
+                        if self.interrupted or self.stopped:
+                            break
+                        await self.run_level(http, c)
+                        if self.interrupted or self.stopped:
+                            break
+                        if k + 1 < len(self.opts.levels):
+                            await self.cooldown(http, f"c{c}")
+                except asyncio.CancelledError:
+                    if not self.interrupted:
+                        raise
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)
+        if self.interrupted:
+            self.stop("interrupted (Ctrl-C)")
+
+
+def choose_engine(opts: CollectOptions) -> str:
+    """``builtin`` or ``vllm-bench`` (auto: vllm bench serve when installed and the sweep is in
+    prompts per level, which is what it runs)."""
+    from kvpressure.live.vllm_bench import find_vllm
+
+    if opts.load_engine == "builtin":
+        return "builtin"
+    vllm = find_vllm(opts.vllm)
+    if opts.load_engine == "vllm-bench":
+        if vllm is None:
+            raise InputError("--load-engine vllm-bench: no `vllm` executable on PATH "
+                             "(give --vllm PATH, or --load-engine builtin)")
+        if opts.duration_per_level_s is not None:
+            raise InputError("--load-engine vllm-bench runs a number of prompts per level; "
+                             "give --prompts-per-level instead of --duration-per-level")
+        opts.vllm = vllm
+        return "vllm-bench"
+    if vllm is not None and opts.duration_per_level_s is None:
+        opts.vllm = vllm
+        return "vllm-bench"
+    return "builtin"
+
+
+def _fetch_prometheus(sweep: _Sweep, t0: float, t1: float) -> dict[str, Any]:
+    """The sweep's range read back through the Prometheus server into ``prometheus/``."""
+    from kvpressure.ingestion.api import ingest
+
+    url = sweep.opts.prometheus or ""
+    _wait_for_prometheus(url, t1)
+    try:
+        res = ingest([url], run="prometheus", start=t0, end=t1, timeout=30.0)
+    except InputError as exc:
+        return {"url": url, "error": str(exc)}
+    folder = sweep.out / PROMETHEUS_DIR
+    res.write(folder)
+    return {"url": url, "start": t0, "end": t1, "folder": PROMETHEUS_DIR,
+            "series_rows": int(len(res.series)), "warnings": res.report.get("warnings", [])}
+
+
+def _wait_for_prometheus(url: str, t: float, limit_s: float = 30.0) -> None:
+    """Wait until the Prometheus server has scraped after ``t`` (its last sample lands one
+    scrape interval after the sweep ends)."""
+    deadline = time.monotonic() + limit_s
+    with httpx.Client(timeout=5.0) as http:
+        while time.monotonic() < deadline:
+            try:
+                resp = http.get(url.rstrip("/") + "/api/v1/query",
+                                params={"query": "max(timestamp(up))"})
+                result = resp.json()["data"]["result"]
+                if result and float(result[0]["value"][1]) >= t:
+                    return
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+                pass
+            time.sleep(0.5)
+
+
+def run_collect(opts: CollectOptions, *, stream: TextIO = sys.stderr,
+                on_scrape: Callable[[float, str], None] | None = None) -> CollectOutcome:
+    """The sweep, with the scrape log recorded through all of it (the report is separate:
+    :func:`report_on`)."""
+    opts.check()
+    server = probe(opts.url, model=opts.model)
+    engine = choose_engine(opts)
+    out = prepare_out(opts.out)
+    args, origin, notes = server.engine_args(opts.engine_args)
+    _write_json(out / ENGINE_JSON, {
+        "server": server.to_dict(), "engine_args": args, "engine_args_from": origin,
+        "notes": notes,
+        "not_exported": sorted({"max_num_seqs", "max_num_batched_tokens"} - set(args)),
+    })
+    for note in notes:
+        print(f"note: {note}", file=stream)
+    sweep = _Sweep(opts, server, engine, stream)
+    print(f"{server.model} at {server.base_url}: {server.cache_config.get('num_gpu_blocks', '?')} "
+          f"KV blocks of {server.cache_config.get('block_size', '?')} tokens; levels "
+          f"{', '.join(map(str, opts.levels))} ({engine} load); recording /metrics every "
+          f"{opts.scrape_interval_s:g} s into {out / SCRAPE_LOG}", file=stream, flush=True)
+    scraper = Scraper(server.metrics_url, out / SCRAPE_LOG, interval_s=opts.scrape_interval_s,
+                      timeout_s=max(1.0, min(10.0, 4 * opts.scrape_interval_s)),
+                      on_scrape=on_scrape)
+    sweep.scraper = scraper
+    failure: list[BaseException] = []
+
+    def scrape_forever() -> None:
+        try:
+            scraper.run()
+        except BaseException as exc:  # kept for the main thread: the sweep must not hide it
+            failure.append(exc)
+
+    thread = threading.Thread(target=scrape_forever, name="kvpressure-scraper", daemon=True)
+    thread.start()
+    t_first = time.time()
+    try:
+        asyncio.run(sweep.drive())
+    except KeyboardInterrupt:
+        sweep.interrupt()
+        sweep.stop("interrupted (Ctrl-C)")
+    finally:
+        scraper.poke()
+        time.sleep(0.1)
+        scraper.stop()
+        thread.join(timeout=15)
+        sweep.doc["state"] = ("interrupted" if sweep.interrupted else
+                              "stopped" if sweep.stopped else "complete")
+        sweep.doc["scrapes"] = scraper.log.scrapes
+        sweep.doc["scrape_gaps"] = len(scraper.log.failures)
+        sweep.save()
+    t_last = time.time()
+    if failure and isinstance(failure[0], InputError):
+        notes.append(f"the scraper stopped: {failure[0]}")
+    if opts.prometheus and not sweep.interrupted:
+        sweep.doc["prometheus"] = _fetch_prometheus(sweep, t_first, t_last)
+        sweep.save()
+    return CollectOutcome(out, sweep.doc["levels"], sweep.stopped, sweep.interrupted,
+                          notes=notes)
+
+
+def report_on(outcome: CollectOutcome, *, jobs: int = 2,
+              params: dict[str, Any] | None = None) -> Path | None:
+    """``kvpressure report`` on the complete levels and the scrape log, into ``report/``."""
+    from kvpressure.pipeline.report import make_report
+
+    out = outcome.out
+    if not outcome.complete_levels:
+        return None
+    engine = json.loads((out / ENGINE_JSON).read_text(encoding="utf-8"))
+    doc = json.loads((out / LEVELS_JSON).read_text(encoding="utf-8"))
+    report_args = dict(engine["engine_args"])
+    merged = {"engine_args": report_args, "model_name": doc["model"], **(params or {})}
+    result = make_report(out / REPORT_DIR, sources=[out / BENCH_DIR, out / SCRAPE_LOG],
+                         params=merged, jobs=jobs)
+    outcome.report = result.index_path
+    return result.index_path

@@ -1,0 +1,117 @@
+"""``vllm bench serve`` as the load engine of one level, when it is installed.
+
+It runs as a child process in its own process group (a level timeout or Ctrl-C ends all of it)
+with vLLM's random dataset at the same lengths, ``--ignore-eos``, a closed loop
+(``--max-concurrency``, ``--request-rate inf``) and ``--save-detailed``. Its result file is
+kept as written, plus the two fields :mod:`kvpressure.live.results` adds: the window (the
+file's modification time as the end, ``duration`` before it as the start: finer than its
+whole-second ``date``) and whether the level completed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpressure.errors import InputError
+from kvpressure.live.results import LEVEL, WINDOW
+
+
+def find_vllm(command: str | None = None) -> str | None:
+    """The ``vllm`` executable: ``command`` when given (it must exist), else on PATH."""
+    if command:
+        path = shutil.which(command)
+        if path is None:
+            raise InputError(f"--vllm {command!r}: no such executable")
+        return path
+    return shutil.which("vllm")
+
+
+@dataclass
+class BenchRun:
+    result: dict[str, Any] | None
+    reason: str | None  # why there is no complete result
+    log: Path
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, PermissionError):
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def run_level(
+    vllm: str,
+    *,
+    base_url: str,
+    model: str,
+    tokenizer: str,
+    concurrency: int,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    seed: int,
+    work_dir: Path,
+    timeout_s: float,
+    cancel: threading.Event | None = None,
+) -> BenchRun:
+    """One level with ``vllm bench serve``; never raises for the child's failures."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    name = f"vllm-bench-c{concurrency}.json"
+    log = work_dir / f"vllm-bench-c{concurrency}.log"
+    cmd = [
+        vllm, "bench", "serve", "--backend", "vllm", "--base-url", base_url,
+        "--endpoint", "/v1/completions", "--model", model, "--tokenizer", tokenizer,
+        "--dataset-name", "random", "--random-input-len", str(input_len),
+        "--random-output-len", str(output_len), "--random-range-ratio", str(range_ratio),
+        "--ignore-eos", "--num-prompts", str(num_prompts),
+        "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", str(seed),
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
+        "--save-result", "--save-detailed", "--result-dir", str(work_dir),
+        "--result-filename", name, "--disable-tqdm",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=0.25)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if cancel is not None and cancel.is_set():
+                    _stop_group(proc)
+                    return BenchRun(None, "interrupted (Ctrl-C)", log)
+                if time.monotonic() > deadline:
+                    _stop_group(proc)
+                    return BenchRun(None, f"level timeout ({timeout_s:g} s)", log)
+        except BaseException:
+            _stop_group(proc)
+            raise
+    path = work_dir / name
+    if code != 0 or not path.is_file():
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return BenchRun(None, f"vllm bench serve exited with {code}: {tail[0][:200]}", log)
+    result = json.loads(path.read_text(encoding="utf-8"))
+    end = path.stat().st_mtime
+    duration = float(result.get("duration") or 0.0)
+    result[WINDOW] = {"start": end - duration, "end": end}
+    result[LEVEL] = {"complete": True, "reason": None}
+    path.unlink()
+    return BenchRun(result, None, log)
