@@ -11,8 +11,9 @@ Per level, each measured time statistic is a linear function of the coefficients
 
 Rows are relative (each divided by its measured value) and solved by non-negative least
 squares. Before fitting, each coefficient's column must carry information the others do not:
-the part of it outside their span must be at least ``MIN_UNIQUE`` of its length. The least
-distinct one is taken out, one at a time, and set from the profile's roofline
+the part of it outside their span must be at least ``MIN_UNIQUE`` of its length. When one is
+not, a second-order term it is confounded with is fixed first (``DROP_FIRST``), else the
+coefficient itself, one at a time; a fixed coefficient is set from the profile's roofline
 (``step_time.profile_priors``) or, without a profile, to 0; the twin says which. Too few
 levels is refused outright. The uncertainty is a bootstrap over levels: the levels are drawn
 with replacement and the free coefficients refitted, ``bootstrap`` times, seeded.
@@ -35,6 +36,10 @@ from kvpressure.twin.step_time import COEFFICIENTS
 PARAMETERS = (*COEFFICIENTS, "ttft_offset")
 MIN_LEVELS = 3
 MIN_UNIQUE = 0.03
+# Which parameter gives way first when two cannot be told apart: second-order terms before
+# the primary per-token, per-sequence and per-step costs.
+DROP_FIRST = ("t_prefill_attn", "t_decode_ctx", "ttft_offset", "t_prefill_token",
+              "t_decode_seq", "t0")
 ROW_WEIGHTS = {"time_per_output_token": 2.0, "itl_mean_s": 1.0, "tpot_mean_s": 1.0,
                "ttft_mean_s": 1.0, "prefill_time_mean_s": 1.0, "decode_time_mean_s": 1.0}
 
@@ -132,6 +137,21 @@ def _uniqueness(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def _to_drop(full: np.ndarray, free: list[str], worst: int, u: np.ndarray) -> str:
+    """Which parameter to fix when ``free[worst]`` is not distinct enough: of the ones that
+    rank below it (``DROP_FIRST``), the first whose removal makes it distinct; else itself. A
+    primary cost confounded with a second-order one keeps the primary one."""
+    rank = {p: i for i, p in enumerate(DROP_FIRST)}
+    for cand in sorted(free, key=rank.__getitem__):
+        if rank[cand] >= rank[free[worst]]:
+            break
+        rest = [p for p in free if p != cand]
+        u2 = _uniqueness(full[:, [PARAMETERS.index(p) for p in rest]])
+        if u2[rest.index(free[worst])] >= MIN_UNIQUE:
+            return cand
+    return free[worst]
+
+
 def _solve(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     from scipy.optimize import nnls
 
@@ -182,14 +202,19 @@ def fit_step_time(measured_levels: pd.DataFrame, bases: Mapping[int, LevelBasis]
         too_many = len(free) >= len(rows)
         if u[worst] >= MIN_UNIQUE and not too_many:
             break
-        p = free.pop(worst)
-        why = ("the data never exercises it" if u[worst] == 0 else
-               f"only {100 * u[worst]:.1f}% of its effect is distinct from the other terms"
-               if not too_many else "more unknowns than measured statistics")
-        if priors and p in priors:
-            theta[p], source[p] = float(priors[p]), f"{prior_source} (not identifiable: {why})"
+        drop = _to_drop(full, free, worst, u) if not too_many else free[-1]
+        k = free.index(drop)
+        free.pop(k)
+        why = ("the data never exercises it" if u[k] == 0 else
+               "more unknowns than measured statistics" if too_many else
+               f"only {100 * u[k]:.1f}% of its effect is distinct from the other terms"
+               if k == worst else
+               f"it cannot be told apart from {free[worst if worst < k else worst - 1]}")
+        if priors and drop in priors:
+            theta[drop], source[drop] = float(priors[drop]), (
+                f"{prior_source} (not identifiable: {why})")
         else:
-            theta[p], source[p] = 0.0, f"default 0 (not identifiable: {why}; no profile)"
+            theta[drop], source[drop] = 0.0, f"default 0 (not identifiable: {why}; no profile)"
     if not free or "t0" not in free and "t_decode_seq" not in free:
         raise FitRefused("the measured levels identify neither the per-step nor the "
                          "per-sequence cost: no step time can be fitted from them")

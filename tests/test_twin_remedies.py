@@ -1,0 +1,69 @@
+"""Remedies on the twin: never on an unfitted one, flagged on one that does not fit, and the
+recommendation is the best setting that meets the latency limits."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from kvpressure.cli import main
+from kvpressure.twin.api import TwinNotFitted, build_twin
+from twin_helpers import SETTINGS, synthetic_run
+
+
+def test_a_remedy_on_an_unfitted_twin_is_refused(tmp_path):
+    twin = build_twin(synthetic_run(tmp_path / "run", levels=(2, 4, 8)))
+    with pytest.raises(TwinNotFitted, match="not fitted"):
+        twin.predict_remedies(limits={})
+    with pytest.raises(TwinNotFitted, match="not fitted"):
+        twin.predict_level(4, {"max_num_seqs": 2})
+
+
+def test_remedies_on_a_twin_that_does_not_fit_are_flagged(tmp_path):
+    run = synthetic_run(tmp_path / "run", levels=(2, 4, 6, 8))
+    runs = pd.read_csv(run / "runs.csv")
+    # The server measured at concurrency 8 did something the twin cannot: 40% more output.
+    runs.loc[runs["concurrency"] == 8, "output_throughput"] *= 1.4
+    runs.to_csv(run / "runs.csv", index=False)
+    twin = build_twin(run)
+    twin.fit(bootstrap=20)
+    report = twin.fit_report()
+    assert not report.verdict.fits
+    assert report.verdict.text.startswith("does not fit: throughput at c=8")
+    advice = twin.predict_remedies(limits={})
+    assert advice["trusted"] is False
+    assert advice["trust"].startswith("UNTRUSTED")
+    assert advice["recommendation"]["text"].startswith("UNTRUSTED (twin does not fit)")
+
+
+def test_cli_twin_recommends_the_best_setting_within_the_limits(tmp_path, capsys):
+    run = synthetic_run(tmp_path / "run", levels=(2, 4, 6, 8))
+    out = tmp_path / "twin"
+    assert main(["twin", str(run), "--out", str(out), "--limits", "itl_p95=5ms",
+                 "--bootstrap", "30"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["fit"].startswith("twin fits within")
+    assert sorted(p.name for p in out.iterdir()) == ["fit_table.csv", "twin.json", "twin.md",
+                                                     "twin.png"]
+    doc = json.loads((out / "twin.json").read_text())
+    rem = doc["remedies"]
+    assert rem["focus_concurrency"] == 8 and rem["trusted"] is True
+    cands = {c["setting"]: c for c in rem["candidates"]}
+    # max_num_seqs lowered to what the pool holds: 40 blocks / blocks of a mean sequence.
+    mean_len = sum(w["prompt_len_mean"] + w["output_len_mean"] for w in doc["workload"]
+                   if w["concurrency"] == 8)
+    holds = SETTINGS["num_gpu_blocks"] // math.ceil(mean_len / SETTINGS["block_size"])
+    assert cands["lower_max_num_seqs"]["overrides"] == {"max_num_seqs": holds}
+    for c in cands.values():
+        assert c["meets_limits"] == (c["itl_p95_s"] <= 0.005)
+        lo, mid, hi = c["throughput_change_pct_p05_p50_p95"]
+        assert lo <= mid <= hi
+    best = rem["recommendation"]["setting"]
+    allowed = [c for c in cands.values() if c["meets_limits"]]
+    assert best == max(allowed, key=lambda c: c["output_throughput"])["setting"]
+    assert "UNTRUSTED" not in (out / "twin.md").read_text()
+    table = pd.read_csv(out / "fit_table.csv")
+    assert table["concurrency"].tolist() == [2, 4, 6, 8]
