@@ -94,26 +94,28 @@ def metric_values(
     return out.sort_index().astype(float)
 
 
-def counter_increase(s: pd.Series, window: Window = (None, None)) -> float | None:
+def counter_increase(s: pd.Series, window: Window = (None, None),
+                     origin: str = "first") -> float | None:
     """Increase of a cumulative counter over ``(t0, t1]`` (ingestion's reset-aware
-    ``increase``: baseline = last sample at or before ``t0``, a drop is a restart from zero).
+    ``increase``: baseline = last sample at or before ``t0``, a drop is a restart from zero;
+    ``origin="zero"`` with an open start counts from the server's start).
     ``None`` when the counter is absent."""
     if s.empty:
         return None
     return finite_or_none(
-        increase(s.index.to_numpy(dtype=float), s.to_numpy(dtype=float), *window)
+        increase(s.index.to_numpy(dtype=float), s.to_numpy(dtype=float), *window, origin)
     )
 
 
 def histogram_window(
-    series: pd.DataFrame, base: str, window: Window = (None, None)
+    series: pd.DataFrame, base: str, window: Window = (None, None), origin: str = "first"
 ) -> tuple[dict[float, float], float, float] | None:
     """Bucket increases (le -> cumulative count), sum and count of a histogram over a window."""
-    buckets = histogram_buckets(series, base, *window)
+    buckets = histogram_buckets(series, base, *window, origin=origin)
     if buckets.empty:
         return None
-    total_sum = window_increase(series, f"{base}_sum", *window)
-    total_count = window_increase(series, f"{base}_count", *window)
+    total_sum = window_increase(series, f"{base}_sum", *window, origin=origin)
+    total_count = window_increase(series, f"{base}_count", *window, origin=origin)
     if math.isnan(total_count):
         total_count = float(buckets.iloc[-1])
     return (

@@ -10,9 +10,14 @@ Rules, checked in this order (the first that fires decides):
       request could never be admitted);
    c. the pool is full (symptom 4) while on average at most ``few_running`` (default 2)
       sequences run and requests wait: the pool holds only one or two sequences.
-2. **bound by KV blocks** when KV usage stays near full (symptom 4) and requests wait for
-   capacity while running is below ``max_num_seqs`` (symptom 3) or preemptions come with a
-   recompute ratio over threshold (symptom 5). When a single-variable comparison of a
+2. **bound by KV blocks** when the direct evidence says the pool ran out: requests wait for
+   capacity while running is below ``max_num_seqs`` (symptom 3) *and* preemptions come with a
+   recompute ratio over threshold (symptom 5); or one of the two with support: symptom 3 with
+   KV usage high, symptom 5 with requests waiting (symptom 2) or KV usage high. KV usage is
+   high when it stays near full (symptom 4) or averages at least ``kv_high_mean`` (default
+   0.7) over the window: with a small pool and large blocks the gauge swings between ~0.7 and
+   1.0 as preemptions free blocks, so usage near full supports the verdict but never vetoes
+   it. (In vLLM V1 a preemption happens only when ``allocate_slots`` finds no free block.) When a single-variable comparison of a
    KV-relevant parameter exists (lower ``max_num_seqs``, larger pool, smaller
    ``max_model_len``, full-sequence admission, watermark), it must agree: a knee that moved
    right beyond run-to-run noise confirms (by :mod:`kvpressure.analysis.compare`'s rule: the
@@ -20,8 +25,10 @@ Rules, checked in this order (the first that fires decides):
    disappearing included); a knee that did not move leaves the status "not established".
    Without a comparison the status stands on the symptoms alone (``confirmed`` False, and
    the rule says so).
-3. **not established** otherwise, with the reason; when none of the engine metrics was given
-   (bench results alone) the reason says that, not that the symptoms are absent.
+3. **not established** otherwise, with the reason and the evidence that is missing; when
+   nothing ran or waited in the data (an idle server) the reason says "no load in the data";
+   when none of the engine metrics was given (bench results alone) the reason says that, not
+   that the symptoms are absent.
 
 Prefill interference is a separate finding (``prefill_interference``) and never sets the status.
 """
@@ -72,8 +79,11 @@ def decide_status(
     max_model_len: int | None = None,
     seq_pool_frac: float = 0.5,
     few_running: float = 2.0,
+    kv_high_mean: float = 0.7,
+    idle: bool | None = None,
 ) -> Status:
-    """Apply the rules above. ``pool_tokens`` = num_gpu_blocks x block_size."""
+    """Apply the rules above. ``pool_tokens`` = num_gpu_blocks x block_size; ``idle``: nothing
+    ran or waited in the window (:func:`kvpressure.ingestion.load_window.is_idle`)."""
     sym = {s.id: s for s in symptoms.symptoms}
     verdicts = {k: s.verdict for k, s in sym.items()}
     kv_full = verdicts.get("kv_usage_near_full") == "present"
@@ -82,7 +92,12 @@ def decide_status(
     recompute = verdicts.get("preemption_recompute") == "present"
     mean_running = sym["running_below_max_num_seqs"].evidence.get("mean_running") if (
         "running_below_max_num_seqs" in sym) else None
+    kv_mean = sym["kv_usage_near_full"].evidence.get("mean_kv_usage") if (
+        "kv_usage_near_full" in sym) else None
+    kv_high = kv_full or (kv_mean is not None and kv_mean >= kv_high_mean)
     ev: dict = {"symptoms": verdicts}
+    if kv_mean is not None:
+        ev["mean_kv_usage"] = kv_mean
 
     pi = interference.prefill_interference if interference is not None else None
     pe = interference.prefill_evidence if interference is not None else {}
@@ -93,6 +108,13 @@ def decide_status(
     def done(status: str, rule: str, confirmed: bool) -> Status:
         return Status(status=status, rule=rule, confirmed=confirmed, evidence=ev,
                       prefill_interference=pi, prefill_evidence=pe, findings=findings)
+
+    if idle:
+        ev["idle"] = True
+        return done(NOT_ESTABLISHED,
+                    "3: no load in the data: nothing ran or waited at any scrape of the window, "
+                    "so the engine's state under load is not measured; scrape the server while "
+                    "the load test runs", False)
 
     # Rule 1: one sequence is too large for the pool.
     if pool_tokens:
@@ -112,12 +134,17 @@ def decide_status(
     if kv_full and waiting and mean_running is not None and mean_running <= few_running:
         return done(SEQ_BOUND, f"1c: pool full with <= {few_running:g} sequences running", False)
 
-    # Rule 2: KV blocks.
-    if kv_full and (silent or recompute):
-        which = " and ".join(n for n, on in (("running below max_num_seqs with capacity waiting",
-                                              silent), ("preemption with recompute",
-                                                        recompute)) if on)
-        rule = f"2: KV usage near full, {which}"
+    # Rule 2: KV blocks, from the direct evidence with usage as support.
+    if (silent and recompute) or (silent and kv_high) or (recompute and (waiting or kv_high)):
+        direct = [n for n, on in (("requests wait for capacity while running stays below "
+                                   "max_num_seqs", silent),
+                                  ("preemptions with recomputed tokens", recompute)) if on]
+        support = [n for n, on in (
+            ("KV usage near full" if kv_full else f"KV usage high (mean {kv_mean:.0%})"
+             if kv_high else "", kv_high),
+            ("requests keep waiting", waiting and not silent)) if on]
+        rule = "2: " + " and ".join(direct) + ("; with " + " and ".join(support)
+                                               if support else "")
         if comparison is not None and comparison.parameter in KV_RELIEF:
             ev["comparison"] = {"parameter": comparison.parameter,
                                 "knee_moves_right": comparison.knee_moves_right,
@@ -144,7 +171,14 @@ def decide_status(
                     "vllm:num_requests_waiting/running, vllm:num_preemptions_total): the "
                     "throughput curve and latencies alone cannot tell KV pressure from other "
                     "limits; scrape the server's /metrics during the load test", False)
-    reason = "3: KV usage not near full, or neither capacity waiting nor recompute"
+    seen = [n for n, on in (("capacity waiting below max_num_seqs", silent),
+                            ("preemptions with recompute", recompute),
+                            ("requests waiting", waiting), ("KV usage high", kv_high)) if on]
+    reason = ("3: the evidence does not add up to KV pressure (needs capacity waiting below "
+              "max_num_seqs or preemptions with recompute, each with support); seen: "
+              + (", ".join(seen) if seen else "none of it"))
     if missing:
-        reason += f" (no data for {', '.join(missing)})"
+        reason += "; no data for " + ", ".join(
+            f"{k} (missing {sym[k].evidence['missing']})" if sym[k].evidence.get("missing")
+            else k for k in missing)
     return done(NOT_ESTABLISHED, reason, False)

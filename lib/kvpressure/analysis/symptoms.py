@@ -210,6 +210,7 @@ def _recompute(
     th: Thresholds,
     x: str,
     estimate: RecomputeEstimate | None = None,
+    origin: str = "first",
 ) -> Symptom:
     sid, name = "preemption_recompute", "preemptions rise and so does the recompute ratio"
     thr = {"preemptions_gt": 0, "recompute_ratio": th.recompute_ratio}
@@ -239,7 +240,7 @@ def _recompute(
             ok = est.preemptions > 0 and (ratio or 0.0) >= th.recompute_ratio
             return Symptom(sid, name, _verdict(ok), ev, thr)
         if S.has_metric(series, PREEMPTIONS):
-            p = S.counter_increase(S.metric_values(series, PREEMPTIONS), window)
+            p = S.counter_increase(S.metric_values(series, PREEMPTIONS), window, origin)
             ev.update(preemptions=p, source="series")
             if not p:
                 return Symptom(sid, name, "absent", ev, thr)
@@ -249,7 +250,7 @@ def _recompute(
 
 
 def _itl(series: pd.DataFrame | None, runs: pd.DataFrame | None, window: S.Window,
-         th: Thresholds, x: str) -> Symptom:
+         th: Thresholds, x: str, origin: str = "first") -> Symptom:
     sid, name = "itl_jitter", "ITL p95 and its spread grow while mean throughput looks normal"
     thr = {"itl_spread_growth": th.itl_spread_growth, "itl_spread_window": th.itl_spread_window}
     if runs is not None and {x, "itl_p95_s", "itl_mean_s"} <= set(runs.columns):
@@ -262,7 +263,7 @@ def _itl(series: pd.DataFrame | None, runs: pd.DataFrame | None, window: S.Windo
                   "spread_growth": growth, "source": "runs"}
             return Symptom(sid, name, _verdict(growth >= th.itl_spread_growth), ev, thr)
     if series is not None:
-        h = S.histogram_window(series, ITL, window)
+        h = S.histogram_window(series, ITL, window, origin)
         if h is not None and h[2] > 0:
             buckets, total, count = h
             p95 = S.histogram_quantile(0.95, buckets)
@@ -297,8 +298,15 @@ def check_symptoms(
     x: str = "concurrency",
     y: str = "output_throughput",
     recompute: RecomputeEstimate | None = None,
+    counters: S.Window | None = None,
+    counter_origin: str = "first",
 ) -> SymptomChecklist:
     """The six symptoms over ``(t0, t1]`` of one run's series/steps, plus the runs curve.
+
+    ``counters``: where counters and histograms are read when not over the gauges' ``(t0,
+    t1]`` (a level's whole window, its gauges over the steady part). ``counter_origin="zero"``:
+    the series start with the server (or are one scrape), so counters count from the
+    server's start.
 
     ``max_num_seqs`` defaults to the ``max_num_seqs`` column of ``runs`` when it has one value.
     ``recompute`` is the window's estimate made with the engine arguments the data came with
@@ -317,6 +325,9 @@ def check_symptoms(
             max_num_seqs = int(vals[0])
     symptoms = [_curve(runs, th, x, y)]
     symptoms += _gauge_symptoms(series, steps, window, max_num_seqs, th)
-    symptoms.append(_recompute(series, steps, runs, window, th, x, recompute))
-    symptoms.append(_itl(series, runs, window, th, x))
+    counters = counters or window
+    if counter_origin == "zero":
+        counters = (None, counters[1])
+    symptoms.append(_recompute(series, steps, runs, counters, th, x, recompute, counter_origin))
+    symptoms.append(_itl(series, runs, counters, th, x, counter_origin))
     return SymptomChecklist(symptoms=symptoms, window=window, thresholds=th)

@@ -60,6 +60,9 @@ RUNS_COLUMNS = [
     "date",
     "t_start",
     "t_end",
+    # the steady part of the window the gauge columns are read over (load_window.py)
+    "t_steady_start",
+    "t_steady_end",
 ]
 
 # Columns a scrape log can fill (the rest come from a bench result).
@@ -76,6 +79,8 @@ SCRAPE_COLUMNS = (
     "mean_kv_usage",
     "t_start",
     "t_end",
+    "t_steady_start",
+    "t_steady_end",
 )
 
 
@@ -92,8 +97,13 @@ def scrape_row(
     origin: str = "first",
     source: str = "",
     estimate_opts: dict[str, Any] | None = None,
+    gauges: tuple[float, float] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The run's row and its recompute estimate (with assumptions)."""
+    """The run's row and its recompute estimate (with assumptions).
+
+    ``gauges`` is the span the gauge columns are read over (the load's steady part,
+    :mod:`kvpressure.ingestion.load_window`); default ``(t0, t1)``.
+    """
     rows = series
     if "run" in series.columns and not _only_run(series, run):
         rows = series[series["run"] == run]
@@ -112,6 +122,8 @@ def scrape_row(
     prompt_rate = inc("vllm:prompt_tokens_total", how="first")
     done_rate = inc("vllm:request_success_total", how="first")
     estimate = recompute_range(rows, t0, t1, origin=origin, **kw, **(estimate_opts or {}))
+
+    g0, g1 = gauges if gauges is not None else (t0, t1)
 
     def hmean(base: str) -> float:
         return histogram_mean(rows, base, t0, t1, origin=origin, **kw)
@@ -140,9 +152,9 @@ def scrape_row(
         "recompute_ratio": estimate["ratio_point"],
         "recompute_ratio_low": estimate["ratio_low"],
         "recompute_ratio_high": estimate["ratio_high"],
-        "mean_running": gauge_mean(rows, "vllm:num_requests_running", t0, t1, **kw),
-        "max_running": gauge_max(rows, "vllm:num_requests_running", t0, t1, **kw),
-        "mean_kv_usage": gauge_mean(rows, "vllm:kv_cache_usage_perc", t0, t1, **kw),
+        "mean_running": gauge_mean(rows, "vllm:num_requests_running", g0, g1, **kw),
+        "max_running": gauge_max(rows, "vllm:num_requests_running", g0, g1, **kw),
+        "mean_kv_usage": gauge_mean(rows, "vllm:kv_cache_usage_perc", g0, g1, **kw),
         "source": source,
         "recomputed_tokens_low": estimate["low"],
         "recomputed_tokens_high": estimate["high"],
@@ -155,6 +167,8 @@ def scrape_row(
         "date": None,
         "t_start": t_start,
         "t_end": t_end,
+        "t_steady_start": t_start if g0 is None else max(lo, g0),
+        "t_steady_end": t_end if g1 is None else min(hi, g1),
     }
     return {k: _plain(v) for k, v in row.items()}, estimate
 

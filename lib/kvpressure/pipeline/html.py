@@ -185,8 +185,14 @@ def verdict_html(record: Record, headline: str = "") -> str:
     def one(v: float | None) -> str:
         return _or(v, lambda x: f"{x:.1f}")
 
-    window = (f"{_or(w.concurrency, str, 'unknown')} ({c.window.run}, "
-              f"{c.window.start_s:.0f}–{c.window.end_s:.0f} s)")
+    if c.window.snapshot:
+        span = f"one scrape at {c.window.end_s:.0f} s: gauges then, counters since the start"
+    else:
+        span = f"{c.window.start_s:.0f}–{c.window.end_s:.0f} s"
+        if c.window.gauges_start_s is not None:
+            span += (f"; gauges over the steady load {c.window.gauges_start_s:.0f}–"
+                     f"{c.window.gauges_end_s:.0f} s")
+    window = f"{_or(w.concurrency, str, 'unknown')} ({c.window.run}, {span})"
     numbers = [
         ("knee / peak concurrency",
          NO_DATA + " (too few levels)" if knee is None else

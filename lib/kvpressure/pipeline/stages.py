@@ -101,11 +101,12 @@ def recompute_stage(tables: Tables) -> StageOutput:
     info = tables.info
     focus = info["focus"]
     t0, t1 = tables.window
+    g0, g1 = tables.gauge_window
     settings = info["settings"]
     mns = settings.get("max_num_seqs")
     if not has_engine_metrics(tables):
         return _no_engine_metrics(tables, mns)
-    waiting = waiting_from_series(tables.series, t0, t1, max_num_seqs=mns)
+    waiting = waiting_from_series(tables.series, g0, g1, max_num_seqs=mns)
     if tables.steps is not None:
         rec = recompute_from_steps(tables.steps, t0, t1)
         recomputed = float(rec.recomputed_tokens)
@@ -126,7 +127,8 @@ def recompute_stage(tables: Tables) -> StageOutput:
         detail = est.to_dict()
     wr = waiting.to_dict()
     result = {
-        "window": {"run": focus["run"], "concurrency": focus["concurrency"], "t0": t0, "t1": t1},
+        "window": {"run": focus["run"], "concurrency": focus["concurrency"], "t0": t0, "t1": t1,
+                   "gauge_t0": g0, "gauge_t1": g1},
         "max_num_seqs": mns,
         "running_mean": wr.get("mean_running"),
         "running_max": wr.get("max_running"),
@@ -135,7 +137,7 @@ def recompute_stage(tables: Tables) -> StageOutput:
         "waiting_deferred_mean": wr.get("mean_deferred"),
         "frac_waiting": wr.get("frac_waiting"),
         "frac_silent": wr.get("frac_silent"),
-        "kv_usage_mean": _kv_mean(tables.series, focus["run"], t0, t1),
+        "kv_usage_mean": _kv_mean(tables.series, focus["run"], g0, g1),
         "preemptions": preemptions,
         "recomputed_tokens": recomputed,
         "recomputed_tokens_low": low,

@@ -122,13 +122,14 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
 
     info = tables.info
     settings = info["settings"]
-    t0, t1 = tables.window
+    t0, t1 = tables.gauge_window
     base = tables.baseline_runs  # every repeat: the symptoms' curve and the remedies average them
     series = tables.series if len(tables.series) else None  # missing, never read as zero
     checklist = check_symptoms(
         series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info["focus"]["run"],
         max_num_seqs=settings.get("max_num_seqs"),
         recompute=None if series is None else focus_recompute_estimate(tables),
+        counters=tables.window, counter_origin=info["focus"].get("counter_origin") or "first",
     )
     comparison = comparison_from_dict(read_stage(run_dir, "compare"))
     interference = interference_from_dict(read_stage(run_dir, "interference"))
@@ -140,7 +141,8 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         pool = int(settings["num_gpu_blocks"]) * int(settings["block_size"])
     status = decide_status(checklist, comparison=comparison, interference=interference,
                            max_sequence_tokens=max_seq, pool_tokens=pool,
-                           max_model_len=settings.get("max_model_len"))
+                           max_model_len=settings.get("max_model_len"),
+                           idle=(info.get("load") or {}).get("idle"))
     focus_c = info["focus"]["concurrency"]
     remedies: dict[str, Any]
     if info["mode"] == "simulation" and simulate_remedies and status.status == KV_BOUND:

@@ -126,6 +126,14 @@ def _range(low: Any, high: Any) -> list[Any] | None:
     return None if low is None or high is None else [low, high]
 
 
+def _gauge_span(focus: dict[str, Any]) -> dict[str, Any]:
+    """The steady part the gauges were read over, when it differs from the counters' window."""
+    g0, g1 = focus.get("gauge_t0"), focus.get("gauge_t1")
+    if g0 is None or g1 is None or (g0, g1) == (focus["t0"], focus["t1"]):
+        return {}
+    return {"gauges_start_s": g0, "gauges_end_s": g1}
+
+
 def build_record(run_dir: str | os.PathLike[str]) -> Record:
     """The record of the investigation in ``run_dir`` (validated; InputError naming a field)."""
     run_dir = Path(run_dir)
@@ -165,7 +173,9 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
         },
         "counters": {
             "window": {"run": focus["run"], "concurrency": focus["concurrency"],
-                       "start_s": focus["t0"], "end_s": focus["t1"]},
+                       "start_s": focus["t0"], "end_s": focus["t1"],
+                       **_gauge_span(focus),
+                       "snapshot": bool(collect.get("load", {}).get("snapshot"))},
             "num_requests_running": rec["running_mean"],
             "num_requests_waiting": rec["waiting_mean"],
             "waiting_capacity": rec["waiting_capacity_mean"],
@@ -183,7 +193,7 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
         "workload": {
             "model_name": collect["model_name"],
             "concurrency": focus["concurrency"],
-            "concurrency_levels": collect["concurrency_levels"],
+            "concurrency_levels": collect["concurrency_levels"] or None,
             "num_requests": collect["num_requests"],
             "input_len_distribution": _length(collect["input_len_distribution"],
                                               "input_len_distribution"),

@@ -53,10 +53,20 @@ class Window(_Strict):
     concurrency: Annotated[int, Field(ge=1)] | None
     start_s: NonNegative
     end_s: NonNegative
+    gauges_start_s: NonNegative | None = Field(
+        default=None, description="gauges are means over [gauges_start_s, gauges_end_s], the "
+        "steady part of the load (null: over the whole window)")
+    gauges_end_s: NonNegative | None = None
+    snapshot: bool = Field(
+        default=False,
+        description="one scrape: gauges at that instant (start_s = end_s), counters since the "
+        "server started")
 
     @model_validator(mode="after")
     def _ordered(self) -> Window:
-        if self.end_s <= self.start_s:
+        if self.snapshot and self.end_s != self.start_s:
+            raise ValueError("a snapshot window is one instant: end_s must equal start_s")
+        if not self.snapshot and self.end_s <= self.start_s:
             raise ValueError(f"end_s ({self.end_s}) must be after start_s ({self.start_s})")
         return self
 
@@ -107,7 +117,7 @@ class Workload(_Strict):
     concurrency: Annotated[int, Field(ge=1)] | None = Field(
         description="the point the counters describe")
     concurrency_levels: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] | None
-    num_requests: Annotated[int, Field(ge=1)] | None
+    num_requests: Annotated[int, Field(ge=0)] | None
     input_len_distribution: LengthDistribution
     output_len_distribution: LengthDistribution
 

@@ -1,0 +1,52 @@
+"""Stages 01-06 in one process, without Jupyter: the same library calls the notebooks make, in
+the same order, writing the same ``analysis/*.json`` and ``record.yaml``.
+
+The notebooks remain the readable report; this is the path for tests and for callers that want
+the record only (a property test can feed it hundreds of inputs in the time one papermill run
+takes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvpressure.pipeline.collect import collect, load_tables
+from kvpressure.pipeline.run_folder import write_stage
+
+
+def analyse(
+    run_dir: str | os.PathLike[str],
+    experiment: str | os.PathLike[str] = "",
+    source: Any = "",
+    *,
+    focus_concurrency: int = 0,
+    engine_args: Mapping[str, Any] | None = None,
+    model_name: str = "",
+    bench_timezone: str = "",
+    simulate_remedies: bool = False,
+) -> Path:
+    """Collect, analyse and write the record; returns the path of ``record.yaml``."""
+    from kvpressure.pipeline.stages import (
+        compare_stage,
+        interference_stage,
+        knee_stage,
+        recompute_stage,
+    )
+    from kvpressure.pipeline.verdict import record_stage
+    from kvpressure.record.build import build_record
+    from kvpressure.record.io import write_record
+
+    collect(run_dir, experiment, source, focus_concurrency=focus_concurrency,
+            engine_args=engine_args, model_name=model_name, bench_timezone=bench_timezone,
+            progress=None)
+    tables = load_tables(run_dir)
+    write_stage(run_dir, "recompute", recompute_stage(tables).result)
+    write_stage(run_dir, "knee", knee_stage(tables).result)
+    write_stage(run_dir, "compare", compare_stage(tables).result)
+    write_stage(run_dir, "interference", interference_stage(tables).result)
+    write_stage(run_dir, "record",
+                record_stage(tables, run_dir, simulate_remedies=simulate_remedies).result)
+    return write_record(build_record(run_dir), f"{os.fspath(run_dir)}/record.yaml")
