@@ -39,14 +39,16 @@ def test_bad_file_exits_2_naming_file_and_line(tmp_path: Path, capsys) -> None:
     assert str(bad) in err and "line 3" in err
 
 
-def test_non_empty_out_is_refused_without_force(tmp_path: Path, capsys) -> None:
+def test_out_is_replaced_only_when_the_kit_made_it(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("x", encoding="utf-8")
     src = str(DATA / "bench" / "vllm033_c32.json")
+    assert main(["ingest", src, "--out", str(out)]) == 0
     assert main(["ingest", src, "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
     assert main(["ingest", src, "--out", str(out), "--force"]) == 0
+    (out / "keep.txt").write_text("x", encoding="utf-8")
+    assert main(["ingest", src, "--out", str(out), "--force"]) == 2
+    assert "keep.txt" in capsys.readouterr().err
     assert (out / "keep.txt").exists() and (out / "runs.csv").exists()
 
 

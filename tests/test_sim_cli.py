@@ -34,13 +34,21 @@ def test_outputs_are_byte_identical_across_runs_and_paths(tmp_path):
     assert sa == sb
 
 
-def test_existing_non_empty_folder_needs_force(tmp_path, capsys):
+def test_an_earlier_run_is_replaced_only_with_force(tmp_path, capsys):
     out = tmp_path / "run"
-    out.mkdir()
-    (out / "x").write_text("keep")
+    assert main(["simulate", str(LIGHT), "--out", str(out)]) == 0
     assert main(["simulate", str(LIGHT), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
     assert main(["simulate", str(LIGHT), "--out", str(out), "--force"]) == 0
+
+
+def test_a_folder_with_foreign_files_is_never_replaced(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "x").write_text("keep")
+    assert main(["simulate", str(LIGHT), "--out", str(out), "--force"]) == 2
+    assert "did not write" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["x"]
 
 
 def test_set_overrides_a_setting(tmp_path):

@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
+from pathlib import Path
 
 from kvpressure.errors import InputError
 
@@ -21,7 +24,8 @@ SUBCOMMANDS: dict[str, str] = {
     "sweep": "simulate an experiment at every concurrency level (and comparison variant)",
     "collect": "load a live vLLM server level by level, record its metrics, run the report",
     "scrape": "record a live server's /metrics into a scrape log during a load test",
-    "ingest": "read Prometheus scrapes, the Prometheus HTTP API or vllm bench results",
+    "ingest": "read Prometheus scrapes, the Prometheus HTTP API, vllm bench results or vLLM "
+              "server logs",
     "knee": "locate the knee, peak and decline of a throughput-vs-concurrency curve",
     "report": "run the investigation notebooks and render the record and the report",
     "profiles": "list the built-in hardware, model and experiment profiles",
@@ -57,10 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:
         build_parser().print_help()
         return 2
+    previous_term = _sigterm_as_interrupt()
     try:
         code = int(_module(command).run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: workers were stopped on the way out, and an output folder is
+        # swapped in only when complete, so what is on disk is the old run or nothing.
+        print(f"kvpressure {command}: interrupted; nothing half-written was kept",
+              file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader stopped early (``kvpressure capacity --json | head -1``): what it read is
         # complete, so no error. Point stdout at devnull so the exit's flush cannot fail again.
@@ -70,6 +81,50 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, FileNotFoundError) as exc:
         print(f"kvpressure {command}: error: {exc}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print(f"kvpressure {command}: error: out of memory; the input asks for more than this "
+              "machine has (lower num_requests, num_gpu_blocks or the levels)", file=sys.stderr)
+        return 2
+    except Exception:  # the kit's own bug: a short line on screen, the traceback in a file
+        log = _write_crash_log(command, argv)
+        print(f"kvpressure {command}: internal error (a bug in kvpressure, please report it "
+              f"with the log): traceback written to {log}", file=sys.stderr)
+        return 1
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous_term)
+
+
+def _sigterm_as_interrupt() -> object:
+    """SIGTERM stops a run the way Ctrl-C does (exit 130, workers ended, no half output)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return None  # an in-process caller on another thread: leave signals alone
+    return signal.signal(signal.SIGTERM, interrupt)
+
+
+def _write_crash_log(command: str, argv: list[str]) -> str:
+    import tempfile
+    import time
+    import traceback
+
+    from kvpressure import __version__
+
+    text = (f"kvpressure {__version__} {command}\nargv: {argv!r}\n"
+            f"python: {sys.version.split()[0]}\n\n{traceback.format_exc()}")
+    folder = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    for base in (folder / "kvpressure", Path(tempfile.gettempdir())):
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            path = base / f"kvpressure-crash-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+            path.write_text(text, encoding="utf-8")
+            return str(path)
+        except OSError:
+            continue
+    return "nowhere (no writable folder)"
 
 
 if __name__ == "__main__":

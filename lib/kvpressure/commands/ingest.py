@@ -6,8 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-from kvpressure.errors import InputError
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -59,12 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpressure.ingestion.api import ingest
+    from kvpressure.pipeline.output_folder import check_replaceable, output_folder
 
     out: Path = args.out
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not args.force:
-        raise InputError(f"--out {out}: folder is not empty (use --force to write into it)")
+    check_replaceable(out, args.force, "ingest")
     result = ingest(
         args.sources,
         run=args.run,
@@ -82,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
         scheduler_reserve_full_isl=(None if args.scheduler_reserve_full_isl is None
                                     else args.scheduler_reserve_full_isl == "true"),
     )
-    written = result.write(out)
+    local = [s for s in args.sources if "://" not in s]
+    with output_folder(out, "ingest", inputs=local, force=args.force) as work:
+        written = result.write(work)
     summary = {
         "out": str(out),
         "files": [p.name for p in written],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from kvpressure.errors import InputError
@@ -45,11 +44,11 @@ def _parse_overrides(items: list[str], experiment: bool) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvpressure.pipeline.output_folder import check_replaceable, output_folder
     from kvpressure.simulation.engine import simulate
 
     out_dir = Path(args.out)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not args.force:
-        raise InputError(f"--out {out_dir}: exists and is not empty (use --force to overwrite)")
+    check_replaceable(out_dir, args.force, "simulate")
     path = Path(args.scenario)
     is_experiment = path.suffix.lower() in (".yaml", ".yml")
     overrides = _parse_overrides(args.overrides, is_experiment)
@@ -72,16 +71,10 @@ def run(args: argparse.Namespace) -> int:
             from kvpressure.simulation.prom_view import PromRecorder
 
             recorder = PromRecorder.for_step_clock(scenario)
-    try:
+    with output_folder(out_dir, "simulate", inputs=[path], force=args.force) as work:
         result = simulate(scenario, cost_model=cost_model, recorder=recorder,
                           event_driven=not args.step_by_step)
-    except InputError:
-        raise
-    except Exception as exc:  # an internal error: exit 1, with what we know
-        print(f"kvpressure simulate: internal error: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
-        return 1
-    result.write(out_dir)
+        result.write(work)
     s = result.summary
     print(f"{scenario.name}: {s['steps']} steps, {s['num_requests']} requests, "
           f"{s['preemptions']} preemptions, recompute ratio {s['recompute_ratio']:.4f} "

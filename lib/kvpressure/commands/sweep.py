@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -28,26 +29,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvpressure.pipeline.output_folder import check_replaceable, output_folder
     from kvpressure.pipeline.sweep import run_sweep, stderr_progress
     from kvpressure.simulation.experiment import load_experiment
 
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
-        raise InputError(f"--out {out}: exists and is not empty (use --force to overwrite)")
+    check_replaceable(out, args.force, "sweep")
     if args.jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
     exp = load_experiment(args.experiment)
     levels = None
     if args.concurrency:
+        if exp.mode == "closed" and not all(math.isfinite(c) and c == int(c) and c >= 1
+                                            for c in args.concurrency):
+            raise InputError("--concurrency: levels must be integers >= 1")
+        if exp.mode == "open" and not all(c > 0 for c in args.concurrency):
+            raise InputError("--concurrency: request rates must be > 0 (inf: all at once)")
         levels = ([int(c) for c in args.concurrency] if exp.mode == "closed"
                   else list(args.concurrency))
-        if exp.mode == "closed" and any(c != int(c) or c < 1 for c in args.concurrency):
-            raise InputError("--concurrency: levels must be integers >= 1")
     started = time.perf_counter()
     print(f"sweep {exp.name}: {exp.mode} loop, levels {levels or exp.levels}", file=sys.stderr)
-    runs = run_sweep(exp, out, variants=args.variants, concurrencies=levels,
-                     progress=stderr_progress, jobs=args.jobs, include_remedies=args.remedies,
-                     compare=not args.no_compare)
+    with output_folder(out, "sweep", inputs=[exp.path], force=args.force) as work:
+        runs = run_sweep(exp, work, variants=args.variants, concurrencies=levels,
+                         progress=stderr_progress, jobs=args.jobs,
+                         include_remedies=args.remedies, compare=not args.no_compare)
     print(f"{len(runs)} points in {time.perf_counter() - started:.1f} s -> {out / 'runs.csv'}",
           file=sys.stderr)
     from kvpressure.pipeline.levels import level_means

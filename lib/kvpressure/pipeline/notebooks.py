@@ -13,8 +13,10 @@ the notebooks folder (set at kernel start, so concurrent notebooks never change 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -26,6 +28,7 @@ from typing import Any, TextIO
 
 from kvpressure.paths import REPO_ROOT
 from kvpressure.pipeline.run_folder import NOTEBOOKS_DIR, STAGES
+from kvpressure.pipeline.workers import die_with_parent
 
 NOTEBOOK_SOURCE_DIR = REPO_ROOT / "notebooks"
 NOTEBOOKS: tuple[str, ...] = tuple(STAGES.values())
@@ -133,12 +136,23 @@ class _KernelWorker(threading.Thread):
         # The kernel's own diagnostics go to a log file, not the user's terminal.
         run_sync(self.km.start_kernel)(
             cwd=str(self.cwd), stdout=self._log, stderr=self._log,
+            # The kernel (and the sweep workers it starts) must not outlive this run, even
+            # when it is killed with SIGKILL.
+            preexec_fn=die_with_parent,
             # In-memory history: the execution counter restarts for every notebook.
             extra_arguments=["--HistoryManager.hist_file=:memory:"],
         )
         papermill.execute_notebook(
             _code_notebook(WARM_CODE), None, kernel_name=KERNEL, km=self.km, progress_bar=False
         )
+
+    def kill_kernel(self) -> None:
+        """End the kernel and everything it started at once (the run was interrupted)."""
+        provisioner = getattr(self.km, "provisioner", None)
+        pgid = getattr(provisioner, "pgid", None)
+        if pgid:
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signal.SIGKILL)
 
     def _stop_kernel(self) -> None:
         from jupyter_core.utils import run_sync
@@ -309,6 +323,11 @@ def run_notebooks(
                     failures.append(exc)
             if failures:
                 raise failures[0]
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM) or failed: running notebooks are not waited for.
+        for worker in workers:
+            worker.kill_kernel()
+        raise
     finally:
         for _ in workers:
             tasks.put(None)

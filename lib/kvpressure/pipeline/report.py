@@ -26,12 +26,8 @@ from kvpressure.pipeline.notebooks import (
     parameter_names,
     run_notebooks,
 )
-from kvpressure.pipeline.run_folder import (
-    NOTEBOOKS_DIR,
-    RECORD_YAML,
-    clear_generated,
-    is_run_folder,
-)
+from kvpressure.pipeline.output_folder import check_replaceable, output_folder, point_paths_at
+from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
 
 # Set by the command itself; a --param may not override them.
 RESERVED = frozenset({"run_dir", "experiment", "source"})
@@ -133,15 +129,9 @@ def make_report(
     if jobs < 1:
         raise InputError(f"--jobs {jobs}: must be at least 1")
     run_dir = Path(out_dir).resolve()
-    if not force and not is_run_folder(run_dir):
-        raise InputError(
-            f"--out {out_dir}: exists and is not a kvpressure run folder; "
-            "choose another folder or pass --force"
-        )
+    check_replaceable(run_dir, force, "report", rerun_ok=True)
     params = dict(params or {})
     _check_params(params, notebook_parameters(notebooks_dir=notebooks_dir))
-    clear_generated(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
 
     parameters: dict[str, Any] = {
         **params,
@@ -150,12 +140,20 @@ def make_report(
         "jobs": jobs,
     }
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    runs = run_notebooks(
-        run_dir, parameters, jobs=jobs, notebooks_dir=notebooks_dir, progress=say, stream=stream
-    )
-    say("index.html ...")
-    record_path = notebook_record(run_dir)
-    index_path = render_report(run_dir)
+    inputs = [experiment] if experiment is not None else list(sources)
+    with output_folder(run_dir, "report", inputs=inputs, force=force, rerun_ok=True) as work:
+        runs = run_notebooks(
+            work, parameters, jobs=jobs, notebooks_dir=notebooks_dir, progress=say, stream=stream
+        )
+        # The notebooks ran in the hidden sibling that replaces run_dir once complete: what
+        # they show must name run_dir.
+        point_paths_at(work, run_dir)
+        say("index.html ...")
+        notebook_record(work)
+        render_report(work, title=f"Investigation: {run_dir.name}")
+    record_path, index_path = run_dir / RECORD_YAML, run_dir / INDEX_HTML
+    runs = [NotebookRun(r.notebook, run_dir / r.output_path.relative_to(work), r.seconds)
+            for r in runs]
     seconds = time.perf_counter() - started
     say(f"done in {seconds:.1f} s: {index_path}")
     return ReportResult(run_dir, record_path, index_path, runs, seconds)

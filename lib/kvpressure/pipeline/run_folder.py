@@ -44,12 +44,6 @@ ANALYSIS_DIR = "analysis"
 NOTEBOOKS_DIR = "notebooks"
 POINTS_DIR = "points"
 
-# What a run writes; a re-run removes exactly these before starting, nothing else.
-GENERATED = (
-    EXPERIMENT_COPY, SOURCES_FILE, RUNS_CSV, SERIES_CSV, INGEST_JSON, RECORD_YAML, INDEX_HTML,
-    ANALYSIS_DIR, NOTEBOOKS_DIR, POINTS_DIR, "runs.parquet", "series.parquet", "steps.csv",
-)
-
 
 def default_experiment() -> str:
     """The notebooks' default experiment: ``$KVPRESSURE_NB_EXPERIMENT`` or the seed case."""
@@ -137,27 +131,3 @@ def display_path(path: str | os.PathLike[str]) -> str:
         return resolved.relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return resolved.as_posix()
-
-
-def is_run_folder(path: str | os.PathLike[str]) -> bool:
-    """True for an absent or empty folder, or one a previous run wrote."""
-    path = Path(path)
-    if not path.exists():
-        return True
-    if not path.is_dir():
-        return False
-    entries = {p.name for p in path.iterdir()}
-    return not entries or bool(entries & {EXPERIMENT_COPY, SOURCES_FILE, RECORD_YAML, RUNS_CSV})
-
-
-def clear_generated(run_dir: str | os.PathLike[str]) -> None:
-    """Remove what an earlier run wrote (only the kit's own files and folders)."""
-    import shutil
-
-    root = Path(run_dir)
-    for name in GENERATED:
-        target = root / name
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists() or target.is_symlink():
-            target.unlink()

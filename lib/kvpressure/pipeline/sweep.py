@@ -19,12 +19,13 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
+from kvpressure.pipeline.point_marker import complete_row, point_key, write_point_marker
 from kvpressure.simulation.experiment import (
     ENGINE_ARGS,
     MAX_SEEDS,
@@ -60,6 +61,8 @@ class _PointJob:
     """Where the point's files go; None for a repeat, which writes none."""
     repeat: int = 0
     seed: int | None = None
+    key: str = ""
+    """What determines the point's results (its folder's completion marker must match)."""
 
 
 def _level_name(concurrency: int | None, request_rate: float | None) -> str:
@@ -83,7 +86,14 @@ def _run_point(experiment: Experiment, job: _PointJob, out_dir: str) -> dict[str
                       event_driven=True)
     if job.folder is not None:
         result.write(Path(out_dir) / job.folder)
-    s = result.summary
+    row = _row(experiment, job, point, result.summary)
+    if job.folder is not None:
+        write_point_marker(Path(out_dir) / job.folder, job.key, row)
+    return row
+
+
+def _row(experiment: Experiment, job: _PointJob, point: Any, s: dict[str, Any]
+         ) -> dict[str, Any]:
     ratio = float(s["recompute_ratio"])
     duration = float(s.get("duration_s") or 0.0)
     recompute_time = float(s.get("recompute_time_s") or 0.0)
@@ -137,6 +147,10 @@ def _point_jobs(experiment: Experiment, variants: Mapping[str, Mapping[str, Any]
                 ) -> list[_PointJob]:
     """Variant by variant (baseline first), repeat by repeat, level by level."""
     closed = experiment.mode == "closed"
+    from kvpressure import __version__
+
+    identity = (__version__, experiment.config.model_dump(mode="json"),
+                repr(experiment.hardware), repr(experiment.model))
     out = []
     for name, overrides in variants.items():
         for repeat, seed in enumerate(seeds):
@@ -144,8 +158,9 @@ def _point_jobs(experiment: Experiment, variants: Mapping[str, Mapping[str, Any]
                 c = int(level) if closed else None
                 r = None if closed else float(level)
                 folder = point_folder(name, c, r) if write_points and repeat == 0 else None
+                key = point_key(identity, name, dict(overrides), c, r, int(seed))
                 out.append(_PointJob(len(out), name, dict(overrides), c, r, folder, repeat,
-                                     int(seed)))
+                                     int(seed), key))
     return out
 
 
@@ -226,6 +241,7 @@ def run_sweep(
     out.mkdir(parents=True, exist_ok=True)
     point_jobs = _point_jobs(exp, chosen, levels, seed_list, write_points)
     rows: list[dict[str, Any] | None] = [None] * len(point_jobs)
+    point_jobs = _keep_complete_points(point_jobs, out, rows)
     started = time.perf_counter()
 
     def report(job: _PointJob, row: dict[str, Any], done: int) -> None:
@@ -246,8 +262,10 @@ def run_sweep(
             rows[job.index] = _run_point(exp, job, str(out))
             report(job, rows[job.index], done)
     else:
+        from kvpressure.pipeline.workers import process_pool, stop_pool
+
         own = executor is None
-        pool = executor if executor is not None else ProcessPoolExecutor(max_workers=n_jobs)
+        pool = executor if executor is not None else process_pool(n_jobs)
         try:
             futures = {pool.submit(_run_point, exp, job, str(out)): job for job in point_jobs}
             from concurrent.futures import as_completed
@@ -256,6 +274,10 @@ def run_sweep(
                 job = futures[fut]
                 rows[job.index] = fut.result()
                 report(job, rows[job.index], done)
+        except BaseException:
+            if own:  # interrupted or failed: the other points are not waited for
+                stop_pool(pool)
+            raise
         finally:
             if own:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -263,6 +285,36 @@ def run_sweep(
     frame = pd.DataFrame(rows, columns=columns)
     write_runs(frame, out)
     return frame
+
+
+def _keep_complete_points(jobs: list[_PointJob], out: Path, rows: list[dict[str, Any] | None]
+                          ) -> list[_PointJob]:
+    """Reuse the point folders an interrupted run finished (their markers checked: same point,
+    every file whole), drop every other point folder, and return the jobs left to run."""
+    import shutil
+
+    wanted = {job.folder for job in jobs if job.folder is not None}
+    points = out / "points"
+    if points.is_dir():
+        for folder in sorted(p for p in points.glob("*/*") if p.is_dir()):
+            if folder.relative_to(out).as_posix() not in wanted:
+                shutil.rmtree(folder)
+        for variant in points.iterdir():
+            if variant.is_dir() and not any(variant.iterdir()):
+                variant.rmdir()
+            elif not variant.is_dir():
+                variant.unlink()
+    todo = []
+    for job in jobs:
+        folder = out / job.folder if job.folder is not None else None
+        row = complete_row(folder, job.key) if folder is not None and folder.is_dir() else None
+        if row is not None:
+            rows[job.index] = row
+            continue
+        if folder is not None and folder.exists():
+            shutil.rmtree(folder)
+        todo.append(job)
+    return todo
 
 
 def write_runs(frame: Any, out_dir: str | os.PathLike[str]) -> Path:
