@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from kvpressure.errors import InputError
 from kvpressure.record.schema import Record
+from kvpressure.user_files import read_user_text
 
 HEADER = (
     "# kvpressure investigation record (fields as in the workflow's record form).\n"
@@ -80,7 +81,7 @@ def load_record(path: str | os.PathLike[str]) -> Record:
     """Read and validate a ``record.yaml``."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_user_text(path, "record"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f", line {mark.line + 1}" if mark is not None else ""

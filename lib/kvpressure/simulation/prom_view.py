@@ -39,6 +39,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from kvpressure.errors import InputError
+
 # --- vLLM 0.33.0's bucket families (v1/metrics/buckets.py) --------------------------------------
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
@@ -50,6 +52,9 @@ INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+
+# Beyond this many scrapes a run's Prometheus view would not fit in memory.
+MAX_SCRAPES = 500_000
 
 
 def request_tokens_buckets(max_model_len: int) -> tuple[int, ...]:
@@ -571,6 +576,12 @@ class PromRecorder:
         return cached
 
     def _scrape(self, t: float) -> None:
+        if len(self.scrapes) >= MAX_SCRAPES:
+            # A slow cost model or a sparse workload would otherwise fill memory with scrapes.
+            raise InputError(
+                f"scrape_interval_s {self.scrape_interval_s:g}: the run has reached "
+                f"{float(t) - self.time_origin_s:.3g} s of simulated time and {MAX_SCRAPES:,} "
+                "scrapes; raise scrape_interval_s or check the cost model and the arrival rate")
         self.scrapes.append({"t": float(t) - self.time_origin_s, "text": self.render()})
 
     def render(self) -> str:

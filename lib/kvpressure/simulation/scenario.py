@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvpressure.errors import InputError
+from kvpressure.errors import InputError, nearest, refuse_unknown
+from kvpressure.user_files import read_user_text
 
 # vLLM 0.33.0's SchedulerConfig fallbacks (no usage context), config/scheduler.py.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -47,9 +49,31 @@ _INT_SETTINGS = {"num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batche
                  "long_prefill_token_threshold", "max_model_len", "max_num_active_seqs"}
 _BOOL_SETTINGS = {"enable_chunked_prefill", "enable_prefix_caching",
                   "scheduler_reserve_full_isl", "async_scheduling"}
+# Steps are counted in 64-bit integers (numpy), and times in float64 from them.
+MAX_ARRIVAL_STEP = 2**53
+# The block pool's tables cost about this much host memory per KV block (free-queue links,
+# reference count, hash slot).
+BYTES_PER_BLOCK = 96
+
+
+def check_pool_memory(num_gpu_blocks: int, where: str) -> None:
+    """Refuse a pool whose block tables would not fit in this machine's memory."""
+    need = num_gpu_blocks * BYTES_PER_BLOCK
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        have = 0
+    if have and need > have // 2:
+        raise InputError(f"{where} {num_gpu_blocks}: simulating that many KV blocks needs about "
+                         f"{need / 2**30:,.1f} GiB of memory; this machine has "
+                         f"{have / 2**30:,.1f} GiB")
+
+
 _REQUEST_KEYS = {"id", "prompt_len", "output_len", "arrival_step", "arrival_time_s",
                  "priority", "prefix_group", "prefix_len"}
 _TOP_KEYS = {"name", "description", "seed", "mode", "settings", "prefix_groups", "requests"}
+# Notes the kit itself writes (experiment points).
+_KIT_NOTES = {"refused_requests"}
 
 
 @dataclass
@@ -125,12 +149,7 @@ def load_scenario(source: str | Path | dict | list,
     if isinstance(source, (str, Path)):
         path = Path(source)
         where = str(path)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise InputError(f"{where}: no such scenario file") from None
-        except OSError as exc:
-            raise InputError(f"{where}: cannot read: {exc}") from None
+        text = read_user_text(path, "scenario file")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -141,13 +160,20 @@ def load_scenario(source: str | Path | dict | list,
         data = {"requests": data}
     if not isinstance(data, dict):
         raise InputError(f"{where}: a scenario is a JSON object or a list of requests")
+    # Other top-level keys are notes (annotations), unless they look like a misspelt field:
+    # "mdoe" would otherwise silently run an open loop.
+    for key in data:
+        guess = None if key in _TOP_KEYS | _KIT_NOTES else nearest(str(key), _TOP_KEYS)
+        if guess:
+            raise InputError(f"{where}: unknown key {key!r}; did you mean {guess!r}? (other "
+                             "top-level keys are kept as notes)")
     annotations = {k: v for k, v in data.items() if k not in _TOP_KEYS}
     name = str(data.get("name") or (Path(where).stem.removesuffix(".scenario")
                                     if where != "<dict>" else "scenario"))
     description = str(data.get("description") or "")
     seed = data.get("seed")
     if seed is not None:
-        seed = _int(seed, "seed", where)
+        seed = _int(seed, "seed", where, 0)
     mode_raw = data.get("mode", {"type": "open"})
     if isinstance(mode_raw, str):
         mode_raw = {"type": mode_raw}
@@ -156,9 +182,7 @@ def load_scenario(source: str | Path | dict | list,
     mode = mode_raw.get("type", "open")
     if mode not in ("open", "closed"):
         raise InputError(f"{where}: mode.type: unknown mode {mode!r} (open or closed)")
-    unknown_mode = set(mode_raw) - {"type", "concurrency"}
-    if unknown_mode:
-        raise InputError(f"{where}: mode: unknown key(s) {sorted(unknown_mode)}")
+    refuse_unknown(mode_raw, ("type", "concurrency"), f"{where}: mode")
     concurrency = None
     if mode == "closed":
         if "concurrency" not in mode_raw:
@@ -188,15 +212,16 @@ def load_scenario(source: str | Path | dict | list,
             raise InputError(f"{where}: requests[{i}] must be an object")
         rid = str(r.get("id", f"r{i}"))
         ctx = f"request {rid!r} (requests[{i}])"
-        unknown = set(r) - _REQUEST_KEYS
-        if unknown:
-            raise InputError(f"{where}: {ctx}: unknown field(s) {sorted(unknown)}")
+        refuse_unknown(r, _REQUEST_KEYS, f"{where}: {ctx}")
         for key in ("prompt_len", "output_len"):
             if key not in r:
                 raise InputError(f"{where}: {ctx}: missing field {key!r}")
         prompt_len = _int(r["prompt_len"], f"{ctx}: prompt_len", where, 1)
         output_len = _int(r["output_len"], f"{ctx}: output_len", where, 1)
         arrival_step = _int(r.get("arrival_step", 0), f"{ctx}: arrival_step", where, 0)
+        if arrival_step > MAX_ARRIVAL_STEP:
+            raise InputError(f"{where}: {ctx}: arrival_step {arrival_step} is beyond the last "
+                             f"step the simulation can count ({MAX_ARRIVAL_STEP})")
         arrival_time_s = r.get("arrival_time_s")
         if arrival_time_s is not None:
             if isinstance(arrival_time_s, bool) or not isinstance(arrival_time_s, (int, float)) \
@@ -215,6 +240,11 @@ def load_scenario(source: str | Path | dict | list,
                 if prefix_len > prompt_len:
                     raise InputError(f"{where}: {ctx}: prefix_len {prefix_len} exceeds "
                                      f"prompt_len {prompt_len}")
+                if prefix_len > groups[group]["length"]:
+                    # Tokens past the group's shared prefix are not shared: undefined.
+                    raise InputError(f"{where}: {ctx}: prefix_len {prefix_len} exceeds the "
+                                     f"length {groups[group]['length']} of prefix group "
+                                     f"{group!r}")
             else:
                 prefix_len = min(groups[group]["length"], prompt_len)
         elif "prefix_len" in r:
@@ -257,10 +287,7 @@ def _build(name, description, seed, mode, concurrency, settings_raw, groups, req
 def resolve_settings(raw: dict[str, Any], requests: list[RequestSpec],
                      where: str = "") -> SchedulerSettings:
     """Fill vLLM 0.33.0's defaults (spec §7) and apply its configuration checks."""
-    unknown = set(raw) - set(SETTING_NAMES)
-    if unknown:
-        raise InputError(f"{_where(where)}settings: unknown key(s) {sorted(unknown)} "
-                         f"(known: {', '.join(SETTING_NAMES)})")
+    refuse_unknown(raw, SETTING_NAMES, f"{_where(where)}settings")
     vals: dict[str, Any] = {}
     for k, v in raw.items():
         if v is None and k in ("max_num_active_seqs", "max_model_len", "max_num_seqs",
@@ -287,6 +314,7 @@ def resolve_settings(raw: dict[str, Any], requests: list[RequestSpec],
     if vals["num_gpu_blocks"] < 2:
         raise InputError(f"{_where(where)}settings.num_gpu_blocks must be >= 2 "
                          "(block 0 is the null block)")
+    check_pool_memory(vals["num_gpu_blocks"], f"{_where(where)}settings.num_gpu_blocks")
     if vals.get("async_scheduling"):
         raise InputError(f"{_where(where)}settings.async_scheduling: true is not modelled; "
                          "the simulation runs vLLM's synchronous loop (set it to false)")
@@ -315,6 +343,11 @@ def resolve_settings(raw: dict[str, Any], requests: list[RequestSpec],
         raise InputError(
             f"{_where(where)}settings.max_num_batched_tokens ({vals['max_num_batched_tokens']}) "
             f"must be >= max_num_seqs ({vals['max_num_seqs']}) (vLLM's config check)")
+    if vals.get("long_prefill_token_threshold", 0) > vals["max_model_len"]:
+        raise InputError(
+            f"{_where(where)}settings.long_prefill_token_threshold "
+            f"({vals['long_prefill_token_threshold']}) cannot be greater than max_model_len "
+            f"({vals['max_model_len']}) (vLLM's SchedulerConfig check)")
     if not chunked and vals["max_num_batched_tokens"] < vals["max_model_len"]:
         raise InputError(
             f"{_where(where)}settings.max_num_batched_tokens ({vals['max_num_batched_tokens']}) "

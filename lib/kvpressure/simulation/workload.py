@@ -21,15 +21,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvpressure.errors import InputError
+from kvpressure.errors import InputError, nearest
 
 Z90 = 1.2815515655446004  # standard normal quantile at 0.90
 
 
+# A simulated request costs about this much memory (its spec, state and output rows); a
+# workload this large would exhaust a workstation long before it finished.
+BYTES_PER_REQUEST = 4096
+MAX_REQUESTS = 5_000_000
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are refused wherever a number is read (a rate says when it takes .inf).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --- length distributions ---------------------------------------------------------------------
@@ -202,7 +209,8 @@ class Arrivals(_Strict):
     """Open-loop arrivals: Poisson at ``request_rate`` (req/s) or, with ``burstiness`` != 1,
     gamma-distributed gaps as ``vllm bench serve --burstiness`` draws them."""
 
-    request_rate: float = Field(gt=0, description="requests per second; .inf = all at once")
+    request_rate: float = Field(gt=0, allow_inf_nan=True,
+                                description="requests per second; .inf = all at once")
     burstiness: float = Field(1.0, gt=0)
 
 
@@ -218,7 +226,16 @@ class WorkloadSpec(_Strict):
     """How to build the request set of an experiment."""
 
     num_requests: int | None = Field(None, ge=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63)
+
+    @field_validator("num_requests")
+    @classmethod
+    def _fits_in_memory(cls, v: int | None) -> int | None:
+        if v is not None and v > MAX_REQUESTS:
+            raise ValueError(
+                f"{v} requests would take about {v * BYTES_PER_REQUEST / 2**30:,.0f} GiB of "
+                f"memory to simulate; at most {MAX_REQUESTS:,}")
+        return v
     input_len: LengthDistribution | None = None
     output_len: LengthDistribution | None = None
     prefix_groups: dict[str, PrefixGroup] = Field(default_factory=dict)
@@ -261,8 +278,23 @@ def format_validation_error(exc: ValidationError, where: str, prefix: str = "") 
         loc = ".".join(str(x) for x in err["loc"] if not _is_union_tag(x))
         field = ".".join(x for x in (prefix, loc) if x)
         message = err["msg"].removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden" and err["loc"]:
+            guess = nearest(str(err["loc"][-1]), _field_names())
+            message = "unknown key" + (f"; did you mean {guess!r}?" if guess else "")
         parts.append(f"field '{field}': {message}" if field else message)
     return InputError(f"{where}: " + "; ".join(parts))
+
+
+def _field_names() -> set[str]:
+    """Every field name of the kit's input models (the candidates a typo is matched with)."""
+    names: set[str] = set()
+    todo: list[type] = [BaseModel]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.__module__.startswith("kvpressure."):
+            names.update(getattr(cls, "model_fields", {}))
+    return names
 
 
 _UNION_TAGS = {"fixed", "uniform", "normal", "lognormal", "empirical", "int", "float", "bool",
