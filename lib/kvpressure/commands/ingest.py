@@ -13,7 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="SOURCE",
         help="Prometheus text dump, folder of dumps, JSONL scrape log, query_range JSON, "
-        "Prometheus server URL (with --start/--end), /metrics URL, or vllm bench JSON",
+        "Prometheus server URL (with --start/--end), /metrics URL, vllm bench JSON, or a vLLM "
+        "server log (plain or gzip: its stats lines, V0 preemption warnings and start-up lines)",
     )
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument("--run", help="run name for all sources (default: one per source)")
@@ -52,6 +53,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time zone of the machine that wrote the bench results' `date` (e.g. +08:00, UTC, "
         "Asia/Shanghai), to match them with scrape logs; default: this machine's",
     )
+    parser.add_argument(
+        "--log-year", type=int,
+        help="year of a vLLM server log's first line (vLLM prints dates without the year); "
+        "default: from the file's modification time",
+    )
+    parser.add_argument(
+        "--log-timezone",
+        help="time zone a vLLM server log's times were written in (e.g. +08:00, UTC); "
+        "default: this machine's",
+    )
     parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
 
 
@@ -74,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         num_gpu_blocks=args.num_gpu_blocks,
         block_size=args.block_size,
         bench_timezone=args.bench_timezone,
+        log_year=args.log_year,
+        log_timezone=args.log_timezone,
         policy=args.policy,
         scheduler_reserve_full_isl=(None if args.scheduler_reserve_full_isl is None
                                     else args.scheduler_reserve_full_isl == "true"),

@@ -12,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="experiment YAML to simulate (or the name of a built-in one)")
     what.add_argument(
         "--source", metavar="PATH", nargs="+",
-        help="ingested data: Prometheus scrapes (file, folder, JSONL), API JSON, bench JSON",
+        help="ingested data: Prometheus scrapes (file, folder, JSONL), API JSON, bench JSON, "
+        "vLLM server logs",
     )
     parser.add_argument("--out", metavar="DIR", required=True, help="run folder (reports/NAME)")
     parser.add_argument(
