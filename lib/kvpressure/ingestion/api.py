@@ -27,13 +27,14 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
-from kvpressure.errors import InputError
+from kvpressure.errors import InputError, nearest
 from kvpressure.ingestion import names
 from kvpressure.ingestion.bench import read_bench
 from kvpressure.ingestion.prom_api import fetch_live, read_query_range_file, scrape_exporter
 from kvpressure.ingestion.prom_text import RunSamples, add_scrape
 from kvpressure.ingestion.recompute_estimate import check_scheduler_args
 from kvpressure.ingestion.scrape_runs import RUNS_COLUMNS, SCRAPE_COLUMNS, scrape_row
+from kvpressure.ingestion.series_presence import as_warnings, presence_notes
 from kvpressure.ingestion.server_log import read_server_log
 from kvpressure.ingestion.sources import (
     Source,
@@ -111,9 +112,17 @@ def _families_filter(metrics: str | Sequence[str] | None) -> frozenset[str] | No
             wanted = [m.strip() for m in metrics.split(",") if m.strip()]
     else:
         wanted = metrics
+    known = {names.canonical_name(f).family for f in (
+        *names.V1_COUNTERS, *names.V1_GAUGES, *names.V1_HISTOGRAMS, *names.V0_ONLY,
+        *names.RENAMED)}
     out = set()
     for m in wanted:
         info = names.canonical_name(m)
+        if info.family not in known and info.family.startswith(names.PREFIX):
+            # A misspelt name would keep nothing of that family, silently.
+            guess = nearest(info.family, known)
+            raise InputError(f"--metrics {m!r}: not a vLLM metric"
+                             + (f"; did you mean {guess!r}?" if guess else ""))
         out.add(info.family)
     return frozenset(out)
 
@@ -362,6 +371,10 @@ def ingest(
         times = _distinct_times(frame)
         origin = _decide_origin(acc, times, counter_origin)
         info = _run_report(acc, frame, times, label_info, origin)
+        presence = presence_notes(frame, times, name)
+        if presence:
+            info["series_presence"] = presence
+            warnings.extend(as_warnings(presence, name))
         if name in server_logs:
             info["server_log"] = server_logs[name]
         if acc.stats.duplicate_samples:

@@ -11,15 +11,20 @@ Two ways to read a live server over ``[start, end]``:
   lookback picks the sample), in chunks of at most 10,000 points per series (the server refuses
   more than 11,000).
 
-A window that fails (timeout, refused connection, error answer) is tried once more; if it fails
-again the server is taken to have stopped answering: what was fetched is kept and the rest of
-the range is reported as a gap.
+A window the server is too busy for (HTTP 429, 502, 503, 504) is tried again after a growing
+pause (``Retry-After`` when it says one); a window too large for it (422 "too many samples",
+"exceeded maximum resolution") is split in two, down to a few seconds. Other failures
+(timeout, refused connection) are tried once more; then the server is taken to have stopped
+answering: every window fetched so far is kept and the rest of the range is reported as a gap.
+A server that answers nothing at all is an error: an empty ingest would look like an idle one.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,11 @@ from kvpressure.ingestion.prom_text import RunSamples, add_scrape
 SELECTOR = '{__name__=~"vllm[:_].+"}'
 RAW_WINDOW_S = 600.0
 MAX_POINTS = 10_000
+BUSY_STATUS = frozenset({429, 502, 503, 504})
+BUSY_RETRIES = 6
+# Prometheus' words for an answer that a smaller range would get.
+TOO_LARGE = ("too many samples", "exceeded maximum resolution", "query processing would load")
+MIN_SPLIT_S = 2.0
 
 
 @dataclass
@@ -136,6 +146,23 @@ def _windows(start: float, end: float, span: float) -> list[tuple[float, float]]
     return out or [(start, end)]
 
 
+def _too_large(resp: httpx.Response | None, answer: Any) -> bool:
+    text = " ".join(str(answer.get(k, "")) for k in ("error", "errorType")) \
+        if isinstance(answer, dict) else ""
+    return (resp is not None and resp.status_code == 422) or any(w in text for w in TOO_LARGE)
+
+
+def _pause(resp: httpx.Response | None, attempt: int) -> float:
+    """Seconds to wait before trying a busy server again."""
+    try:
+        said = float(resp.headers.get("Retry-After", "")) if resp is not None else math.nan
+    except ValueError:
+        said = math.nan
+    if math.isfinite(said) and said >= 0:
+        return min(said, 30.0)
+    return min(0.5 * 2**attempt, 8.0)
+
+
 def fetch_live(
     url: str,
     acc: RunSamples,
@@ -147,53 +174,84 @@ def fetch_live(
     retries: int = 1,
     window_s: float = RAW_WINDOW_S,
     client: httpx.Client | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> FetchReport:
     """Read ``[start, end]`` from a live Prometheus server into ``acc``."""
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise InputError(f"{url}: --start and --end must be finite times")
     if not end > start:
         raise InputError(f"{url}: --end ({end}) must be after --start ({start})")
-    if step is not None and not step > 0:
-        raise InputError(f"{url}: --step must be positive, got {step}")
+    if step is not None and not (step > 0 and math.isfinite(step)):
+        raise InputError(f"{url}: --step must be a positive number, got {step}")
     base = url.rstrip("/")
     report = FetchReport(url, start, end, step)
     span = step * MAX_POINTS if step else window_s
+    min_split = max(MIN_SPLIT_S, 2 * step) if step else MIN_SPLIT_S
     own = client is None
     http = client or httpx.Client(timeout=timeout)
+    fetched = 0
     try:
-        windows = _windows(start, end, span)
-        for k, (a, b) in enumerate(windows):
+        todo = list(reversed(_windows(start, end, span)))  # a stack, earliest window on top
+        while todo:
+            a, b = todo.pop()
             if step:
                 path = "/api/v1/query_range"
                 params = {"query": SELECTOR, "start": repr(a), "end": repr(b), "step": repr(step)}
             else:
                 # (a, b] as a range vector ending at b; the first window also takes a sample at a.
-                lo = a - 0.001 if k == 0 else a
+                lo = a - 0.001 if a == start else a
                 ms = max(1, int(math.ceil((b - lo) * 1000)))
                 path = "/api/v1/query"
                 params = {"query": f"{SELECTOR}[{ms}ms]", "time": repr(b)}
-            answer, error = None, None
-            for _ in range(retries + 1):
+            answer, error, split = None, None, False
+            failures = busy = 0
+            while True:
                 report.requests += 1
+                resp = None
                 try:
                     resp = http.get(base + path, params=params)
-                    answer = resp.json()
-                    if resp.status_code != 200 and answer.get("status") != "error":
-                        raise httpx.HTTPStatusError(
-                            f"HTTP {resp.status_code}", request=resp.request, response=resp
-                        )
-                    break
-                except (httpx.HTTPError, ValueError) as exc:
+                    try:
+                        answer = resp.json()
+                    except ValueError:
+                        answer = None
+                    if resp.status_code == 200 and isinstance(answer, dict) \
+                            and answer.get("status") == "success":
+                        break
+                    if _too_large(resp, answer) and b - a >= 2 * min_split:
+                        split = True
+                        break
+                    if resp.status_code in BUSY_STATUS and busy < BUSY_RETRIES:
+                        sleep(_pause(resp, busy))
+                        busy += 1
+                        continue
+                    detail = (f"{answer.get('errorType', '')} {answer.get('error', '')}".strip()
+                              if isinstance(answer, dict) else resp.text[:200])
+                    raise httpx.HTTPStatusError(
+                        f"HTTP {resp.status_code}: {detail}", request=resp.request,
+                        response=resp)
+                except httpx.HTTPError as exc:
                     answer, error = None, f"{type(exc).__name__}: {exc}".strip()
+                    failures += 1
+                    if failures > retries:
+                        break
+            if split:
+                mid = a + (b - a) / 2
+                todo.extend([(mid, b), (a, mid)])
+                continue
             if answer is None:
+                if fetched == 0:
+                    raise InputError(f"{url}: no answer from the Prometheus server ({error})")
                 report.gaps.append(
                     {"start": a, "end": end, "error": error, "after_requests": report.requests}
                 )
                 break
             result = _result_of(answer, f"{base}{path} ({a}..{b})")
-            if step and k > 0:
+            if step and a > start:
                 # query_range includes both ends: the shared edge is already in.
                 for item in result:
                     item["values"] = [p for p in item.get("values", []) if float(p[0]) > a]
             n_series, n_samples = add_matrix(acc, result, f"{base}{path}")
+            fetched += 1
             report.series = max(report.series, n_series)
             report.samples += n_samples
     finally:

@@ -88,6 +88,68 @@ def _parse_comment(line: str) -> tuple[str, str | None, str | None]:
     return "COMMENT", None, None
 
 
+def _series_end(line: str) -> int:
+    """Index just past a sample line's name and label set (label values may hold spaces,
+    braces and ``#``); -1 when the label set is not closed."""
+    brace, space = line.find("{"), line.find(" ")
+    if brace < 0 or 0 <= space < brace:
+        return space
+    i, quoted = brace + 1, False
+    while i < len(line):
+        c = line[i]
+        if quoted:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted = True
+        elif c == "}":
+            return i + 1
+        i += 1
+    return -1
+
+
+def openmetrics_as_prometheus(text: str) -> str:
+    """OpenMetrics text in the Prometheus text format the parser reads: exemplars
+    (``... 5 # {trace_id="a"} 1.0 1234.5``) dropped, timestamps from seconds to milliseconds,
+    nothing after ``# EOF``. An exemplar's value or timestamp is never the sample's."""
+    openmetrics = False
+    out = []
+    for line in text.split("\n"):
+        if line.startswith("#"):
+            if line.rstrip() == "# EOF":
+                openmetrics = True
+                break
+            out.append(line)
+            continue
+        if "#" in line:
+            end = _series_end(line)
+            if end > 0:
+                values = line[end:].split("#", 1)[0].split()
+                line = line[:end] + " " + " ".join(values)
+        out.append(line)
+    if not openmetrics:
+        return "\n".join(out)
+    # OpenMetrics stamps samples in seconds, the Prometheus text format in milliseconds.
+    for i, line in enumerate(out):
+        if line and not line.startswith("#"):
+            end = _series_end(line)
+            values = line[end:].split() if end > 0 else []
+            if len(values) == 2:
+                try:
+                    ms = float(values[1]) * 1000.0
+                except ValueError:
+                    continue
+                out[i] = f"{line[:end]} {values[0]} {ms:.0f}"
+    return "\n".join(out)
+
+
+def needs_openmetrics_pass(text: str) -> bool:
+    """Whether the text may hold exemplars or an ``# EOF`` (cheap test on the whole text)."""
+    return "# {" in text or "# EOF" in text
+
+
 def _short(line: str) -> str:
     return repr(line if len(line) <= 120 else line[:117] + "...")
 
@@ -174,6 +236,8 @@ class RunSamples:
         """
         sids, values = self.sids, self.values
         start = len(sids)
+        if needs_openmetrics_pass(text):
+            text = openmetrics_as_prometheus(text)
         lines = text.split("\n")
         parts = list(map(str.rpartition, lines, repeat(" ")))
         n_lines = -1

@@ -86,6 +86,18 @@ def _head(path: Path, size: int = 65536) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
+def _first_line(path: Path) -> str:
+    """The first non-blank line, read whole, however long."""
+    try:
+        with open_text(path) as fh:
+            for line in fh:
+                if line.strip():
+                    return line.strip()
+    except (OSError, EOFError):
+        pass
+    return ""
+
+
 def sniff_file(path: Path) -> str:
     """The kind of one file, from its first bytes."""
     head = _head(path)
@@ -96,6 +108,10 @@ def sniff_file(path: Path) -> str:
         return "json_list"
     if stripped[0] == "{":
         first = stripped.split("\n", 1)[0]
+        if "\n" not in stripped:
+            # The first line is longer than the head (a scrape of a multi-engine server is
+            # easily over 64 KiB): judge on the whole line.
+            first = _first_line(path)
         try:
             obj = json.loads(first)
         except json.JSONDecodeError:
