@@ -316,8 +316,10 @@ class _Sweep:
         lv.update(status="running", start=time.time())
         self.save()
         in_row = {"failed": 0}
+        seen: list[RequestOutcome] = []  # kept when the level is cancelled mid-way
 
         def on_outcome(outcome: RequestOutcome) -> None:
+            seen.append(outcome)
             progress.done += 1
             if outcome.success:
                 progress.tokens += outcome.output_len
@@ -368,7 +370,7 @@ class _Sweep:
         if bench is not None:
             self._record(c, bench, True, None, progress)
             return
-        outcomes = result.outcomes if result is not None else []
+        outcomes = result.outcomes if result is not None else seen
         if result is not None and result.stopped and reason is None:
             reason = result.stopped
         if self.interrupted and reason is None:
@@ -541,10 +543,11 @@ def _wait_for_prometheus(url: str, t: float, limit_s: float = 30.0) -> None:
             time.sleep(0.5)
 
 
-def run_collect(opts: CollectOptions, *, stream: TextIO = sys.stderr,
+def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
                 on_scrape: Callable[[float, str], None] | None = None) -> CollectOutcome:
     """The sweep, with the scrape log recorded through all of it (the report is separate:
     :func:`report_on`)."""
+    stream = stream or sys.stderr
     opts.check()
     server = probe(opts.url, model=opts.model)
     engine = choose_engine(opts)
