@@ -44,6 +44,7 @@ class Measured:
     """The measured curve of one run folder."""
 
     run_dir: Path
+    """The folder given (a collect folder's tables are in its ``report/``)."""
     levels: pd.DataFrame
     """One row per concurrency level, ``LEVEL_COLUMNS``, sorted by concurrency."""
     lengths: dict[int, tuple[list[int], list[int]]]
@@ -119,6 +120,8 @@ def _bench_result(source: Any, run_dir: Path) -> dict[str, Any] | None:
     index = int(k) - 1 if sep and k.isdigit() else 0
     path = Path(path_text if sep and k.isdigit() else first)
     candidates = [path] if path.is_absolute() else [path, run_dir / path, run_dir / path.name]
+    # A collect folder: bench/ and report/ side by side, the runs table in report/.
+    candidates += [run_dir / "bench" / path.name, run_dir.parent / "bench" / path.name]
     for p in candidates:
         if p.is_file() and p.suffix in (".json", ".jsonl", ".gz"):
             try:
@@ -151,6 +154,32 @@ def _point_lengths(run_dir: Path, variant: str, c: int) -> tuple[list[int], list
         return None
     req = pd.read_csv(path, usecols=["prompt_len", "output_len"])
     return req["prompt_len"].astype(int).tolist(), req["output_len"].astype(int).tolist()
+
+
+def data_folder(run_dir: Path) -> Path:
+    """Where the tables are: ``run_dir`` itself, or its ``report/`` (a ``kvpressure collect``
+    folder keeps engine.json, the scrape log and bench/ on top, the report below)."""
+    if not (run_dir / "runs.csv").is_file() and (run_dir / "report" / "runs.csv").is_file():
+        return run_dir / "report"
+    return run_dir
+
+
+# The families a level's window statistics read from a whole scrape log.
+_WINDOW_FAMILIES = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+                    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                    "vllm:iteration_tokens_total", "vllm:cache_config_info")
+
+
+def scrape_log_series(run_dir: Path) -> pd.DataFrame | None:
+    """The whole scrape log of a collect folder (``metrics.prom.jsonl``), when present: its
+    report keeps only the focus level's window, the twin compares every level."""
+    from kvpressure.ingestion.api import ingest
+
+    for name in ("metrics.prom.jsonl", "metrics.prom.jsonl.gz"):
+        path = run_dir / name
+        if path.is_file():
+            return ingest([path], run="log", metrics=list(_WINDOW_FAMILIES)).series
+    return None
 
 
 def _window_stats(series: pd.DataFrame, t0: float, t1: float) -> dict[str, float]:
@@ -187,9 +216,10 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
 
     from kvpressure.pipeline.levels import base_repeat
 
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise InputError(f"{run_dir}: not a folder")
+    top = Path(run_dir)
+    if not top.is_dir():
+        raise InputError(f"{top}: not a folder")
+    run_dir = data_folder(top)
     runs = read_runs(run_dir)
     notes: list[str] = []
     if "variant" in runs.columns:
@@ -212,6 +242,7 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
                      "a closed loop at the measured levels)")
     runs = runs.dropna(subset=["concurrency"]).reset_index(drop=True)
     series = read_series(run_dir)
+    full_log = scrape_log_series(top) if top != run_dir else None
     ingest_path = run_dir / "ingest.json"
     ingest: dict[str, Any] = {}
     if ingest_path.is_file():
@@ -245,8 +276,10 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
             if got is not None:
                 lengths[c_int] = got
         t0, t1 = _num(row.get("t_start")), _num(row.get("t_end"))
-        if series is not None and not (math.isnan(t0) or math.isnan(t1)) and t1 > t0:
-            for key, value in _window_stats(series, t0, t1).items():
+        for frame in (series, full_log):
+            if frame is None or math.isnan(t0) or math.isnan(t1) or t1 <= t0:
+                continue
+            for key, value in _window_stats(frame, t0, t1).items():
                 if math.isnan(_num(row.get(key))) and not math.isnan(value):
                     row[key] = value
         duration, n = row["duration_s"], row["num_requests"]
@@ -260,4 +293,4 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
             row["input_len_mean"] = (row["total_token_throughput"] * duration - out_tok) / n
         rows.append(row)
     levels = pd.DataFrame(rows, columns=list(LEVEL_COLUMNS))
-    return Measured(run_dir, levels, lengths, runs, series, ingest, chosen, notes)
+    return Measured(top, levels, lengths, runs, series, ingest, chosen, notes)

@@ -111,6 +111,8 @@ def _settings_file(run_dir: Path) -> tuple[dict[str, Any], str] | None:
                         break
                 return _known(data, str(path)), str(path)
     path = run_dir / "analysis" / "collect.json"
+    if not path.is_file():
+        path = run_dir / "report" / "analysis" / "collect.json"
     if path.is_file():
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

@@ -1,0 +1,425 @@
+"""How far the twin of a measured server can be trusted: recovery, leave-levels-out, real vLLM.
+
+    .venv/bin/python benchmarks/bench_twin.py                 # (a) and (b), simulated, ~1 min
+    .venv/bin/python benchmarks/bench_twin.py --real          # plus (c), real vLLM, ~30 min
+
+(a) **The simulation itself.** Sweeps simulated with known step-time coefficients (two sets:
+    per-step dominated, as a CPU server, and per-token dominated), times multiplied by seeded
+    log-normal noise of 0%, 1% and 3%; the twin is fitted on each and the fitted coefficients
+    compared with the truth (relative error, truth inside the bootstrap 90% interval), with the
+    throughput error per level. Also the time to build, fit and predict a sweep of 8 levels,
+    against one plain simulation of the same 8 levels measured in the same run (the ratio is
+    what the fit costs over simulating once).
+(b) **Leave-levels-out.** The same data fitted on every other level, the held-out levels
+    predicted: throughput error per held-out level.
+(c) **Real vLLM** (``--real``): the CPU build (``scripts/vllm-env.sh``) serving small random-weight
+    Llama models (``scripts/build-tiny-model.py``; the wide one is the same script with a wider
+    shape) on loopback, KV pool set with ``--num-gpu-blocks-override``. For each setup: start the
+    server, ``kvpressure collect`` a sweep of 8 levels past the knee (builtin closed-loop
+    client, ``--no-report``), ``kvpressure ingest`` its bench results and scrape log into the
+    folder's ``report/``, build and fit the twin, compare per level, fit on half the levels and
+    predict the rest. On the first setup, the remedies (``max_num_seqs`` lowered to what the
+    pool holds, and ``max_num_batched_tokens`` halved) are predicted on the twin, then measured
+    on a restarted server and compared: errors per level for throughput and preemptions, and the
+    change in throughput at the focus level predicted vs measured. ``uptime`` is recorded before
+    and after: absolute throughput on 2 shared cores moves with the machine's load.
+
+Results: stdout and ``benchmarks/out/bench_twin.json``; each real twin's folder (``twin.json``,
+``fit_table.csv``, ``twin.png``, ``twin.md``) under ``benchmarks/out/twin_real/<setup>/``.
+Targets (issue 17): preemptions within 10% per level, throughput within 15%, knee within one
+level, remedy change within 10 percentage points with the right sign, fit + predict of 8 levels
+under 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "out"
+KVP = str(ROOT / ".venv" / "bin" / "kvpressure")
+LEVELS = (1, 2, 4, 6, 8, 12, 16, 24)
+
+SIM_SETTINGS = dict(num_gpu_blocks=64, block_size=32, max_num_seqs=64,
+                    max_num_batched_tokens=1024, max_model_len=2048,
+                    enable_prefix_caching=False, scheduler_reserve_full_isl=True)
+SIM_TRUTHS = {
+    # per-step cost dominates (a small model on a CPU)
+    "per_step": dict(t0=4e-3, t_prefill_token=3e-5, t_decode_seq=2e-4, t_decode_ctx=0.0,
+                     t_prefill_attn=0.0),
+    # per-token prefill and per-sequence costs dominate (a wider model)
+    "per_token": dict(t0=1e-3, t_prefill_token=2e-4, t_decode_seq=1.5e-3, t_decode_ctx=0.0,
+                      t_prefill_attn=0.0),
+}
+TTFT_OFFSET = 0.01
+
+
+def _pct(a: float, b: float) -> float | None:
+    return None if not b or not math.isfinite(a) else round(100.0 * (a - b) / b, 2)
+
+
+def _rounded(obj):
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_rounded(v) for v in obj]
+    if isinstance(obj, float | np.floating):
+        return None if not math.isfinite(obj) else float(f"{obj:.4g}")
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+# --- (a) and (b): simulated sweeps with known coefficients -------------------------------------
+def simulated(noises=(0.0, 0.01, 0.03)) -> dict:
+    from kvpressure.twin.api import build_twin
+    from kvpressure.twin.simulate import simulate_level
+    from kvpressure.twin.synthetic import synthetic_workloads, write_synthetic_run
+
+    workloads = synthetic_workloads(LEVELS, input_len=(192, 320), output_len=(96, 160), seed=5)
+    out: dict = {"levels": list(LEVELS), "settings": SIM_SETTINGS, "cases": []}
+    for name, truth in SIM_TRUTHS.items():
+        for noise in noises:
+            folder = Path(tempfile.mkdtemp(prefix="bench_twin_"))
+            try:
+                write_synthetic_run(folder, SIM_SETTINGS, workloads, truth,
+                                    ttft_offset=TTFT_OFFSET, noise=noise, seed=11)
+                # baseline: one plain simulation of the 8 levels with the true coefficients
+                t = time.perf_counter()
+                for w in workloads.values():
+                    simulate_level(SIM_SETTINGS, w, truth, TTFT_OFFSET)
+                one_sweep = time.perf_counter() - t
+                t = time.perf_counter()
+                twin = build_twin(folder)
+                fit = twin.fit(bootstrap=200)
+                report = twin.fit_report()
+                fit_predict = time.perf_counter() - t
+                full = {**truth, "ttft_offset": TTFT_OFFSET}
+                coefs = {}
+                for p, d in fit.describe().items():
+                    coefs[p] = {"true": full[p], "fitted": d["value"],
+                                "error_pct": _pct(d["value"], full[p]) if full[p] else None,
+                                "interval": [d["p05"], d["p95"]],
+                                "truth_in_interval": bool(
+                                    d["p05"] * (1 - 1e-6) <= full[p] <= d["p95"] * (1 + 1e-6)),
+                                "source": d["source"].split(" (")[0]}
+                # (b) leave-levels-out: fit on every other level, predict the rest
+                twin_lo = build_twin(folder)
+                twin_lo.fit(levels=list(LEVELS[::2]), bootstrap=100)
+                held = [c for c in LEVELS if c not in LEVELS[::2]]
+                lo = twin_lo.fit_report(levels=held).table
+                case = {
+                    "truth": name, "noise": noise, "coefficients": coefs,
+                    "throughput_error_pct": dict(zip(report.table["concurrency"].tolist(),
+                                                     report.table["output_throughput_error_pct"]
+                                                     .round(2).tolist(), strict=True)),
+                    "preemptions_equal": bool((report.table["preemptions_twin"]
+                                               == report.table["preemptions_measured"]).all()),
+                    "verdict": report.verdict.text,
+                    "leave_levels_out": {
+                        "fitted_on": list(LEVELS[::2]),
+                        "throughput_error_pct": dict(zip(
+                            held, lo["output_throughput_error_pct"].round(2).tolist(),
+                            strict=True))},
+                    "fit_predict_8_levels_s": round(fit_predict, 3),
+                    "one_simulation_of_8_levels_s": round(one_sweep, 3),
+                    "ratio": round(fit_predict / one_sweep, 1),
+                }
+                out["cases"].append(case)
+                print(f"(a) {name:9s} noise {noise:4.0%}: " + ", ".join(
+                    f"{p} {c['fitted']:.3g} (true {c['true']:.3g}"
+                    f"{', in 90%' if c['truth_in_interval'] else ', OUT'}; {c['source']})"
+                    for p, c in coefs.items() if c["true"] or c["source"] == "fitted"),
+                    flush=True)
+                worst = report.table["output_throughput_error_pct"].abs().max()
+                print(f"    throughput max |error| {worst:.2f}%; leave-levels-out max |error| "
+                      f"{lo['output_throughput_error_pct'].abs().max():.2f}%; fit+predict "
+                      f"{fit_predict:.2f} s = {fit_predict / one_sweep:.0f}x one simulation of "
+                      f"the 8 levels ({one_sweep:.3f} s)", flush=True)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+# --- (c): real vLLM ---------------------------------------------------------------------------
+REAL_SETUPS = [
+    # name, model shape, num_gpu_blocks, engine args; the first one gets its remedies measured
+    {"name": "mid_pool64_fullisl", "model": "mid", "blocks": 64,
+     "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 1024,
+                "scheduler_reserve_full_isl": True}},
+    {"name": "mid_pool96_firstchunk", "model": "mid", "blocks": 96,
+     "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 1024,
+                "scheduler_reserve_full_isl": False}},
+    {"name": "wide_pool64_fullisl", "model": "wide", "blocks": 64,
+     "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 1024,
+                "scheduler_reserve_full_isl": True}},
+]
+MODEL_SHAPES = {
+    "mid": None,  # scripts/build-tiny-model.py as it is: hidden 512, 8 layers
+    "wide": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
+             "num_attention_heads": 16, "num_key_value_heads": 16},
+}
+BLOCK_SIZE = 32
+MAX_MODEL_LEN = 1024
+INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 256, 128, 0.25
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def _vllm_env() -> Path:
+    got = subprocess.run(["bash", str(ROOT / "scripts" / "vllm-env.sh")], capture_output=True,
+                         text=True, check=True)
+    return Path(got.stdout.strip().splitlines()[-1])
+
+
+def _model(venv: Path, kind: str, models: Path) -> Path:
+    out = models / kind
+    if (out / "config.json").is_file():
+        return out
+    script = ROOT / "scripts" / "build-tiny-model.py"
+    shape = MODEL_SHAPES[kind]
+    code = ("import importlib.util, sys, json\n"
+            f"spec = importlib.util.spec_from_file_location('tiny', {str(script)!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            + (f"m.SHAPE = json.loads({json.dumps(json.dumps(shape))})\n" if shape else "")
+            + f"m.build(__import__('pathlib').Path({str(out)!r}))\n")
+    subprocess.run([str(venv / "bin" / "python"), "-c", code], check=True)
+    return out
+
+
+def _start(venv: Path, model: Path, blocks: int, engine: dict, port: int, log: Path
+           ) -> subprocess.Popen:
+    args = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
+            "--port", str(port), "--dtype", "bfloat16", "--block-size", str(BLOCK_SIZE),
+            "--num-gpu-blocks-override", str(blocks), "--max-model-len", str(MAX_MODEL_LEN),
+            "--max-num-seqs", str(engine["max_num_seqs"]),
+            "--max-num-batched-tokens", str(engine["max_num_batched_tokens"]),
+            "--scheduler-reserve-full-isl" if engine["scheduler_reserve_full_isl"]
+            else "--no-scheduler-reserve-full-isl"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    fh = log.open("w")
+    # A session of its own: stopping it ends the API server and its engine-core child together.
+    return subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def _wait(port: int, proc: subprocess.Popen, log: Path, timeout: float = 600.0) -> float:
+    import httpx
+
+    t = time.perf_counter()
+    while time.perf_counter() - t < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited ({proc.returncode}); see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return time.perf_counter() - t
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"vLLM did not answer within {timeout:.0f} s; see {log}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _measure(venv: Path, model: Path, blocks: int, engine: dict, folder: Path, port: int,
+             levels: tuple[int, ...]) -> dict:
+    """Start a server, collect a sweep, ingest it; returns timings."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    log = folder.parent / f"{folder.name}.server.log"
+    proc = _start(venv, model, blocks, engine, port, log)
+    try:
+        startup = _wait(port, proc, log)
+        t = time.perf_counter()
+        args = [KVP, "collect", f"http://127.0.0.1:{port}", "--levels",
+                ",".join(map(str, levels)), "--out", str(folder), "--input-len",
+                str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--range-ratio",
+                str(RANGE_RATIO), "--load-engine", "builtin", "--no-report", "--cooldown", "2",
+                "--engine-args", json.dumps({**engine, "enable_chunked_prefill": True})]
+        subprocess.run(args, check=False)
+        sweep = time.perf_counter() - t
+    finally:
+        _stop(proc)
+    shutil.copy(log, folder / "server.log")
+    isl = "true" if engine["scheduler_reserve_full_isl"] else "false"
+    subprocess.run([KVP, "ingest", str(folder / "bench"), str(folder / "metrics.prom.jsonl"),
+                    "--run", "load", "--out", str(folder / "report"),
+                    "--scheduler-reserve-full-isl", isl], check=True, capture_output=True)
+    return {"startup_s": round(startup, 1), "sweep_s": round(sweep, 1)}
+
+
+def _curve(runs_dir: Path) -> pd.DataFrame:
+    runs = pd.read_csv(runs_dir / "report" / "runs.csv")
+    runs["concurrency"] = pd.to_numeric(runs["concurrency"], errors="coerce")
+    return runs.dropna(subset=["concurrency"]).groupby("concurrency").mean(numeric_only=True)
+
+
+def _twin_on(folder: Path, out: Path, focus: int, candidates: dict | None = None) -> tuple:
+    from kvpressure.twin.api import build_twin
+    from kvpressure.twin.output import write_twin
+
+    t = time.perf_counter()
+    twin = build_twin(folder)
+    twin.fit(bootstrap=200)
+    report = twin.fit_report()
+    fit_predict = time.perf_counter() - t
+    remedies = twin.predict_remedies(focus=focus, limits={}, candidates=candidates)
+    write_twin(twin, remedies, out)
+    lo_twin = build_twin(folder)
+    lo_twin.fit(levels=sorted(twin.workloads)[::2], bootstrap=100)
+    held = sorted(twin.workloads)[1::2]
+    lo = lo_twin.fit_report(levels=held).table
+    table = report.table
+    summary = {
+        "verdict": report.verdict.text,
+        "fits": report.verdict.fits,
+        "knee": report.verdict.knee,
+        "coefficients": {p: {"value": d["value"], "p05": d["p05"], "p95": d["p95"],
+                             "source": d["source"]}
+                         for p, d in twin.fitted.describe().items()},
+        "settings": {k: [v, twin.settings_source[k]] for k, v in twin.settings.items()},
+        "per_level": table[["concurrency", "output_throughput_measured",
+                            "output_throughput_twin", "output_throughput_error_pct",
+                            "preemptions_measured", "preemptions_twin",
+                            "ttft_p95_s_error_pct", "itl_p95_s_error_pct",
+                            "recompute_ratio_measured_low", "recompute_ratio_measured_high",
+                            "recompute_ratio_twin"]].to_dict(orient="records"),
+        "leave_levels_out": {"fitted_on": sorted(twin.workloads)[::2],
+                             "throughput_error_pct": dict(zip(
+                                 held, lo["output_throughput_error_pct"].round(2).tolist(),
+                                 strict=True)),
+                             "preemptions": dict(zip(held, zip(
+                                 lo["preemptions_measured"].tolist(),
+                                 lo["preemptions_twin"].tolist(), strict=True), strict=True))},
+        "fit_predict_s": round(fit_predict, 2),
+        "recommendation": remedies["recommendation"]["text"],
+    }
+    return twin, remedies, summary
+
+
+def real(levels: tuple[int, ...], work: Path, port: int) -> dict:
+    venv = _vllm_env()
+    models = work / "models"
+    out: dict = {"uptime_before": _uptime(), "setups": [], "levels": list(levels),
+                 "load": {"input_len": INPUT_LEN, "output_len": OUTPUT_LEN,
+                          "range_ratio": RANGE_RATIO, "block_size": BLOCK_SIZE,
+                          "max_model_len": MAX_MODEL_LEN}}
+    focus = max(levels)
+    for k, setup in enumerate(REAL_SETUPS):
+        model = _model(venv, setup["model"], models)
+        folder = work / setup["name"]
+        print(f"(c) {setup['name']}: measuring ({_uptime()})", flush=True)
+        timing = _measure(venv, model, setup["blocks"], setup["engine"], folder, port, levels)
+        from kvpressure.twin.remedies import pool_holds
+        from kvpressure.twin.workload import LevelWorkload
+
+        first = LevelWorkload(0, (INPUT_LEN,), (OUTPUT_LEN,), True)
+        holds = pool_holds({"block_size": BLOCK_SIZE, "num_gpu_blocks": setup["blocks"]}, first)
+        remedies_to_measure = {}
+        if k == 0:
+            remedies_to_measure = {
+                "max_num_seqs_pool": {"max_num_seqs": holds},
+                "max_num_batched_tokens_half": {
+                    "max_num_batched_tokens": setup["engine"]["max_num_batched_tokens"] // 2},
+            }
+        twin, remedies, summary = _twin_on(folder, OUT / "twin_real" / setup["name"], focus,
+                                           remedies_to_measure)
+        summary.update(name=setup["name"], model=setup["model"], blocks=setup["blocks"],
+                       engine=setup["engine"], timing=timing, uptime=_uptime())
+        print(f"    {summary['verdict']}; fit+predict {summary['fit_predict_s']} s", flush=True)
+        summary["remedies_measured"] = []
+        for rname, ov in remedies_to_measure.items():
+            rfolder = work / f"{setup['name']}__{rname}"
+            print(f"(c) {setup['name']} remedy {rname} {ov}: measuring ({_uptime()})",
+                  flush=True)
+            rt = _measure(venv, model, setup["blocks"], {**setup["engine"], **ov}, rfolder,
+                          port, levels)
+            measured = _curve(rfolder)
+            base = _curve(folder)
+            rows = []
+            for c in levels:
+                if c not in measured.index or c not in twin.workloads:
+                    continue
+                pred = twin.predict_level(c, ov)
+                m = measured.loc[c]
+                rows.append({"concurrency": c, "throughput_measured": m["output_throughput"],
+                             "throughput_twin": pred["output_throughput"],
+                             "throughput_error_pct": _pct(pred["output_throughput"],
+                                                          m["output_throughput"]),
+                             "preemptions_measured": m.get("preemptions"),
+                             "preemptions_twin": pred["preemptions"]})
+            cand = next(c for c in remedies["candidates"] if c["setting"] == rname)
+            measured_change = _pct(measured.loc[focus, "output_throughput"],
+                                   base.loc[focus, "output_throughput"])
+            entry = {"remedy": rname, "overrides": ov, "timing": rt, "per_level": rows,
+                     "change_at_focus_predicted_pct": round(cand["throughput_change_pct"], 2),
+                     "change_at_focus_predicted_interval_pct":
+                         cand["throughput_change_pct_p05_p50_p95"],
+                     "change_at_focus_measured_pct": measured_change,
+                     "uptime": _uptime()}
+            entry["change_error_pp"] = (round(entry["change_at_focus_predicted_pct"]
+                                              - measured_change, 2)
+                                        if measured_change is not None else None)
+            summary["remedies_measured"].append(entry)
+            print(f"    predicted {entry['change_at_focus_predicted_pct']:+.1f}% at c={focus}, "
+                  f"measured {measured_change:+.1f}%", flush=True)
+        out["setups"].append(summary)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "bench_twin_real.partial.json").write_text(
+            json.dumps(_rounded(out), indent=2, default=str) + "\n")
+    out["uptime_after"] = _uptime()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--real", action="store_true", help="also (c): real vLLM (CPU build)")
+    ap.add_argument("--no-sim", action="store_true", help="skip (a) and (b)")
+    ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
+    ap.add_argument("--work", type=Path, default=OUT / "twin_real_runs",
+                    help="where the real sweeps and models go")
+    ap.add_argument("--port", type=int, default=8471)
+    ap.add_argument("--setups", help="comma-separated names of the real setups to run")
+    args = ap.parse_args()
+    result: dict = {"uptime": _uptime()}
+    if not args.no_sim:
+        result["simulated"] = simulated()
+    if args.real:
+        if args.setups:
+            keep = set(args.setups.split(","))
+            REAL_SETUPS[:] = [s for s in REAL_SETUPS if s["name"] in keep]
+        levels = tuple(int(x) for x in args.levels.split(","))
+        result["real"] = real(levels, args.work, args.port)
+    OUT.mkdir(parents=True, exist_ok=True)
+    name = "bench_twin.json" if not args.no_sim else "bench_twin_real.json"
+    (OUT / name).write_text(json.dumps(_rounded(result), indent=2, default=str) + "\n")
+    print(f"written: {OUT / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
