@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from kvpressure.errors import InputError
 from kvpressure.jsonable import to_jsonable
@@ -342,3 +343,62 @@ def find_knee(
         plateau_band=band,
         notes=notes,
     )
+
+
+def _cell_reason(value: object, column: str) -> str | None:
+    """Why one cell of a curve column cannot be a point, or None."""
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return f"{column} {value!r} is not a number"
+    elif isinstance(value, bool) or value is None:
+        return f"no {column}"
+    else:
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return f"{column} {value!r} is not a number"
+    if math.isnan(number):
+        return f"no {column}"
+    if math.isinf(number):
+        return f"{column} is {'inf' if number > 0 else '-inf'}"
+    return None
+
+
+def knee_of_runs(runs: pd.DataFrame, x: str = "concurrency", y: str = "output_throughput", *,
+                 plateau_tol: float = 0.05, where: str = "runs") -> KneeResult:
+    """The knee of one curve of a runs table: the function ``kvpressure knee`` and the report's
+    knee stage share. Rows the curve cannot use (a level such as "off", an ``inf`` or missing
+    throughput) are left out and named in ``notes``; a ``y`` named like a latency or a per-user
+    rate is refused (InputError)."""
+    from kvpressure.ingestion.bench_tables import throughput_problem
+
+    why = throughput_problem(y)
+    if why:
+        raise InputError(f"{where}: --y {y}: {why}")
+    for col in (x, y):
+        if col not in runs.columns:
+            raise InputError(f"{where}: missing column '{col}'")
+    labels = (runs["source"].astype(str).tolist() if "source" in runs.columns
+              else [f"row {i + 1}" for i in range(len(runs))])
+    keep, left_out = [], []
+    for i, (xv, yv) in enumerate(zip(runs[x].tolist(), runs[y].tolist(), strict=True)):
+        reason = _cell_reason(xv, x) or _cell_reason(yv, y)
+        if reason:
+            left_out.append(f"{labels[i]}: {reason}")
+        keep.append(reason is None)
+    if not any(keep):
+        raise InputError(f"{where}: no row with a numeric {x} and {y} ("
+                         + "; ".join(left_out[:5]) + ")")
+    part = runs[keep]
+    res = find_knee(pd.to_numeric(part[x]).to_numpy(float), pd.to_numeric(part[y]).to_numpy(float),
+                    plateau_tol=plateau_tol)
+    if left_out:
+        res.notes.insert(0, f"{len(left_out)} row(s) left out of the curve: "
+                         + "; ".join(left_out))
+    ys = [p["y"] for p in res.points]
+    if len(ys) >= 3 and all(b < a for a, b in zip(ys, ys[1:], strict=False)):
+        res.notes.append(f"{y} falls from the first level on: a latency or a per-user rate "
+                         "would look like this; check that it is the server's throughput")
+    return res

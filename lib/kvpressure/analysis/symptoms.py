@@ -249,18 +249,35 @@ def _recompute(
     return Symptom(sid, name, "no data", {**ev, "missing": PREEMPTIONS}, thr)
 
 
+ITL_P99_NOTE = ("ITL p99 stands in for p95: the runs have no p95 (vllm bench serve writes p99 "
+                "unless given --metric-percentiles 95,99)")
+
+
+def itl_tail_column(runs: pd.DataFrame | None) -> str | None:
+    """The ITL tail a runs table measured: ``itl_p95_s``, else ``itl_p99_s``, else None."""
+    if runs is None:
+        return None
+    for column in ("itl_p95_s", "itl_p99_s"):
+        if column in runs.columns and pd.to_numeric(runs[column], errors="coerce").notna().any():
+            return column
+    return None
+
+
 def _itl(series: pd.DataFrame | None, runs: pd.DataFrame | None, window: S.Window,
          th: Thresholds, x: str, origin: str = "first") -> Symptom:
     sid, name = "itl_jitter", "ITL p95 and its spread grow while mean throughput looks normal"
     thr = {"itl_spread_growth": th.itl_spread_growth, "itl_spread_window": th.itl_spread_window}
-    if runs is not None and {x, "itl_p95_s", "itl_mean_s"} <= set(runs.columns):
-        r = runs[[x, "itl_p95_s", "itl_mean_s"]].apply(pd.to_numeric, errors="coerce").dropna()
+    tail = itl_tail_column(runs)
+    if runs is not None and tail and {x, "itl_mean_s"} <= set(runs.columns):
+        r = runs[[x, tail, "itl_mean_s"]].apply(pd.to_numeric, errors="coerce").dropna()
         r = r[r["itl_mean_s"] > 0].groupby(x).mean().sort_index()
         if len(r) >= 2:
-            spread = r["itl_p95_s"] / r["itl_mean_s"]
+            spread = r[tail] / r["itl_mean_s"]
             growth = float(spread.iloc[-1] / spread.iloc[0])
             ev = {"spread_by_concurrency": {str(k): float(v) for k, v in spread.items()},
-                  "spread_growth": growth, "source": "runs"}
+                  "spread_growth": growth, "source": "runs", "tail": tail}
+            if tail != "itl_p95_s":
+                ev["note"] = ITL_P99_NOTE
             return Symptom(sid, name, _verdict(growth >= th.itl_spread_growth), ev, thr)
     if series is not None:
         h = S.histogram_window(series, ITL, window, origin)

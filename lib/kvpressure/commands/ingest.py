@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -49,6 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the server's admission rule (vLLM 0.33.0 default: true); unknown when left out",
     )
     parser.add_argument(
+        "--columns", metavar="RUNS_COLUMN=COLUMN,...",
+        help="how a plain CSV of runs maps onto the runs columns, e.g. "
+        "concurrency=conc,output_throughput=tok_s (ttft_p95_s=ttft95:ms gives a unit; a column "
+        "named *_ms is read as ms). Other tools' tables are recognised without it: vllm bench "
+        "sweep summary.csv/summary.json, GuideLLM benchmarks.json/.yaml/.csv, AIPerf "
+        "profile_export_aiperf.json/.csv",
+    )
+    parser.add_argument(
         "--bench-timezone",
         help="time zone of the machine that wrote the bench results' `date` (e.g. +08:00, UTC, "
         "Asia/Shanghai), to match them with scrape logs; default: this machine's",
@@ -85,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         num_gpu_blocks=args.num_gpu_blocks,
         block_size=args.block_size,
         bench_timezone=args.bench_timezone,
+        columns=args.columns,
         log_year=args.log_year,
         log_timezone=args.log_timezone,
         policy=args.policy,
@@ -109,4 +119,8 @@ def run(args: argparse.Namespace) -> int:
         "warnings": len(result.report["warnings"]),
     }
     print(json.dumps(summary, indent=2))
+    # What was left out or guessed (rows the knee cannot use, units read from names...) is
+    # said where the user looks, not only in ingest.json.
+    for note in result.report["warnings"]:
+        print(f"kvpressure ingest: note: {note}", file=sys.stderr)
     return 0

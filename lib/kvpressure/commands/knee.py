@@ -1,7 +1,10 @@
-"""``kvpressure knee RUNS.csv [--x concurrency] [--y output_throughput] [--group variant]``.
+"""``kvpressure knee RUNS [--x concurrency] [--y output_throughput] [--group variant]``.
 
-Prints one JSON object per group (interfaces.md section 6). ``RUNS`` is a runs table (CSV) or a
-folder of ``vllm bench serve --save-result`` JSON files.
+Prints one JSON object per group on stdout (interfaces.md section 6) and, on stderr, what the
+curve left out, the notes and the noise the plateau band used. ``RUNS`` is a runs table (CSV,
+its columns mapped with ``--columns`` when they have other names), a folder of ``vllm bench
+serve`` results, or another tool's sweep: ``vllm bench sweep`` results, a GuideLLM report or
+AIPerf exports.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -20,50 +24,73 @@ BENCH_ALIASES = {"concurrency": "max_concurrency"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", metavar="RUNS", help="runs.csv, or a folder of vllm bench JSONs")
+    parser.add_argument(
+        "runs", metavar="RUNS",
+        help="runs.csv (or any CSV of runs, with --columns), a folder of vllm bench serve "
+        "results, a vllm bench sweep summary.csv/summary.json, a GuideLLM "
+        "benchmarks.json/.yaml/.csv, AIPerf profile_export_aiperf.json/.csv (or their folder)")
     parser.add_argument("--x", default="concurrency", help="x column (default: concurrency)")
-    parser.add_argument("--y", default="output_throughput", help="y column (default: output_throughput)")
+    parser.add_argument("--y", default="output_throughput",
+                        help="y column, a throughput (default: output_throughput)")
     parser.add_argument("--group", default=None,
                         help="column that splits curves (default: variant, when the table has "
                              "one; 'none' for a single curve)")
     parser.add_argument("--plateau-tol", type=float, default=0.05,
                         help="plateau: levels within this fraction of the peak (default 0.05)")
+    parser.add_argument(
+        "--columns", metavar="RUNS_COLUMN=COLUMN,...",
+        help="a CSV whose columns have other names: map them onto the runs columns, e.g. "
+        "concurrency=conc,output_throughput=tok_s (ttft_p95_s=ttft95:ms gives a unit)")
 
 
-def _read_bench_folder(folder: Path) -> pd.DataFrame:
-    """Every ``*.json`` of the folder through ingestion's bench reader (one runs row each)."""
-    from kvpressure.ingestion.bench import read_bench
+def _say(message: str) -> None:
+    print(f"kvpressure knee: {message}", file=sys.stderr)
 
-    files = sorted(folder.glob("*.json"))
-    if not files:
-        raise InputError(f"{folder}: no vllm bench result JSON files (*.json) in the folder")
+
+def load_curve_table(path: str | Path, columns: str | None = None,
+                     notes: list[str] | None = None) -> pd.DataFrame:
+    """A runs table from a CSV, a folder of bench results or another tool's sweep."""
+    from kvpressure.ingestion.bench_tables import parse_columns, read_bench_source, table_format
+    from kvpressure.ingestion.sources import detect
+
+    notes = [] if notes is None else notes
+    mapping = parse_columns(columns)
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file or folder")
+    fmt = table_format(p) if p.is_file() else None
+    if p.is_file() and fmt == "runs_csv" and not mapping:
+        # A runs table keeps every column: --x/--y/--group may name any of them.
+        try:
+            return pd.read_csv(p)
+        except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+            raise InputError(f"{p}: not a readable CSV ({exc})") from exc
+    if p.is_dir():
+        from kvpressure.ingestion.sources import sniff_file
+
+        # A result that does not parse is a broken sweep, not a file to skip.
+        for f in sorted(p.glob("*.json")):
+            if sniff_file(f) == "json_broken":
+                raise InputError(f"{f}: JSON that does not parse")
     rows: list[dict] = []
-    notes: list[str] = []
-    for f in files:
-        rows.extend(read_bench(f, f.stem, notes))
+    for src in detect(p):
+        notes.extend(src.notes)
+        if src.kind != "bench":
+            raise InputError(f"{src.location}: a {src.kind} source, not a table of runs; "
+                             "kvpressure ingest turns scrapes into runs.csv")
+        rows.extend(read_bench_source(Path(src.location), Path(src.location).stem, notes,
+                                      columns=mapping))
+    if not rows:
+        raise InputError(f"{p}: no runs in it")
     return pd.DataFrame(rows)
 
 
-def load_curve_table(path: str | Path) -> pd.DataFrame:
-    """A runs CSV or a folder of bench JSONs as a frame."""
-    p = Path(path)
-    if p.is_dir():
-        return _read_bench_folder(p)
-    if not p.exists():
-        raise FileNotFoundError(f"{p}: no such file or folder")
-    try:
-        return pd.read_csv(p)
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise InputError(f"{p}: not a readable CSV ({exc})") from exc
-    except pd.errors.EmptyDataError as exc:
-        raise InputError(f"{p}: empty file") from exc
-
-
 def knee_table(
-    frame: pd.DataFrame, x: str, y: str, group: str | None, source: str, plateau_tol: float = 0.05
+    frame: pd.DataFrame, x: str, y: str, group: str | None, source: str,
+    plateau_tol: float = 0.05, say: object = None,
 ) -> list[dict]:
-    """One knee summary per group of ``frame``."""
-    from kvpressure.analysis.knee import find_knee
+    """One knee summary per group of ``frame``; notes and noise handed to ``say``."""
+    from kvpressure.analysis.knee import knee_of_runs
 
     for col in (x, y) + ((group,) if group else ()):
         if col not in frame.columns:
@@ -75,26 +102,32 @@ def knee_table(
     out = []
     groups = frame.groupby(group, sort=True, dropna=False) if group else [(None, frame)]
     for key, part in groups:
-        xs = pd.to_numeric(part[x], errors="coerce")
-        ys = pd.to_numeric(part[y], errors="coerce")
-        ok = xs.notna() & ys.notna()
-        if not ok.any():
-            raise InputError(f"{source}: no numeric ({x}, {y}) values"
-                             + (f" in group {group}={key}" if group else ""))
-        res = find_knee(xs[ok].to_numpy(), ys[ok].to_numpy(), plateau_tol=plateau_tol)
+        where = source + (f" ({group}={key})" if group else "")
+        res = knee_of_runs(part, x, y, plateau_tol=plateau_tol, where=where)
         g = key if not (isinstance(key, float) and math.isnan(key)) else None
         if hasattr(g, "item"):
             g = g.item()
+        if callable(say):
+            label = f"{group}={g}: " if group else ""
+            noise = ("none" if res.noise_sd is None else f"{res.noise_sd:.4g} {y} per level")
+            say(f"{label}noise {noise} ({res.noise_source}); plateau band "
+                f"{res.plateau_band:.4g}; knee {res.method or 'found'}")
+            for note in res.notes:
+                say(f"{label}note: {note}")
         out.append(res.summary(g))
     return out
 
 
 def run(args: argparse.Namespace) -> int:
-    frame = load_curve_table(args.runs)
+    notes: list[str] = []
+    frame = load_curve_table(args.runs, args.columns, notes)
+    for note in notes:
+        _say(f"note: {note}")
     # Curves of different variants (or servers) pooled into one would be no curve at all.
     group = args.group or ("variant" if "variant" in frame.columns else None)
     if group == "none":
         group = None
-    for obj in knee_table(frame, args.x, args.y, group, str(args.runs), args.plateau_tol):
+    for obj in knee_table(frame, args.x, args.y, group, str(args.runs), args.plateau_tol,
+                          say=_say):
         print(json.dumps(obj, sort_keys=False))
     return 0

@@ -29,7 +29,7 @@ from pandas.api.types import union_categoricals
 from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
 from kvpressure.errors import InputError, nearest
 from kvpressure.ingestion import names
-from kvpressure.ingestion.bench import read_bench
+from kvpressure.ingestion.bench_tables import parse_columns, read_bench_source
 from kvpressure.ingestion.prom_api import fetch_live, read_query_range_file, scrape_exporter
 from kvpressure.ingestion.prom_text import RunSamples, add_scrape
 from kvpressure.ingestion.recompute_estimate import check_scheduler_args
@@ -269,6 +269,7 @@ def ingest(
     policy: str | None = None,
     scheduler_reserve_full_isl: bool | None = None,
     bench_timezone: str | None = None,
+    columns: str | dict[str, str] | None = None,
     log_year: int | None = None,
     log_timezone: str | None = None,
 ) -> IngestResult:
@@ -284,6 +285,8 @@ def ingest(
     not exported; None = unknown) narrow it.
     ``bench_timezone``: the zone of the bench results' ``date`` when they are matched to a
     scrape log by time (default: this machine's; "UTC", "+08:00", "Asia/Shanghai").
+    ``columns``: how a plain runs CSV's columns map onto the runs columns
+    (``"concurrency=conc,output_throughput=tok_s"``, ``ttft_p95_s=ttft95:ms`` for a unit).
     ``log_year``: the year of a vLLM server log's first dated line (its dates have none; default:
     from the file's modification time); ``log_timezone``: the zone its times were written in
     (default: this machine's; same forms as ``bench_timezone``).
@@ -297,6 +300,7 @@ def ingest(
     check_scheduler_args(policy, scheduler_reserve_full_isl)
     families = _families_filter(metrics)
     tz = bench_tzinfo(bench_timezone)
+    mapping = parse_columns(columns)
     try:
         log_tz = bench_tzinfo(log_timezone)
     except InputError as exc:
@@ -318,6 +322,7 @@ def ingest(
             "end": end,
             "step": step,
             "bench_timezone": bench_timezone,
+            "columns": mapping or None,
             "log_year": log_year,
             "log_timezone": log_timezone,
             "policy": policy,
@@ -341,7 +346,7 @@ def ingest(
             warnings.extend(src.notes)
             if src.kind == "bench":
                 notes: list[str] = []
-                rows = read_bench(Path(src.location), name, notes)
+                rows = read_bench_source(Path(src.location), name, notes, columns=mapping)
                 bench_rows.extend(rows)
                 warnings.extend(notes)
                 entry["bench_runs"] = len(rows)

@@ -10,7 +10,8 @@ Kinds:
 * ``query_range``: a saved Prometheus HTTP API answer (``/api/v1/query_range`` or a range-vector
   ``/api/v1/query``).
 * ``bench``: ``vllm bench serve --save-result`` JSON (one object, or one per line with
-  ``--append-result``).
+  ``--append-result``), or a sweep table of another tool (a runs CSV, ``vllm bench sweep``
+  results, GuideLLM and AIPerf exports: :mod:`kvpressure.ingestion.bench_tables`).
 * ``server_log``: a vLLM server's log (``vllm serve ... 2>&1 | tee server.log``, optionally
   gzip-compressed), recognised by vLLM's line prefix or its stats lines.
 * ``prometheus_url``: a live Prometheus server (``http://host:9090``), read over a time range.
@@ -100,12 +101,15 @@ def _first_line(path: Path) -> str:
 
 def sniff_file(path: Path) -> str:
     """The kind of one file, from its first bytes."""
+    from kvpressure.ingestion import bench_tables  # it reads files through this module
+
     head = _head(path)
     stripped = head.lstrip()
     if not stripped:
         return "empty"
     if stripped[0] == "[":
-        return "json_list"
+        # A `vllm bench sweep` summary.json is a list of results.
+        return "bench" if bench_tables.table_format(path) else "json_list"
     if stripped[0] == "{":
         first = stripped.split("\n", 1)[0]
         if "\n" not in stripped:
@@ -121,7 +125,7 @@ def sniff_file(path: Path) -> str:
                 return "prom_jsonl"
             if obj.get("status") in ("success", "error") and ("data" in obj or "error" in obj):
                 return "query_range"
-            if len(_BENCH_KEYS & obj.keys()) >= 2:
+            if len(_BENCH_KEYS & obj.keys()) >= 2 or bench_tables.sniff_table(path, head, obj):
                 return "bench"
             return "json_other"
         # A pretty-printed JSON document: decide on the whole file.
@@ -135,9 +139,13 @@ def sniff_file(path: Path) -> str:
                 return "query_range"
             if len(_BENCH_KEYS & obj.keys()) >= 2:
                 return "bench"
+        if bench_tables.sniff_table(path, head, obj):
+            return "bench"  # a GuideLLM or AIPerf export
         return "json_other"
     if looks_like_server_log(head):
         return "server_log"
+    if bench_tables.sniff_table(path, head):
+        return "bench"  # a runs CSV, a sweep's summary.csv, a GuideLLM or AIPerf table
     if not looks_like_prometheus(head):
         return "text_other"
     return "prom_text"
@@ -184,7 +192,10 @@ def detect(location: str | Path) -> list[Source]:
 
 
 def _detect_dir(path: Path) -> list[Source]:
+    from kvpressure.ingestion import bench_tables
+
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = bench_tables.folder_tables(path, files)
     if not files:
         raise InputError(f"{path}: empty folder, no scrapes or results to read")
     dumps: list[Path] = []

@@ -23,7 +23,7 @@ from kvpressure.pipeline.levels import level_means
 
 CURVE_COLUMNS = ("concurrency", "output_throughput", "itl_mean_s", "itl_p95_s", "ttft_p95_s",
                  "preemptions", "recompute_ratio", "recompute_ratio_low", "recompute_ratio_high",
-                 "mean_running", "mean_kv_usage")
+                 "mean_running", "mean_kv_usage", "itl_p99_s")
 
 
 @dataclass
@@ -207,15 +207,16 @@ def curve(runs: pd.DataFrame) -> pd.DataFrame:
 def knee_stage(tables: Tables) -> StageOutput:
     """Knee, peak, sustained range and decline of the baseline curve (repeats averaged, their
     spread the noise); latencies at every level."""
-    from kvpressure.analysis.knee import find_knee
+    from kvpressure.analysis.knee import knee_of_runs
+    from kvpressure.analysis.symptoms import ITL_P99_NOTE
 
     base = tables.baseline_runs
     focus = tables.info["focus"]
     points = curve(base.dropna(subset=["concurrency"]))
     levels = len(points)
     enough = levels >= MIN_KNEE_LEVELS
-    measured = base.dropna(subset=["concurrency"])
-    knee = find_knee(measured["concurrency"], measured["output_throughput"]) if enough else None
+    # The function `kvpressure knee` calls: the report's knee is the command's.
+    knee = knee_of_runs(base, where="runs.csv") if enough else None
     at = (points[points["concurrency"] == focus["concurrency"]].iloc[0] if levels
           else base.iloc[0])
     why = None if enough else (
@@ -235,6 +236,9 @@ def knee_stage(tables: Tables) -> StageOutput:
         "itl_p95_s": finite_or_none(at.get("itl_p95_s")),
         "ttft_p95_s": finite_or_none(at.get("ttft_p95_s")),
     }
+    if result["itl_p95_s"] is None and finite_or_none(at.get("itl_p99_s")) is not None:
+        result["itl_p99_s"] = finite_or_none(at.get("itl_p99_s"))
+        result["itl_tail_note"] = ITL_P99_NOTE
     return StageOutput(result, {"curve": points})
 
 
