@@ -53,17 +53,21 @@ def test_w8a8_70b_is_one_byte_per_linear_weight_and_fits_at_tp2():
 def test_mxfp4_moe_gpt_oss_20b_shapes():
     """gpt-oss-20b: 24 layers alternating 128-token sliding and full attention, 32 experts.
 
-    Experts (mxfp4, 4 + 8/32 = 4.25 bits): 24 x 32 x 3 x 2880^2 = 19,110,297,600 weights ->
-    10,152,345,600 B. Kept in bf16 by modules_to_not_convert: attention 24 x (2 x 2880 x 4096
-    + 2 x 2880 x 512 + 4096 + 1024 biases) = 637,132,800 weights, routers 24 x 2880 x 32 =
-    2,211,840, norms 24 x 2 x 2880 + 2880 = 141,120; embedding and LM head 2 x 201088 x 2880 =
-    1,158,266,880; at 2 B: 3,595,505,280 B. Total 13,747,850,880 B (12.80 GiB).
+    Experts (mxfp4, 4 + 8/32 = 4.25 bits), padded as CUDA's MXFP4 MoE kernels need: hidden
+    2880 -> 3072 (multiple of 256), expert width 2880 -> 2944 (128): 24 x 32 x 3 x 3072 x 2944
+    = 20,837,302,272 weights -> 11,069,816,832 B. Kept in bf16 by modules_to_not_convert:
+    attention 24 x (2 x 2880 x 4096 + 2 x 2880 x 512 + 4096 + 1024 biases) = 637,132,800
+    weights, routers 24 x 2880 x 32 = 2,211,840, norms 24 x 2 x 2880 + 2880 = 141,120;
+    embedding and LM head 2 x 201088 x 2880 = 1,158,266,880; at 2 B: 3,595,505,280 B.
+    Total 14,665,322,112 B (13.66 GiB). At TP 2 the experts are 32 x 3 x 3072 x 1536 (1440
+    rounded up to 128): 7.06 GiB a rank, where vLLM 0.19.0 logged 7.01 GiB on an H100.
     KV per token per layer: 8 heads x (64 + 64) x 2 B = 2048; 49,152 over 24 layers.
     """
     m = load_model(HF / "gpt-oss-20b.json")
     assert (m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size) == (32, 4, 2880)
     assert m.layer_types.count("sliding_attention") == 12 and m.sliding_window == 128
-    assert m.weight_bytes == 10_152_345_600 + 3_595_505_280 == 13_747_850_880
+    assert m.weight_bytes == 11_069_816_832 + 3_595_505_280 == 14_665_322_112
+    assert m.weight_bytes_per_rank(2) / GiB == pytest.approx(7.01, rel=0.01)
     assert m.kv_bytes_per_token() == 49_152
 
 

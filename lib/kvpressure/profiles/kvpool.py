@@ -36,21 +36,24 @@ from kvpressure.profiles.weights import pp_layers
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py, 0.33.0
 
-# Estimates for what vLLM's profiler would measure (per rank). Typical magnitudes: non-torch
-# allocations "a few hundred MB to ~1-2 GB" growing with TP (NCCL/HCCL buffers), graph capture
-# "a few hundred MB to ~1 GB".
-NON_TORCH_BASE_BYTES = 512 * MiB
-"""Runtime context, BLAS / attention workspaces and allocator slack on every rank."""
-NON_TORCH_PER_PEER_BYTES = 128 * MiB
-"""Collective-communication buffers, per other rank in the TP group."""
-CUDAGRAPH_ESTIMATE_BYTES = 512 * MiB
-"""Graph-pool memory vLLM subtracts (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1``)."""
-ACTIVATION_FACTOR = 2.0
-"""Live copies at the MLP peak of the dummy forward: the gate/up output (2I/tp), its activated
-half (I/tp) and hidden-size buffers (residual, hidden, normed input); (H + 2I/tp) counted twice
-covers them plus allocator rounding."""
-SAMPLER_FP32_COPIES = 2
-"""The dummy sampler pass holds fp32 logits and their softmax over the full vocabulary."""
+# Estimates for what vLLM's profiler would measure, per rank. Calibrated on the public vLLM
+# startup logs of the llm-d-planner accuracy sweep (vLLM 0.19.0, H100 80GB, 57 runs of 29
+# models: github.com/llm-d-incubation/llm-d-planner, accuracy/results/v0.19.0/logs), whose
+# "Actual usage is W GiB for weight, A GiB for peak activation, N GiB for non-torch memory"
+# and "CUDA graph pool memory: X GiB (actual), E GiB (estimated)" lines give each term.
+NON_TORCH_SINGLE_BYTES = 256 * MiB
+"""Runtime context and library workspaces of a lone rank: 0.24-0.27 GiB measured at TP 1."""
+NON_TORCH_TP_BYTES = 2150 * MiB
+"""With a TP group, NCCL and custom all-reduce buffers: 2.06-2.21 GiB measured at TP 2 and 4."""
+CUDAGRAPH_BASE_BYTES = 200 * MiB
+CUDAGRAPH_PER_LAYER_BYTES = 20 * MiB
+"""vLLM 0.33.0 subtracts its graph-pool estimate (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``
+is on by default since 0.21). Measured estimates grow with depth: 0.61-0.84 GiB for 28-36
+layer 7-8B models, 1.6-1.9 GiB for 80-layer 70B models."""
+SAMPLER_FP32_COPIES = 3
+"""The dummy sampler pass holds max_num_seqs rows of fp32 logits over the whole vocabulary
+three times (logits, probabilities, a sorted copy): Llama-3.1-8B (128k vocabulary) peaks 1.12
+GiB above CodeLlama-7B (32k) with the same body, which is 1024 x 96,240 x 4 B x 3."""
 
 
 class KVPoolError(InputError):
@@ -152,14 +155,16 @@ class KVPoolSizing:
 
 def estimate_activation(model: ModelProfile, tp: int, max_num_batched_tokens: int,
                         max_num_seqs: int) -> tuple[int, int]:
-    """(forward, sampler) transient peaks of vLLM's profiling run, bytes per rank.
+    """(forward, sampler) parts of the activation peak of vLLM's profiling run, bytes per rank.
 
-    forward = max_num_batched_tokens * (hidden + 2 * I / tp) * dtype_bytes * ACTIVATION_FACTOR,
-      where I is the widest MLP a token passes through: the dense ``intermediate_size``, or
-      ``top_k * moe_intermediate_size`` for routed experts (the fused-MoE intermediate cache);
-    sampler = max_num_seqs * vocab_size * 4 B * SAMPLER_FP32_COPIES (logits gathered to the full
-      vocabulary on every rank).
-    The two passes run one after the other, so the peak is the larger, not the sum.
+    forward = max_num_batched_tokens * (hidden + 2 * I / tp) * dtype_bytes, where I is the
+      widest MLP a token passes through: the dense ``intermediate_size``, or ``top_k *
+      moe_intermediate_size`` for routed experts (the fused-MoE intermediate cache);
+    sampler = max_num_seqs * vocab_size * 4 B * SAMPLER_FP32_COPIES (logits gathered to the
+      full vocabulary on every rank).
+    The hidden states stay alive while the sampler runs: the peak is their sum (Llama-3.1-8B:
+    0.50 + 1.47 = 1.97 GiB for 1.89 measured; CodeLlama-7B 0.40 + 0.37 = 0.77 for 0.77;
+    Qwen2.5-72B at TP 2: 0.58 + 1.74 = 2.32 for 2.29).
     """
     widths = []
     if not model.is_moe or model.num_dense_layers:
@@ -169,14 +174,18 @@ def estimate_activation(model: ModelProfile, tp: int, max_num_batched_tokens: in
     inter = max(widths)
     forward = math.ceil(
         max_num_batched_tokens * (model.hidden_size + 2 * inter / tp) * model.dtype_bytes
-        * ACTIVATION_FACTOR
     )
     sampler = max_num_seqs * model.vocab_size * 4 * SAMPLER_FP32_COPIES
     return forward, sampler
 
 
 def estimate_non_torch(tp: int) -> int:
-    return NON_TORCH_BASE_BYTES + NON_TORCH_PER_PEER_BYTES * (tp - 1)
+    return NON_TORCH_TP_BYTES if tp > 1 else NON_TORCH_SINGLE_BYTES
+
+
+def estimate_cudagraph(num_layers: int) -> int:
+    """Graph-pool estimate vLLM 0.33.0 subtracts, for a rank holding ``num_layers`` layers."""
+    return CUDAGRAPH_BASE_BYTES + CUDAGRAPH_PER_LAYER_BYTES * num_layers
 
 
 def resolve_batch_limits(
@@ -289,14 +298,14 @@ def size_kv_pool(
     if weights_bytes is None:
         estimated.append("weights")
     if non_torch_bytes is None:
-        non_torch_bytes = estimate_non_torch(tp * pp)
+        non_torch_bytes = estimate_non_torch(tp)
         estimated.append("non_torch")
     fwd, sampler = estimate_activation(mdl, tp, tokens, seqs)
     measured_activation = activation_bytes
     if activation_bytes is None:
         estimated.append("activation")
+    measured_graphs = cudagraph_bytes
     if cudagraph_bytes is None:
-        cudagraph_bytes = CUDAGRAPH_ESTIMATE_BYTES
         estimated.append("cudagraph")
     for label, value in (("weights_bytes", weights_bytes), ("non_torch_bytes", non_torch_bytes),
                          ("activation_bytes", activation_bytes),
@@ -322,7 +331,9 @@ def size_kv_pool(
         if measured_activation is not None:
             act = measured_activation
         else:  # only the last stage samples
-            act = max(fwd, sampler) if rank == pp - 1 else fwd
+            act = fwd + sampler if rank == pp - 1 else fwd
+        graphs = (measured_graphs if measured_graphs is not None
+                  else estimate_cudagraph(len(layers)))
         if kv_cache_memory_bytes is not None:
             available = kv_cache_memory_bytes
         else:
@@ -333,13 +344,15 @@ def size_kv_pool(
                     f"gpu_memory_utilization {util}); raise tensor_parallel_size or use a "
                     "smaller or quantized model"
                 )
-            available = requested - (w + non_torch_bytes + act) - cudagraph_bytes
+            available = requested - (w + non_torch_bytes + act) - graphs
         bpb = layout.bytes_per_block(layers)
         stages.append({"stage": rank, "layers": [layers.start, layers.stop], "weights_bytes": w,
-                       "activation_peak_bytes": act, "available_kv_bytes": available,
+                       "activation_peak_bytes": act, "cudagraph_bytes": graphs,
+                       "available_kv_bytes": available,
                        "block_bytes": bpb, "num_gpu_blocks": max(0, available) // bpb})
     decide = min(stages, key=lambda x: (x["num_gpu_blocks"], x["stage"]))
     weights_bytes, activation_bytes = decide["weights_bytes"], decide["activation_peak_bytes"]
+    cudagraph_bytes = decide["cudagraph_bytes"]
     available, block_bytes = decide["available_kv_bytes"], decide["block_bytes"]
     non_kv = weights_bytes + non_torch_bytes + activation_bytes
     computed = decide["num_gpu_blocks"]

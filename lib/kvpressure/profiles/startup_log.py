@@ -44,6 +44,10 @@ class StartupLog:
     consumed_gib: float | None = None
     """V1: weights + non-torch, as one figure."""
     cudagraph_gib: float | None = None
+    """Graph pool actually captured."""
+    cudagraph_estimate_gib: float | None = None
+    """What the profiler estimated for the graph pool (what 0.21+ subtracts from the KV
+    budget by default)."""
     available_kv_gib: float | None = None
     num_gpu_blocks: int | None = None
     kv_cache_size_tokens: int | None = None
@@ -53,6 +57,15 @@ class StartupLog:
     tensor_parallel_size: int | None = None
     pipeline_parallel_size: int | None = None
     model: str | None = None
+    vllm_version: str | None = None
+
+    def subtracts_graph_estimate(self) -> bool:
+        """vLLM 0.21 made the graph-pool estimate part of the KV budget by default; logs of
+        earlier releases did not subtract it (unknown version: assumed to)."""
+        if not self.vllm_version:
+            return True
+        parts = re.findall(r"\d+", self.vllm_version)[:2]
+        return len(parts) < 2 or (int(parts[0]), int(parts[1])) >= (0, 21)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +91,13 @@ _PATTERNS: list[tuple[str, str, Any]] = [
      float),
     ("max_concurrency_len", r"Maximum concurrency for " + _NUM + " tokens per request", int),
     ("cudagraph_gib", r"CUDA graph pool memory: " + _NUM + r" ?GiB \(actual\)", float),
+    ("cudagraph_estimate_gib", r"GiB \(actual\), " + _NUM + r" ?GiB \(estimated\)", float),
+    ("weights_gib", r"Actual usage is " + _NUM + r" ?GiB for weight", float),
+    ("non_torch_gib", _NUM + r" ?GiB for non-torch memory", float),
+    ("total_memory_gib", r"memory snapshot: .*?total_memory=" + _NUM + r" ?GiB", float),
+    ("requested_gib", r"worker requested memory: " + _NUM + r" ?GiB", float),
+    ("gpu_memory_utilization", r"'gpu_memory_utilization': " + _NUM, float),
+    ("vllm_version", r"LLM engine \(v([0-9][^)]*)\)", str),
     ("cudagraph_gib", r"and " + _NUM + r" ?GiB for CUDAGraph memory", float),
     ("activation_peak_gib", _NUM + r" ?GiB for peak activation", float),
     ("consumed_gib", r"Actual usage is " + _NUM + r" ?GiB for consumed memory", float),

@@ -108,6 +108,10 @@ def param_counts(m: ModelProfile) -> ParamCounts:
     return ParamCounts(layers, embed, 0 if m.tie_word_embeddings else embed, H, moe_layers)
 
 
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
 def _bytes(params: float, bits: float) -> float:
     return params * bits / 8
 
@@ -124,9 +128,20 @@ def stage_weight_bytes(m: ModelProfile, tp: int, pp: int = 1, rank: int = 0) -> 
         return dense_bits if q is None else q.bits_for(component, dense_bits)
 
     total = 0.0
+    padded_experts = None
+    if q is not None and q.method == "mxfp4" and m.is_moe:
+        # CUDA's MXFP4 MoE kernels (Marlin, TRT-LLM) pad the hidden size to 256 and each
+        # rank's expert width to 128 (fused_moe/oracle/mxfp4.py); gpt-oss-20b at TP 2 loads
+        # 7.01 GiB, not the 6.40 of the unpadded shapes
+        hidden = _round_up(m.hidden_size, 256)
+        width = _round_up(math.ceil(m.moe_intermediate_size / tp), 128)
+        padded_experts = m.num_experts * 3 * hidden * width
     for i in pp_layers(m.num_hidden_layers, pp, rank):
         lp = counts.layers[i]
         for comp, n in lp.split.items():
+            if comp == "experts" and padded_experts is not None:
+                total += _bytes(padded_experts, bits(comp))
+                continue
             total += _bytes(n / tp, bits(comp))
         for comp, n in lp.replicated.items():
             total += _bytes(n, bits(comp) if comp == "attention" else 8 * m.dtype_bytes)
