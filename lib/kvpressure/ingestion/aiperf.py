@@ -67,11 +67,12 @@ _RATE_IN_PATH = re.compile(r"request_rate(\d+(?:\.\d+)?)")
 
 
 def is_export(obj: Any) -> bool:
-    """An AIPerf JSON export: metric tags whose values carry a ``unit``."""
+    """An AIPerf JSON export: metric tags whose values carry a ``unit``, the output token
+    throughput among them (without it there is no curve to read)."""
     if not isinstance(obj, dict):
         return False
     found = [t for t in _TAGS if isinstance(obj.get(t), dict) and "unit" in obj[t]]
-    return len(found) >= 2
+    return "output_token_throughput" in found and len(found) >= 2
 
 
 def is_csv(rows: list[list[str]]) -> bool:

@@ -167,7 +167,9 @@ def _refuse(path: Path, kind: str) -> InputError:
         )
     return InputError(
         f"{path}: JSON that is neither a Prometheus scrape log ({{'t', 'text'}} per line), a "
-        "Prometheus HTTP API answer ({'status', 'data'}) nor a 'vllm bench serve' result"
+        "Prometheus HTTP API answer ({'status', 'data'}), a 'vllm bench serve' result nor a "
+        "sweep export this kit reads (vllm bench sweep, GuideLLM, AIPerf with its "
+        "output_token_throughput)"
     )
 
 
