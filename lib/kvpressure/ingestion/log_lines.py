@@ -251,7 +251,7 @@ def _startup(message: str) -> dict[str, Any]:
     return out
 
 
-_VALUE = r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^,\s)}]+)"
+_VALUE = r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]]*\]|[^,\s)}]+)"
 
 
 def _dict_items(text: str) -> dict[str, Any]:
@@ -276,6 +276,9 @@ def _keyword_items(text: str) -> dict[str, Any]:
 
 
 def _value(text: str) -> Any:
+    if text[:1] == "[":  # served_model_name as a list: the first name is the one exported
+        names = re.findall(r"'([^']*)'|\"([^\"]*)\"", text)
+        return next((a or b for a, b in names), None)
     if text[:1] in ("'", '"'):
         return text[1:-1]
     if text in ("True", "False"):

@@ -7,15 +7,16 @@ What a log gives, as the series a scrape would:
   its V0 name ``vllm:gpu_cache_usage_perc``), V0's ``vllm:num_requests_swapped`` and
   ``vllm:cpu_cache_usage_perc``: gauges read at each stats line;
 * ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``: **approximations**, the
-  logged average throughputs times the interval each line covers, added up from 0 at the start
-  of the first interval. A V1 engine logs every ``VLLM_LOG_STATS_INTERVAL`` (10 s) and stays
+  logged average throughputs times the interval each line covers, added up line by line and
+  sampled at the stats lines like the gauges (so, as with a scrape log, increases count from
+  the first line on). A V1 engine logs every ``VLLM_LOG_STATS_INTERVAL`` (10 s) and stays
   silent while idle, so a line after a silence covers one interval; V0 and the first V1
   releases log from the engine loop, so a line covers the time since the previous one.
   Recent V1 releases count only the prompt tokens actually computed (prefix-cache hits left
   out) in the prompt throughput;
 * ``vllm:num_preemptions_total``: V0's cumulative count from its preemption warnings (printed
   for the 1st, 51st, 101st... preemption, so it is exact at each warning and up to 49 behind
-  in between), or a V1 build's per-interval ``Preemptions: N``. vLLM V1 releases do not print
+  in between; sampled at the stats lines), or a V1 build's per-interval ``Preemptions: N``. vLLM V1 releases do not print
   preemptions (0.33.0 builds the part but never prints it): the counter is then missing, never
   zero;
 * ``vllm:cache_config_info`` with the labels the start-up lines give (``num_gpu_blocks``,
@@ -316,7 +317,11 @@ def _interval(t: np.ndarray, periodic: bool) -> tuple[float, str]:
 def _add_engine(acc: RunSamples, group: _Engine, labels: dict[str, str], interval: float, *,
                 periodic: bool, v0: bool, warnings: list[str], path: Path,
                 times: set[float]) -> int:
-    """Gauges and integrated token counters of one engine; returns the idle intervals filled."""
+    """Gauges and integrated token counters of one engine; returns the idle intervals filled.
+
+    Counters are sampled at the stats lines only, like the gauges (a scrape gives both at
+    once): the first line's value is its own interval's count, so increases, which count from
+    the first sample, start after it."""
     gauges: dict[str, list[tuple[float, float]]] = {}
     counters: dict[str, list[tuple[float, float]]] = {PROMPT_TOKENS: [], GENERATION_TOKENS: []}
     has_preempt = any("preemptions" in r for r in group.rows)
@@ -337,8 +342,9 @@ def _add_engine(acc: RunSamples, group: _Engine, labels: dict[str, str], interva
         if prev_t is not None and step > GAP_FACTOR * interval and periodic:
             idle = prev is not None and prev["prompt_tps"] == 0 and prev["generation_tps"] == 0
             if idle:
+                # Up to the start of the interval this line covers: the engine was idle.
                 k = 1
-                while prev_t + k * interval < t - interval - 0.5:
+                while prev_t + k * interval <= t - interval + 0.5:
                     ti = prev_t + k * interval
                     for name in (RUNNING, WAITING, KV_USAGE):
                         gauges.setdefault(name, []).append((ti, 0.0))
@@ -353,10 +359,6 @@ def _add_engine(acc: RunSamples, group: _Engine, labels: dict[str, str], interva
                     f"{_line_of(group, t)} after a busy line (a stall, a restart or lost "
                     "lines): the counters assume one interval of work there"
                 )
-        start = t - covered
-        if prev_t is None or start > prev_t + 1e-6:
-            for name in counters:
-                counters[name].append((start, totals[name]))
         totals[PROMPT_TOKENS] += row["prompt_tps"] * covered
         totals[GENERATION_TOKENS] += row["generation_tps"] * covered
         if has_preempt:
@@ -409,35 +411,38 @@ def _add(acc: RunSamples, name: str, kind: str, labels: dict[str, str],
 def _add_v0_preemptions(acc: RunSamples, preempt: list[Event], startup: list[Event],
                         stats: list[Event], labels: dict[str, str], info: dict[str, Any],
                         notes: list[str], times: set[float]) -> None:
-    """V0's cumulative preemption count: exact at each warning; 0 where the engine started."""
+    """V0's cumulative preemption count at each stats line: the total of the last warning
+    before it (exact at a warning, up to 49 behind between warnings), 0 before the first
+    warning when the log starts with the engine, unknown (no sample) otherwise."""
     starts = [e.t for e in startup if e.values.get("engine_start") or "num_gpu_blocks" in e.values]
     first_stats = min(e.t for e in stats)
-    began = [t for t in starts if t <= first_stats]
+    began = any(t <= first_stats for t in starts)
+    warned = sorted((e.t, float(e.values["cumulative"])) for e in preempt)
+    warn_t = np.array([w[0] for w in warned])
     points: list[tuple[float, float]] = []
-    if began:
-        points.append((max(began), 0.0))
-    for e in sorted(preempt, key=lambda e: e.t):
-        points.append((e.t, float(e.values["cumulative"])))
+    for t in sorted(times):
+        i = int(np.searchsorted(warn_t, t, side="right"))
+        if i:
+            points.append((t, warned[i - 1][1]))
+        elif began:
+            points.append((t, 0.0))
     if not preempt:
         if not began:
             return
         # The first preemption is always warned about: none in a log that starts with the
         # engine means none happened.
-        points.extend((t, 0.0) for t in sorted(times))
         notes.append("vllm:num_preemptions_total: 0, the log starts with the engine and holds "
                      "no preemption warning (vLLM warns at the first one)")
     else:
-        last = points[-1][1]
         notes.append(
             f"vllm:num_preemptions_total: from {len(preempt)} preemption warning(s), last "
-            f"total {last:.0f}; vLLM warns every {PREEMPTION_WARNING_EVERY} preemptions, so the "
-            f"count is exact at each warning and up to {PREEMPTION_WARNING_EVERY - 1} behind "
-            "between them" + ("" if began else
-                              "; the log does not start with the engine, so increases count "
-                              "from the first warning")
+            f"total {warned[-1][1]:.0f}; vLLM warns every {PREEMPTION_WARNING_EVERY} "
+            "preemptions, so at each stats line the count is the last warning's, up to "
+            f"{PREEMPTION_WARNING_EVERY - 1} behind" + (
+                "" if began else "; the log does not start with the engine, so the counter "
+                "starts at the first stats line after the first warning")
         )
-        modes = sorted({e.values["mode"] for e in preempt})
-        info["preemption_modes"] = modes
+        info["preemption_modes"] = sorted({e.values["mode"] for e in preempt})
     _add(acc, PREEMPTIONS, "counter", labels, points)
 
 
