@@ -146,6 +146,17 @@ def _windows(start: float, end: float, span: float) -> list[tuple[float, float]]
     return out or [(start, end)]
 
 
+def check_url(url: str) -> str:
+    """``url`` if it is a usable http(s) URL; InputError naming it otherwise."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise InputError(f"{url}: not a valid URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InputError(f"{url}: not an http(s) URL with a host")
+    return url
+
+
 def _too_large(resp: httpx.Response | None, answer: Any) -> bool:
     text = " ".join(str(answer.get(k, "")) for k in ("error", "errorType")) \
         if isinstance(answer, dict) else ""
@@ -177,6 +188,7 @@ def fetch_live(
     sleep: Callable[[float], None] = time.sleep,
 ) -> FetchReport:
     """Read ``[start, end]`` from a live Prometheus server into ``acc``."""
+    check_url(url)
     if not (math.isfinite(start) and math.isfinite(end)):
         raise InputError(f"{url}: --start and --end must be finite times")
     if not end > start:
@@ -264,6 +276,7 @@ def scrape_exporter(
     url: str, acc: RunSamples, warnings: list[str], *, timeout: float = 10.0, t: float
 ) -> int:
     """One scrape of a live ``/metrics`` endpoint, in the plain text format (colons kept)."""
+    check_url(url)
     try:
         resp = httpx.get(
             url, timeout=timeout, headers={"Accept": "text/plain; version=0.0.4"}

@@ -388,8 +388,11 @@ class Experiment:
 
     def settings(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """Every engine argument in force: vLLM's device defaults filled in, pool sized."""
+        from kvpressure.simulation.scenario import check_pool_memory
+
         args = self.engine_args(overrides)
         sizing = self.pool(overrides)
+        check_pool_memory(sizing.num_gpu_blocks, f"{self._where()}: engine.num_gpu_blocks")
         return {
             **args,
             "max_num_seqs": sizing.max_num_seqs,
