@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -47,10 +48,12 @@ def test_pool_is_block_by_block_from_the_budget():
     assert s.kv_bytes_per_token == 40 * 1024
     assert s.block_bytes == 128 * 40 * 1024
     # the runtime total of a 64 GB 910B (60.96 GiB), not the nameplate, is what vLLM scales
-    assert s.total_memory_bytes == round(60.96 * GiB) and s.nameplate_memory_bytes == 64 * GiB
+    assert s.total_memory_bytes == 65_452_113_920 and s.nameplate_memory_bytes == 64 * GiB
+    # vllm-ascend's worker keeps no graph-pool estimate out of the budget
+    assert s.cudagraph_bytes == 0 and "cudagraph" not in s.estimated
     expected_available = (
-        math.ceil(round(60.96 * GiB) * 0.92) - s.weights_bytes - s.non_torch_bytes
-        - s.activation_peak_bytes - s.cudagraph_bytes
+        math.ceil(65_452_113_920 * 0.92) - s.weights_bytes - s.non_torch_bytes
+        - s.activation_peak_bytes
     )
     assert s.available_kv_bytes == expected_available
     assert s.num_gpu_blocks == expected_available // s.block_bytes
@@ -145,7 +148,7 @@ def test_higher_utilization_gives_more_blocks():
                       max_model_len=8192)
     hi = size_kv_pool("ascend-910b-64g", "qwen2.5-72b", tp=8, gpu_memory_utilization=0.95,
                       max_model_len=8192)
-    total = round(60.96 * GiB)
+    total = 65_452_113_920
     gained = math.ceil(total * 0.95) - math.ceil(total * 0.85)
     assert hi.num_gpu_blocks - lo.num_gpu_blocks in (
         gained // hi.block_bytes, gained // hi.block_bytes + 1
@@ -214,3 +217,28 @@ def test_to_dict_carries_every_intermediate():
              + rows["left unused in the request"])
     assert parts == s.requested_bytes
     assert 0 <= rows["left unused in the request"] < s.block_bytes
+
+
+def test_seed_case_pool_by_hand():
+    """data/experiments/seed_case.yaml: Llama-3.1-70B, TP 8, 910B at utilization 0.9,
+    max_model_len 32768, 2048 batched tokens, 256 sequences, blocks of 128.
+
+    requested   ceil(65,452,113,920 x 0.9)                       = 58,906,902,528
+    weights     2 x (8,556,380,160 + 262,668,288 + 1,318,912)    = 17,640,734,720
+    non-torch   2150 MiB (a TP group's collective buffers)       =  2,254,438,400
+    activation  2048 x (8192 + 2 x 28672 / 8) x 2 = 62,914,560
+                + 256 x 128256 x 4 x 3 = 394,002,432             =    456,916,992
+    graphs      none (vllm-ascend)                               =              0
+    available                                                    = 38,554,812,416
+    block       80 layers x 128 x 1 KV head x 256 x 2 B          =      5,242,880
+    num_gpu_blocks = 38,554,812,416 // 5,242,880 = 7,353 (941,184 tokens; 7,995 with the
+    nameplate 64 GiB and the earlier estimates)
+    """
+    from kvpressure.simulation.experiment import load_experiment
+
+    exp = load_experiment(Path(__file__).parents[1] / "data" / "experiments" / "seed_case.yaml")
+    s = exp.pool()
+    assert s.available_kv_bytes == 58_906_902_528 - 17_640_734_720 - 2_254_438_400 - 456_916_992
+    assert s.block_bytes == 5_242_880
+    assert exp.settings()["num_gpu_blocks"] == s.num_gpu_blocks == 7_353
+    assert s.kv_cache_size_tokens == 7_353 * 128

@@ -42,7 +42,7 @@ YAML_FIELDS = {
     "peak_flops_total_tflops", "link_bandwidth_per_direction_gb_s",
     "link_bandwidth_aggregate_gb_s", "allreduce_bandwidth_gb_s", "eta_f", "eta_a", "eta_m",
     "eta_c", "alpha_c_us", "t0_ms", "t_seq_us", "default_block_size", "batch_defaults",
-    "sources", "references",
+    "graph_pool_in_kv_budget", "sources", "references",
 }
 
 
@@ -89,6 +89,9 @@ class HardwareProfile:
     """Block size the platform picks when ``--block-size`` is unset (16 CUDA, 128 vllm-ascend)."""
     batch_defaults_override: tuple[int, int] | None = None
     """(max_num_batched_tokens, max_num_seqs) when the platform plugin replaces vLLM's tiers."""
+    graph_pool_in_kv_budget: bool = True
+    """vLLM 0.33.0's GPU worker takes its graph-pool estimate out of the KV budget (CUDA, ROCm,
+    XPU); vllm-ascend's NPU worker sizes the pool without it."""
     sources: dict[str, str] = field(default_factory=dict)
     path: str | None = None
 
@@ -96,6 +99,10 @@ class HardwareProfile:
     @property
     def memory_gib(self) -> float:
         return self.memory_bytes / GiB
+
+    @property
+    def nameplate_memory_bytes(self) -> int:
+        return self.memory_bytes
 
     @property
     def ridge_point(self) -> float:
@@ -197,6 +204,7 @@ class HardwareProfile:
             t_seq=r.number("t_seq_us", positive=False) * 1e-6,
             default_block_size=r.integer("default_block_size", 16),
             batch_defaults_override=override,
+            graph_pool_in_kv_budget=r.boolean("graph_pool_in_kv_budget", True),
             sources=load_sources(r),
             path=None if source.startswith("<") else source,
         )

@@ -305,7 +305,7 @@ def size_kv_pool(
     if activation_bytes is None:
         estimated.append("activation")
     measured_graphs = cudagraph_bytes
-    if cudagraph_bytes is None:
+    if cudagraph_bytes is None and hw.graph_pool_in_kv_budget:
         estimated.append("cudagraph")
     for label, value in (("weights_bytes", weights_bytes), ("non_torch_bytes", non_torch_bytes),
                          ("activation_bytes", activation_bytes),
@@ -332,8 +332,10 @@ def size_kv_pool(
             act = measured_activation
         else:  # only the last stage samples
             act = fwd + sampler if rank == pp - 1 else fwd
-        graphs = (measured_graphs if measured_graphs is not None
-                  else estimate_cudagraph(len(layers)))
+        if measured_graphs is not None:
+            graphs = measured_graphs
+        else:
+            graphs = estimate_cudagraph(len(layers)) if hw.graph_pool_in_kv_budget else 0
         if kv_cache_memory_bytes is not None:
             available = kv_cache_memory_bytes
         else:
