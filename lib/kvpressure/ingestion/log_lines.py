@@ -117,7 +117,18 @@ class Event:
 
 
 def strip_colours(text: str) -> str:
-    return _ANSI.sub("", text)
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
+def may_hold_message(line: str) -> bool:
+    """A cheap first look: False means the line holds no message this module reads.
+
+    Most of a busy server's log is request and access lines; substring tests (a chain of
+    ``in``, several times faster than one alternation regex) skip them."""
+    return ("throughput:" in line or "preempted by" in line or "blocks:" in line
+            or "KV cache size" in line or "Maximum concurrency" in line
+            or "num_gpu_blocks is" in line or "Chunked prefill" in line or "args:" in line
+            or "LLM engine" in line or "version" in line or "hit rate: GPU" in line)
 
 
 def split_prefix(line: str, lineno: int) -> tuple[Stamp | None, str]:
@@ -166,7 +177,9 @@ def has_known_message(line: str) -> bool:
 
 
 def parse_message(message: str) -> tuple[str, dict[str, Any]] | None:
-    """(kind, values) of one message, or None when the kit does not read it."""
+    """(kind, values) of one message (or whole line), or None when the kit does not read it."""
+    if not may_hold_message(message):
+        return None
     m = _THROUGHPUT.search(message)
     if m:
         return "stats", _stats(message, m)

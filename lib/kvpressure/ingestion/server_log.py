@@ -48,7 +48,14 @@ from typing import Any
 import numpy as np
 
 from kvpressure.errors import InputError
-from kvpressure.ingestion.log_lines import Event, Stamp, parse_message, split_prefix, strip_colours
+from kvpressure.ingestion.log_lines import (
+    Event,
+    Stamp,
+    may_hold_message,
+    parse_message,
+    split_prefix,
+    strip_colours,
+)
 from kvpressure.ingestion.names import (
     CACHE_CONFIG_INFO,
     GENERATION_TOKENS,
@@ -94,7 +101,6 @@ class LogRead:
     path: Path
     events: list[Event] = field(default_factory=list)
     lines: int = 0
-    dated_lines: int = 0
     year: dict[str, Any] = field(default_factory=dict)
 
 
@@ -110,26 +116,25 @@ def read_events(path: Path, *, year: int | None = None, tz: _dt.tzinfo | None = 
         with open_text(path) as fh:
             for lineno, raw in enumerate(fh, start=1):
                 out.lines = lineno
-                line = strip_colours(raw).rstrip()
-                if not line:
+                if not may_hold_message(raw):
                     continue
-                stamp, message = split_prefix(line, lineno)
-                if stamp is not None and stamp.iso is None:
+                line = strip_colours(raw).rstrip()
+                parsed = parse_message(line)
+                if parsed is None:
+                    continue
+                stamp, _message = split_prefix(line, lineno)
+                if stamp is None:
+                    if warnings is not None and parsed[0] in ("stats", "preemption"):
+                        warnings.append(f"{path}: line {lineno}: no time on the line; skipped")
+                    continue
+                if stamp.iso is None:
+                    # Months only go back at a new year (every read line is dated: a silence
+                    # of a whole year between two of them is not told apart).
                     if last_month == 12 and stamp.month == 1:
                         rolled += 1
                     last_month = stamp.month
                     stamps.append(stamp)
                     rollovers.append(rolled)
-                if stamp is not None:
-                    out.dated_lines += 1
-                parsed = parse_message(message)
-                if parsed is None:
-                    continue
-                if stamp is None:
-                    if warnings is not None and parsed[0] in ("stats", "preemption"):
-                        warnings.append(f"{path}: line {lineno}: no time on the line; skipped")
-                    continue
-                stamp.line = lineno
                 out.events.append(Event(parsed[0], stamp, parsed[1]))
     except EOFError:
         if warnings is not None:
