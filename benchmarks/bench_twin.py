@@ -289,10 +289,16 @@ def _twin_on(folder: Path, out: Path, focus: int, candidates: dict | None = None
     fit_predict = time.perf_counter() - t
     remedies = twin.predict_remedies(focus=focus, limits={}, candidates=candidates)
     write_twin(twin, remedies, out)
-    lo_twin = build_twin(folder)
-    lo_twin.fit(levels=sorted(twin.workloads)[::2], bootstrap=100)
+    lo_levels = sorted(twin.workloads)[::2]
     held = sorted(twin.workloads)[1::2]
-    lo = lo_twin.fit_report(levels=held).table
+    if len(lo_levels) >= 3:
+        lo_twin = build_twin(folder)
+        lo_twin.fit(levels=lo_levels, bootstrap=100)
+        lo = lo_twin.fit_report(levels=held).table
+    else:
+        lo = pd.DataFrame({"output_throughput_error_pct": [math.nan] * len(held),
+                           "preemptions_measured": [math.nan] * len(held),
+                           "preemptions_twin": [math.nan] * len(held)})
     table = report.table
     summary = {
         "verdict": report.verdict.text,

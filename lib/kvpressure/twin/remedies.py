@@ -158,8 +158,9 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
                     f"{focus} within the limits")
         else:
             lo, mid, hi = best["throughput_change_pct_p05_p50_p95"]
-            text = (f"{best['setting']} ({', '.join(f'{k}={v}' for k, v in best['overrides'].items())})"
-                    f": output throughput at concurrency {focus} {best['throughput_change_pct']:+.1f}% "
+            change = ", ".join(f"{k}={v}" for k, v in best["overrides"].items())
+            name = change if best["setting"] == change else f"{best['setting']} ({change})"
+            text = (f"{name}: output throughput at concurrency {focus} {best['throughput_change_pct']:+.1f}% "
                     f"(90% interval {lo:+.1f}% to {hi:+.1f}%), TTFT p95 {best['ttft_p95_s']:.3g} s, "
                     f"ITL p95 {best['itl_p95_s'] * 1000:.3g} ms")
         recommendation = {"setting": best["setting"], "overrides": best["overrides"],
