@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import json
 import os
 from pathlib import Path
 
@@ -281,6 +282,22 @@ def test_a_log_file_in_a_folder_is_found_by_its_content(tmp_path):
     (tmp_path / "server.out").write_bytes(KV_BOUND_LOG.read_bytes())
     kinds = [s.kind for s in detect(tmp_path)]
     assert kinds == ["server_log"]
+
+
+def test_bench_result_matched_to_the_log_by_time(tmp_path):
+    """``vllm bench serve`` ran 100 s and stamped 14:23:01: its row takes the log's gauges."""
+    bench = json.loads((REPO_ROOT / "tests" / "data" / "bench" / "vllm033_c32.json").read_text())
+    bench.update(date="20261201-142301", duration=100.0)
+    path = tmp_path / "c32.json"
+    path.write_text(json.dumps(bench))
+    res = ingest([path, KV_BOUND_LOG], run="load", bench_timezone="UTC", log_timezone="UTC",
+                 log_year=2026)
+    row = res.runs.iloc[0]
+    assert len(res.runs) == 1 and row["concurrency"] == 32
+    assert row["t_start"] == _at(2026, 12, 1, 14, 21, 21)  # date - duration
+    assert row["max_running"] == 24 and 20 <= row["mean_running"] <= 24
+    assert row["mean_kv_usage"] > 0.95 and np.isnan(row["preemptions"])
+    assert str(KV_BOUND_LOG) in row["source"]
 
 
 def test_a_real_vllm_cpu_server_log():
