@@ -9,6 +9,7 @@ import pytest
 
 from kvpressure.errors import InputError
 from kvpressure.twin.api import build_twin
+from kvpressure.twin.fit_report import growth_stops, verdict
 from kvpressure.twin.remedies import parse_limits
 
 RUNS = pd.DataFrame({
@@ -101,3 +102,32 @@ def test_limits():
     for bad in ("ttft=2s", "ttft_p95=fast", "itl_p95=0ms", "ttft_p95"):
         with pytest.raises(InputError, match="--limits"):
             parse_limits(bad)
+
+
+def test_verdict_on_a_hand_worked_table():
+    levels = [1, 2, 4, 8, 16]
+    measured = [100.0, 180.0, 300.0, 310.0, 305.0]
+    # growth stops at the first level within 5% of the peak (310 -> 294.5): concurrency 4
+    assert growth_stops(levels, measured) == 4
+    twin = [104.0, 175.0, 250.0, 300.0, 300.0]  # -16.7% at 4; stops at 8: one level apart
+    table = pd.DataFrame({
+        "concurrency": levels,
+        "output_throughput_measured": measured, "output_throughput_twin": twin,
+        "output_throughput_error_pct": [100 * (t - m) / m for t, m in zip(twin, measured,
+                                                                          strict=True)],
+        "preemptions_measured": [0.0, 0.0, 10.0, 100.0, 200.0],
+        "preemptions_twin": [1.0, 2.0, 12.0, 109.0, 230.0],  # misses only at 16 (30 > 20)
+        "ttft_p95_s_error_pct": [0.0] * 5, "itl_p95_s_error_pct": [-30.0] + [0.0] * 4,
+    })
+    v = verdict(table)
+    assert not v.fits
+    assert v.knee["measured"] == 4 and v.knee["twin"] == 8 and v.knee["ok"]
+    assert [m["concurrency"] for m in v.throughput_misses] == [4]
+    assert [m["concurrency"] for m in v.preemption_misses] == [16]
+    assert v.text == ("does not fit: throughput at c=4 (-17%); preemptions at c=16 (200 measured,"
+                      " 230 twin); latency caveat: ITL P95 off by up to 30%")
+    table["output_throughput_twin"] = [102.0, 181.0, 295.0, 305.0, 300.0]
+    table["output_throughput_error_pct"] = [2.0, 0.6, -1.7, -1.6, -1.6]
+    table["preemptions_twin"] = [1.0, 2.0, 12.0, 109.0, 215.0]
+    v = verdict(table)
+    assert v.fits and v.text.startswith("twin fits within 2% (output throughput, every level)")
