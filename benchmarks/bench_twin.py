@@ -19,7 +19,7 @@
     client, ``--no-report``), ``kvpressure ingest`` its bench results and scrape log into the
     folder's ``report/``, build and fit the twin, compare per level, fit on half the levels and
     predict the rest. On the first setup, the remedies (``max_num_seqs`` lowered to what the
-    pool holds, and ``max_num_batched_tokens`` halved) are predicted on the twin, then measured
+    pool holds, and ``max_num_batched_tokens`` 128, prompts then prefilled in chunks) are predicted on the twin, then measured
     on a restarted server and compared: errors per level for throughput and preemptions, and the
     change in throughput at the focus level predicted vs measured. ``uptime`` is recorded before
     and after: absolute throughput on 2 shared cores moves with the machine's load.
@@ -175,6 +175,10 @@ MODEL_SHAPES = {
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
 INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 256, 128, 0.25
+# The same number of requests at every level keeps a sweep of 8 levels to a few minutes; the
+# twin replays exactly that closed loop, so a short level is compared like a long one.
+PROMPTS_PER_LEVEL = 48
+REAL_LEVELS = (2, 3, 4, 6, 8, 12, 16, 24)
 
 
 def _uptime() -> str:
@@ -258,7 +262,8 @@ def _measure(venv: Path, model: Path, blocks: int, engine: dict, folder: Path, p
         args = [KVP, "collect", f"http://127.0.0.1:{port}", "--levels",
                 ",".join(map(str, levels)), "--out", str(folder), "--input-len",
                 str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--range-ratio",
-                str(RANGE_RATIO), "--load-engine", "builtin", "--no-report", "--cooldown", "2",
+                str(RANGE_RATIO), "--prompts-per-level", str(PROMPTS_PER_LEVEL),
+                "--load-engine", "builtin", "--no-report", "--cooldown", "2",
                 "--engine-args", json.dumps({**engine, "enable_chunked_prefill": True})]
         subprocess.run(args, check=False)
         sweep = time.perf_counter() - t
@@ -349,8 +354,8 @@ def real(levels: tuple[int, ...], work: Path, port: int) -> dict:
         if k == 0:
             remedies_to_measure = {
                 "max_num_seqs_pool": {"max_num_seqs": holds},
-                "max_num_batched_tokens_half": {
-                    "max_num_batched_tokens": setup["engine"]["max_num_batched_tokens"] // 2},
+                # chunked prefill in pieces smaller than a prompt: more steps, each cheaper
+                "max_num_batched_tokens_128": {"max_num_batched_tokens": 128},
             }
         twin, remedies, summary = _twin_on(folder, OUT / "twin_real" / setup["name"], focus,
                                            remedies_to_measure)
@@ -405,7 +410,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--real", action="store_true", help="also (c): real vLLM (CPU build)")
     ap.add_argument("--no-sim", action="store_true", help="skip (a) and (b)")
-    ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
+    ap.add_argument("--levels", default=",".join(map(str, REAL_LEVELS)),
+                    help="levels of the real sweeps")
     ap.add_argument("--work", type=Path, default=OUT / "twin_real_runs",
                     help="where the real sweeps and models go")
     ap.add_argument("--port", type=int, default=8471)
