@@ -19,8 +19,8 @@
     client, ``--no-report``), ``kvpressure ingest`` its bench results and scrape log into the
     folder's ``report/``, build and fit the twin, compare per level, fit on half the levels and
     predict the rest. On the first setup, the remedies (``max_num_seqs`` lowered to what the
-    pool holds, and ``max_num_batched_tokens`` 128, prompts then prefilled in chunks) are predicted on the twin, then measured
-    on a restarted server and compared: errors per level for throughput and preemptions, and the
+    pool holds; ``max_num_batched_tokens`` 128, so prompts are prefilled in chunks) are
+    predicted on the twin, then measured on a restarted server and compared: errors per level for throughput and preemptions, and the
     change in throughput at the focus level predicted vs measured. ``uptime`` is recorded before
     and after: absolute throughput on 2 shared cores moves with the machine's load.
 
