@@ -153,8 +153,11 @@ class ModelProfile:
     # --- memory -------------------------------------------------------------------------------
     @property
     def weight_bytes(self) -> int:
-        """All stored weights, whole model (MoE: every expert is resident; quantized layers at
-        their stored bits)."""
+        """All stored weights, whole model (MoE: every expert is resident): the parameter
+        count at ``weight_dtype``, or, for a quantized checkpoint, each part at its stored bits.
+        What one rank loads is ``weight_bytes_per_rank``."""
+        if self.quantization is None:
+            return self.num_params * self.weight_dtype_bytes
         return self.weight_bytes_per_rank(1)
 
     def weight_bytes_per_rank(self, tp: int = 1, pp: int = 1, pp_rank: int | None = None) -> int:
@@ -171,8 +174,8 @@ class ModelProfile:
     def active_weight_bytes_per_rank(self, tp: int = 1) -> int:
         """Weights a decode step touches per rank when few experts are hit (dense: all)."""
         _check_tp_value(tp)
-        if not self.num_params:
-            return 0
+        if self.quantization is None or not self.num_params:
+            return math.ceil(self.num_active_params * self.weight_dtype_bytes / tp)
         return math.ceil(self.weight_bytes * self.num_active_params / self.num_params / tp)
 
     def kv_heads_per_rank(self, tp: int = 1, *, full_layer: bool = False) -> int:
