@@ -95,3 +95,13 @@ def test_leave_levels_out_predicts_the_held_out_levels(tmp_path):
     report = twin.fit_report(levels=held)
     assert report.table["concurrency"].tolist() == held
     assert report.table["output_throughput_error_pct"].abs().max() < 5.0
+
+
+def test_a_report_stage_gets_the_refusal_written_down(tmp_path):
+    from kvpressure.twin.output import make_twin_folder
+
+    run = synthetic_run(tmp_path / "run", levels=(8,))
+    got = make_twin_folder(run, tmp_path / "twin", refusal_ok=True)
+    assert "at least 3" in got["refused"]
+    assert "No twin: the twin's step time cannot be fitted from 1 level(s)" in (
+        tmp_path / "twin" / "twin.md").read_text()

@@ -53,8 +53,7 @@ def _overrides(items: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpressure.twin.api import build_twin
-    from kvpressure.twin.output import write_twin
+    from kvpressure.twin.output import make_twin_folder
     from kvpressure.twin.remedies import parse_limits
 
     limits = parse_limits(args.limits)
@@ -72,21 +71,9 @@ def run(args: argparse.Namespace) -> int:
 
         cost_model = StepCostModel.from_profiles(load_hardware(args.hardware),
                                                  load_model(args.model), args.tp)
-    twin = build_twin(args.run_dir, overrides=_overrides(args.overrides), variant=args.variant,
-                      cost_model=cost_model)
-    twin.fit(bootstrap=args.bootstrap, seed=args.seed)
-    report = twin.fit_report()
-    remedies = None if args.no_remedies else twin.predict_remedies(focus=args.focus,
-                                                                    limits=limits)
-    written = write_twin(twin, remedies, args.out)
-    summary = {
-        "out": str(args.out),
-        "files": [p.name for p in written],
-        "fit": report.verdict.text,
-        "coefficients": {k: {"value": v["value"], "source": v["source"]}
-                         for k, v in twin.fitted.describe().items()},
-    }
-    if remedies is not None:
-        summary["recommendation"] = remedies["recommendation"]["text"]
+    summary = make_twin_folder(args.run_dir, args.out, limits=limits, focus=args.focus,
+                               overrides=_overrides(args.overrides), cost_model=cost_model,
+                               variant=args.variant, bootstrap=args.bootstrap, seed=args.seed,
+                               remedies=not args.no_remedies)
     print(json.dumps(summary, indent=2, default=str))
     return 0

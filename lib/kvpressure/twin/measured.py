@@ -191,7 +191,7 @@ def _window_stats(series: pd.DataFrame, t0: float, t1: float) -> dict[str, float
         return {}  # a series cropped to another level's window says nothing about this one
     run = None
     if "run" in series.columns and series["run"].nunique() > 1:
-        return {}
+        return {}  # several runs: which one holds this level is not known
     out = {
         "prefill_time_mean_s": histogram_mean(series, "vllm:request_prefill_time_seconds",
                                               t0, t1, run=run),

@@ -141,3 +141,45 @@ def write_twin(twin: Any, remedies: dict[str, Any] | None, out_dir: str | Path
     _figure(twin, remedies, paths[2])
     paths[3].write_text(_markdown(doc), encoding="utf-8")
     return paths
+
+
+def make_twin_folder(run_dir: str | Path, out_dir: str | Path, *,
+                     limits: dict[str, float] | None = None, focus: int | None = None,
+                     overrides: dict[str, Any] | None = None, cost_model: Any = None,
+                     variant: str | None = None, bootstrap: int = 200, seed: int = 0,
+                     remedies: bool = True, refusal_ok: bool = False) -> dict[str, Any]:
+    """Build, fit, check the twin of ``run_dir`` and write its folder; returns a summary.
+
+    The one call a report stage needs. With ``refusal_ok``, data the twin cannot be fitted to
+    (too few levels, no pool size) writes ``twin.json`` and ``twin.md`` saying why instead of
+    raising.
+    """
+    from kvpressure.errors import InputError
+    from kvpressure.twin.api import build_twin
+
+    try:
+        twin = build_twin(run_dir, overrides=overrides, variant=variant, cost_model=cost_model)
+        twin.fit(bootstrap=bootstrap, seed=seed)
+    except InputError as exc:
+        if not refusal_ok:
+            raise
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {"run_dir": str(run_dir), "refused": str(exc)}
+        (out / TWIN_JSON).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+        (out / SUMMARY_MD).write_text(f"# Twin of {run_dir}\n\n**No twin: {exc}**\n",
+                                      encoding="utf-8")
+        return {"out": str(out), "files": [TWIN_JSON, SUMMARY_MD], "refused": str(exc)}
+    report = twin.fit_report()
+    advice = twin.predict_remedies(focus=focus, limits=limits or {}) if remedies else None
+    written = write_twin(twin, advice, out_dir)
+    summary: dict[str, Any] = {
+        "out": str(out_dir), "files": [p.name for p in written], "fit": report.verdict.text,
+        "fits": report.verdict.fits,
+        "coefficients": {k: {"value": v["value"], "source": v["source"]}
+                         for k, v in twin.fitted.describe().items()},
+    }
+    if advice is not None:
+        summary["recommendation"] = advice["recommendation"]["text"]
+    return summary
