@@ -17,11 +17,12 @@ export MPLBACKEND := Agg
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 unexport JUPYTER_PATH
 
-.PHONY: report test lab bench lock lint clean help
+.PHONY: report test e2e lab bench lock lint clean help
 
 help:
 	@echo "make report   run the investigation on the built-in seed case -> reports/$(NAME)/"
 	@echo "make test     every test: pytest on tests/ and nbval on notebooks/"
+	@echo "make e2e      kvpressure collect against a real vLLM server (CPU build, own venv)"
 	@echo "make lab      open the notebooks in JupyterLab"
 	@echo "make bench    speed and memory benchmarks (benchmarks/)"
 	@echo "make lock     re-lock dependencies and export requirements-lock.txt"
@@ -44,6 +45,15 @@ test: $(VENV)/.synced
 	$(BIN)/pytest tests
 	cd notebooks && KVPRESSURE_NB_EXPERIMENT=../data/experiments/ci_small.yaml \
 	    ../$(BIN)/pytest --nbval-lax --nbval-current-env .
+
+# A real vLLM (PyPI's CPU build, in its own cached venv: scripts/vllm-env.sh) serving a small
+# seeded model with a deliberately small KV pool, a real Prometheus scraping it, and
+# `kvpressure collect` sweeping levels below and past the knee (tests/e2e/).
+e2e: $(VENV)/.synced
+	scripts/system-deps.sh
+	vllm_env=$$(scripts/vllm-env.sh) && \
+	    KVPRESSURE_E2E=1 KVPRESSURE_VLLM_PYTHON=$$vllm_env/bin/python \
+	    $(BIN)/pytest tests/e2e -v -s -p no:cacheprovider
 
 $(VENV)/.lab: $(VENV)/.synced
 	$(UV) sync --locked --extra test --extra lab --inexact

@@ -261,21 +261,23 @@ class _Sweep:
             return None
         return running + (waiting or 0.0)
 
+    async def settle(self, http: httpx.AsyncClient, limit_s: float) -> bool:
+        """Wait until the engine holds no request (its last step's counters are then in
+        /metrics); False when it still does after ``limit_s``."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            if await self.engine_load(http) == 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+
     async def cooldown(self, http: httpx.AsyncClient, after: str) -> None:
         """Let the engine drain (requests a cancelled client left behind finish or abort) and
         rest ``cooldown_s``; recorded as a cool-down, never as part of a level."""
         start = time.time()
-        deadline = time.monotonic() + self.opts.cooldown_s + 60.0
-        idle = False
-        while time.monotonic() < deadline:
-            load = await self.engine_load(http)
-            if load == 0:
-                idle = True
-                break
-            await asyncio.sleep(0.25)
-        rest = self.opts.cooldown_s - (time.time() - start)
-        if rest > 0:
-            await asyncio.sleep(rest)
+        idle = await self.settle(http, 60.0)
+        await asyncio.sleep(self.opts.cooldown_s)
         await self.fresh_scrape(http)
         entry = {"after": after, "start": start, "end": time.time(), "idle": idle}
         if not idle:
@@ -329,9 +331,10 @@ class _Sweep:
                 in_row["failed"] += 1
 
         def should_stop() -> str | None:
-            # A server that is gone fails every request at once: stop instead of spinning.
-            if in_row["failed"] >= max(3, c) and progress.done == progress.failed:
-                return "every request failed"
+            # A server that is gone (or refuses everything) fails request after request at
+            # once: stop the level instead of spinning until its end.
+            if in_row["failed"] >= max(3, c):
+                return f"{in_row['failed']} requests failed in a row"
             return None
 
         async def ticker() -> None:
@@ -366,6 +369,10 @@ class _Sweep:
             with contextlib.suppress(asyncio.CancelledError):
                 await tick
         ended = time.time() if result is None else result.ended
+        # The scrape that closes the window waits for the engine to finish its last step, so
+        # the window's counters hold all of the level's work (a gone server: no wait).
+        if not self.interrupted:
+            await self.settle(http, 3.0)
         await self.fresh_scrape(http)
         if bench is not None:
             self._record(c, bench, True, None, progress)

@@ -475,6 +475,7 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "scrapes": has_scrapes,
         "matched": matched,
         "bench_timezone": bench_timezone or "local",
+        "incomplete_levels": incomplete_levels(others),
         "focus": {"variant": base, "concurrency": level, "run": run_name, "why": why,
                   "t0": t0, "t1": t1, "point_dir": None, "counter_origin": origin},
     }
@@ -670,3 +671,31 @@ def load_tables(run_dir: str | os.PathLike[str]) -> Tables:
         steps = pd.read_csv(run_dir / point_dir / "steps.csv")
         requests = pd.read_csv(run_dir / point_dir / "requests.csv")
     return Tables(info, runs, series, steps, requests)
+
+
+def incomplete_levels(sources: list[str]) -> list[dict[str, Any]]:
+    """Levels ``kvpressure collect`` measured only in part (left off the curve), with why."""
+    from kvpressure.ingestion.bench import load_results
+    from kvpressure.ingestion.sources import detect
+
+    out = []
+    for s in sources:
+        try:
+            found = detect(s)
+        except InputError:
+            continue
+        for src in found:
+            if src.kind != "bench":
+                continue
+            try:
+                results = load_results(Path(src.location))
+            except (InputError, OSError):
+                continue
+            for _, res in results:
+                level = res.get("kvpressure_level") if isinstance(res, dict) else None
+                if isinstance(level, dict) and level.get("complete") is False:
+                    out.append({"concurrency": res.get("max_concurrency"),
+                                "completed": res.get("completed"), "failed": res.get("failed"),
+                                "reason": level.get("reason") or "no reason recorded",
+                                "source": display_path(src.location)})
+    return sorted(out, key=lambda lv: (lv["concurrency"] is None, lv["concurrency"] or 0))
