@@ -4,7 +4,7 @@
 from kvpressure.profiles import load_hardware, load_model, size_kv_pool, safe_concurrency
 hw = load_hardware("ascend-910b-64g")
 model = load_model("llama-3.1-70b")          # or a profile YAML, or an HF config.json
-sizing = size_kv_pool(hw, model, tp=8, max_model_len=8192)
+sizing = size_kv_pool(hw, model, tp=8, max_model_len=8192)   # pp=2 for pipeline stages
 sizing.num_gpu_blocks, sizing.block_size, safe_concurrency(sizing, 4096)
 ```
 """
@@ -22,6 +22,7 @@ from kvpressure.profiles.kvpool import (
     KVPoolError,
     KVPoolSizing,
     estimate_activation,
+    estimate_cudagraph,
     estimate_non_torch,
     resolve_batch_limits,
     safe_concurrency,
@@ -47,6 +48,7 @@ __all__ = [
     "ModelProfile",
     "dtype_bytes",
     "estimate_activation",
+    "estimate_cudagraph",
     "estimate_non_torch",
     "estimate_params",
     "list_hardware",
