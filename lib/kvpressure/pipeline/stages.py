@@ -212,13 +212,14 @@ def knee_stage(tables: Tables) -> StageOutput:
 
     base = tables.baseline_runs
     focus = tables.info["focus"]
-    points = curve(base.dropna(subset=["concurrency"]))
+    # A level without a throughput is no point of the curve (knee_of_runs names it).
+    points = curve(base.dropna(subset=["concurrency", "output_throughput"]))
     levels = len(points)
     enough = levels >= MIN_KNEE_LEVELS
     # The function `kvpressure knee` calls: the report's knee is the command's.
     knee = knee_of_runs(base, where="runs.csv") if enough else None
-    at = (points[points["concurrency"] == focus["concurrency"]].iloc[0] if levels
-          else base.iloc[0])
+    here = points[points["concurrency"] == focus["concurrency"]]
+    at = here.iloc[0] if len(here) else base.iloc[0]
     why = None if enough else (
         "the concurrency of the one run is not known: no curve" if levels == 0 else
         f"{levels} concurrency level{'s' if levels > 1 else ''} measured; a knee needs at "

@@ -1,0 +1,61 @@
+"""``kvpressure report --source`` on other benchmark tools' sweeps: the report's knee is the one
+``kvpressure knee`` prints (hand-worked in ``test_ingest_bench_tables``), and a sweep too short
+for a knee says so instead of failing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvpressure.cli import main
+from kvpressure.record.io import load_record
+
+DATA = Path(__file__).parent / "data" / "bench_tables"
+MAPPING = "concurrency=conc,output_throughput=tok_s,ttft_p95_s=ttft_p95_ms"
+SOURCES = {
+    "spreadsheet": (DATA / "spreadsheet.csv", ["--param", f"columns={MAPPING}"],
+                    ["--columns", MAPPING]),
+    "vllm_sweep": (DATA / "vllm_sweep" / "summary.csv", [], []),
+    "guidellm": (DATA / "guidellm" / "benchmarks.json", [], []),
+    "aiperf": (DATA / "aiperf", [], []),
+}
+KEYS = ("knee_x", "peak_x", "peak_y", "plateau", "declines", "decline_pct")
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_report_on_a_sweep_table_has_the_knee_the_command_prints(name, tmp_path, capsys):
+    source, report_args, knee_args = SOURCES[name]
+    assert main(["knee", str(source), *knee_args]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    out = tmp_path / name
+    code = main(["report", "--source", str(source), "--out", str(out), "--jobs", "1",
+                 *report_args])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "Traceback" not in err
+    stage = json.loads((out / "analysis" / "knee.json").read_text())
+    assert {k: stage["knee"][k] for k in KEYS} == {k: printed[k] for k in KEYS}
+    assert stage["knee"]["knee_x"] == 16.0 and stage["levels"] == 6
+    rec = load_record(out / "record.yaml")
+    assert rec.perf.knee.knee_x == 16 and rec.perf.knee.peak_y == 960
+    assert [p.concurrency for p in rec.perf.throughput_by_concurrency] == [1, 4, 8, 16, 32, 64]
+
+
+def test_report_on_two_levels_says_there_is_no_knee(tmp_path, capsys):
+    p = tmp_path / "two.csv"
+    p.write_text("users,tok_per_s\n8,400\n32,900\n", encoding="utf-8")
+    assert main(["knee", str(p), "--columns", "concurrency=users,output_throughput=tok_per_s"]
+                ) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["knee_x"] is None
+    assert "2 levels: a slope, not a bend; no knee" in captured.err
+    out = tmp_path / "two"
+    code = main(["report", "--source", str(p), "--out", str(out), "--jobs", "1",
+                 "--param", "columns=concurrency=users,output_throughput=tok_per_s"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    stage = json.loads((out / "analysis" / "knee.json").read_text())
+    assert stage["knee"] is None and "a knee needs at least 3" in stage["why_not"]
+    assert load_record(out / "record.yaml").perf.knee is None
