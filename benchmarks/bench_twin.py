@@ -206,8 +206,18 @@ def _model(venv: Path, kind: str, models: Path) -> Path:
     return out
 
 
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
 def _start(venv: Path, model: Path, blocks: int, engine: dict, port: int, log: Path
            ) -> subprocess.Popen:
+    if not _port_free(port):
+        # Another server there would answer the readiness check in this one's place.
+        raise RuntimeError(f"port {port} is in use; pass --port")
     args = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
             "--port", str(port), "--dtype", "bfloat16", "--block-size", str(BLOCK_SIZE),
@@ -339,71 +349,81 @@ def real(levels: tuple[int, ...], work: Path, port: int) -> dict:
                  "load": {"input_len": INPUT_LEN, "output_len": OUTPUT_LEN,
                           "range_ratio": RANGE_RATIO, "block_size": BLOCK_SIZE,
                           "max_model_len": MAX_MODEL_LEN}}
-    focus = max(levels)
     for k, setup in enumerate(REAL_SETUPS):
-        model = _model(venv, setup["model"], models)
-        folder = work / setup["name"]
-        print(f"(c) {setup['name']}: measuring ({_uptime()})", flush=True)
-        timing = _measure(venv, model, setup["blocks"], setup["engine"], folder, port, levels)
-        from kvpressure.twin.remedies import pool_holds
-        from kvpressure.twin.workload import LevelWorkload
-
-        first = LevelWorkload(0, (INPUT_LEN,), (OUTPUT_LEN,), True)
-        holds = pool_holds({"block_size": BLOCK_SIZE, "num_gpu_blocks": setup["blocks"]}, first)
-        remedies_to_measure = {}
-        if k == 0:
-            remedies_to_measure = {
-                "max_num_seqs_pool": {"max_num_seqs": holds},
-                # chunked prefill in pieces smaller than a prompt: more steps, each cheaper
-                "max_num_batched_tokens_128": {"max_num_batched_tokens": 128},
-            }
-        twin, remedies, summary = _twin_on(folder, OUT / "twin_real" / setup["name"], focus,
-                                           remedies_to_measure)
-        summary.update(name=setup["name"], model=setup["model"], blocks=setup["blocks"],
-                       engine=setup["engine"], timing=timing, uptime=_uptime())
-        print(f"    {summary['verdict']}; fit+predict {summary['fit_predict_s']} s", flush=True)
-        summary["remedies_measured"] = []
-        for rname, ov in remedies_to_measure.items():
-            rfolder = work / f"{setup['name']}__{rname}"
-            print(f"(c) {setup['name']} remedy {rname} {ov}: measuring ({_uptime()})",
-                  flush=True)
-            rt = _measure(venv, model, setup["blocks"], {**setup["engine"], **ov}, rfolder,
-                          port, levels)
-            measured = _curve(rfolder)
-            base = _curve(folder)
-            rows = []
-            for c in levels:
-                if c not in measured.index or c not in twin.workloads:
-                    continue
-                pred = twin.predict_level(c, ov)
-                m = measured.loc[c]
-                rows.append({"concurrency": c, "throughput_measured": m["output_throughput"],
-                             "throughput_twin": pred["output_throughput"],
-                             "throughput_error_pct": _pct(pred["output_throughput"],
-                                                          m["output_throughput"]),
-                             "preemptions_measured": m.get("preemptions"),
-                             "preemptions_twin": pred["preemptions"]})
-            cand = next(c for c in remedies["candidates"] if c["setting"] == rname)
-            measured_change = _pct(measured.loc[focus, "output_throughput"],
-                                   base.loc[focus, "output_throughput"])
-            entry = {"remedy": rname, "overrides": ov, "timing": rt, "per_level": rows,
-                     "change_at_focus_predicted_pct": round(cand["throughput_change_pct"], 2),
-                     "change_at_focus_predicted_interval_pct":
-                         cand["throughput_change_pct_p05_p50_p95"],
-                     "change_at_focus_measured_pct": measured_change,
-                     "uptime": _uptime()}
-            entry["change_error_pp"] = (round(entry["change_at_focus_predicted_pct"]
-                                              - measured_change, 2)
-                                        if measured_change is not None else None)
-            summary["remedies_measured"].append(entry)
-            print(f"    predicted {entry['change_at_focus_predicted_pct']:+.1f}% at c={focus}, "
-                  f"measured {measured_change:+.1f}%", flush=True)
-        out["setups"].append(summary)
+        try:
+            out["setups"].append(_real_setup(k, setup, venv, models, work, port, levels))
+        except (RuntimeError, subprocess.CalledProcessError, OSError, ValueError) as exc:
+            # One setup that fails (a server that does not start) leaves the others standing.
+            print(f"(c) {setup['name']}: failed: {exc}", flush=True)
+            out["setups"].append({"name": setup["name"], "failed": str(exc)})
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "bench_twin_real.partial.json").write_text(
             json.dumps(_rounded(out), indent=2, default=str) + "\n")
     out["uptime_after"] = _uptime()
     return out
+
+
+def _real_setup(k: int, setup: dict, venv: Path, models: Path, work: Path, port: int,
+                levels: tuple[int, ...]) -> dict:
+    focus = max(levels)
+    model = _model(venv, setup["model"], models)
+    folder = work / setup["name"]
+    print(f"(c) {setup['name']}: measuring ({_uptime()})", flush=True)
+    timing = _measure(venv, model, setup["blocks"], setup["engine"], folder, port, levels)
+    from kvpressure.twin.remedies import pool_holds
+    from kvpressure.twin.workload import LevelWorkload
+
+    first = LevelWorkload(0, (INPUT_LEN,), (OUTPUT_LEN,), True)
+    holds = pool_holds({"block_size": BLOCK_SIZE, "num_gpu_blocks": setup["blocks"]}, first)
+    remedies_to_measure = {}
+    if k == 0:
+        remedies_to_measure = {
+            "max_num_seqs_pool": {"max_num_seqs": holds},
+            # chunked prefill in pieces smaller than a prompt: more steps, each cheaper
+            "max_num_batched_tokens_128": {"max_num_batched_tokens": 128},
+        }
+    twin, remedies, summary = _twin_on(folder, OUT / "twin_real" / setup["name"], focus,
+                                       remedies_to_measure)
+    summary.update(name=setup["name"], model=setup["model"], blocks=setup["blocks"],
+                   engine=setup["engine"], timing=timing, uptime=_uptime())
+    print(f"    {summary['verdict']}; fit+predict {summary['fit_predict_s']} s", flush=True)
+    summary["remedies_measured"] = []
+    for rname, ov in remedies_to_measure.items():
+        rfolder = work / f"{setup['name']}__{rname}"
+        print(f"(c) {setup['name']} remedy {rname} {ov}: measuring ({_uptime()})",
+              flush=True)
+        rt = _measure(venv, model, setup["blocks"], {**setup["engine"], **ov}, rfolder,
+                      port, levels)
+        measured = _curve(rfolder)
+        base = _curve(folder)
+        rows = []
+        for c in levels:
+            if c not in measured.index or c not in twin.workloads:
+                continue
+            pred = twin.predict_level(c, ov)
+            m = measured.loc[c]
+            rows.append({"concurrency": c, "throughput_measured": m["output_throughput"],
+                         "throughput_twin": pred["output_throughput"],
+                         "throughput_error_pct": _pct(pred["output_throughput"],
+                                                      m["output_throughput"]),
+                         "preemptions_measured": m.get("preemptions"),
+                         "preemptions_twin": pred["preemptions"]})
+        cand = next(c for c in remedies["candidates"] if c["setting"] == rname)
+        measured_change = _pct(measured.loc[focus, "output_throughput"],
+                               base.loc[focus, "output_throughput"])
+        entry = {"remedy": rname, "overrides": ov, "timing": rt, "per_level": rows,
+                 "change_at_focus_predicted_pct": round(cand["throughput_change_pct"], 2),
+                 "change_at_focus_predicted_interval_pct":
+                     cand["throughput_change_pct_p05_p50_p95"],
+                 "change_at_focus_measured_pct": measured_change,
+                 "uptime": _uptime()}
+        entry["change_error_pp"] = (round(entry["change_at_focus_predicted_pct"]
+                                          - measured_change, 2)
+                                    if measured_change is not None else None)
+        summary["remedies_measured"].append(entry)
+        print(f"    predicted {entry['change_at_focus_predicted_pct']:+.1f}% at c={focus}, "
+              f"measured {measured_change:+.1f}%", flush=True)
+    return summary
 
 
 def main() -> int:
@@ -414,7 +434,7 @@ def main() -> int:
                     help="levels of the real sweeps")
     ap.add_argument("--work", type=Path, default=OUT / "twin_real_runs",
                     help="where the real sweeps and models go")
-    ap.add_argument("--port", type=int, default=8471)
+    ap.add_argument("--port", type=int, default=18471)
     ap.add_argument("--setups", help="comma-separated names of the real setups to run")
     args = ap.parse_args()
     result: dict = {"uptime": _uptime()}
