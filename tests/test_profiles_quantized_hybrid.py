@@ -170,3 +170,50 @@ def test_unknown_quant_method_names_the_field(tmp_path):
 def test_pp_larger_than_layers_is_refused():
     with pytest.raises(KVPoolError.__mro__[1], match="pipeline_parallel_size"):
         size_kv_pool("h100-80g", "llama-3.1-8b", pp=64, max_model_len=4096)
+
+
+def test_shared_expert_and_router_of_qwen_moe():
+    """Qwen1.5-MoE-A2.7B: 60 experts of 1408, top 4, one shared expert of 5632 with its
+    sigmoid gate. Per layer: attention 4 x 2048^2 + 3 x 2048 biases = 16,783,360; experts
+    60 x 3 x 2048 x 1408 = 519,045,120; shared expert 3 x 2048 x 5632 = 34,603,008 + gate
+    2048; router 2048 x 60 = 122,880; norms 4096: 570,560,512. 24 layers + embedding and LM
+    head 2 x 151936 x 2048 + final norm 2048 = 14,315,784,192 (the card's 14.3B); active: minus
+    24 x 56 idle experts x 8,650,752 = 2,689,173,504 (2.7B). vLLM 0.19.0 loaded 26.67 GiB."""
+    m = load_model(HF / "qwen1.5-moe-a2.7b.json")
+    assert m.num_params == 24 * 570_560_512 + 2 * 151936 * 2048 + 2048 == 14_315_784_192
+    assert m.num_active_params == 14_315_784_192 - 24 * 56 * 3 * 2048 * 1408 == 2_689_173_504
+    assert m.weight_bytes_per_rank(1) / GiB == pytest.approx(26.67, abs=0.01)
+
+
+def test_per_layer_head_widths_unify_pages_by_block_size():
+    """Full layers with their own head width (Gemma-style ``global_head_dim`` and
+    ``num_global_key_value_heads``): 6 sliding layers with 8 KV heads of 256 (8192 B per token,
+    a 16-token page of 131,072 B) and 2 full layers with 2 heads of 512 (4096 B per token,
+    65,536 B per page). vLLM unifies pages by giving the smaller page a larger block: the full
+    layers get blocks of 32 tokens, 131,072 B. Groups of 2 layers (the fewest of a type):
+    3 sliding groups + 1 full group; a block is 2 x 131,072 = 262,144 B."""
+    config = {
+        "model_type": "gemma3_text", "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
+        "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
+        "vocab_size": 32000, "sliding_window": 512, "max_position_embeddings": 8192,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"]
+        + ["sliding_attention"] * 3 + ["full_attention"],
+        "torch_dtype": "bfloat16",
+    }
+    from kvpressure.profiles import ModelProfile
+    from kvpressure.profiles.fields import FieldReader
+    from kvpressure.profiles.model import _build
+
+    m = _build(FieldReader(config, "<config>"), hf=True, name="toy")
+    assert m.kv_bytes_per_token_of_layer(0) == 8192 and m.kv_bytes_per_token_of_layer(3) == 4096
+    s = size_kv_pool("h100-80g", m, max_model_len=4096, max_num_batched_tokens=2048,
+                     async_scheduling=False, kv_cache_memory_bytes=GiB)
+    assert sorted({(g["kind"], g["block_size"]) for g in s.kv_groups}) == [
+        ("full", 32), ("sliding", 16)]
+    assert len(s.kv_groups) == 4
+    assert s.block_bytes == 262_144
+    assert s.num_gpu_blocks == GiB // 262_144
+    # a request of 4096 tokens: 4096 / 32 = 128 full blocks, 3 x (cdiv(511 + 2048, 16) + 1)
+    assert s.blocks_per_max_len_request == 128 + 3 * (160 + 1)
+    assert isinstance(m, ModelProfile)
