@@ -123,10 +123,11 @@ def verdict(table: pd.DataFrame) -> FitVerdict:
     if max_err is None:
         text = "does not fit: no measured throughput to compare"
     elif fits:
+        measured_pre = np.isfinite(table["preemptions_measured"].to_numpy(float)).any()
+        pre = (f"preemptions within {PREEMPTION_TOL_PCT:g}% or {PREEMPTION_TOL_ABS:g}"
+               if measured_pre else "preemptions not measured (no scrapes), not checked")
         text = (f"twin fits within {math.ceil(max_err)}% (output throughput, every level); "
-                "preemptions within "
-                f"{PREEMPTION_TOL_PCT:g}% or {PREEMPTION_TOL_ABS:g}; knee within "
-                f"{KNEE_TOL_LEVELS} level")
+                f"{pre}; knee within {KNEE_TOL_LEVELS} level")
     else:
         where = []
         if thr_miss:
