@@ -15,7 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SOURCE",
         help="Prometheus text dump, folder of dumps, JSONL scrape log, query_range JSON, "
         "Prometheus server URL (with --start/--end), /metrics URL, vllm bench JSON, or a vLLM "
-        "server log (plain or gzip: its stats lines, V0 preemption warnings and start-up lines)",
+        "server log (plain or gzip: its stats lines, V0 preemption warnings and start-up lines), "
+        "or a sweep table of another tool (a CSV of runs, vllm bench sweep results, GuideLLM or "
+        "AIPerf exports: see --columns)",
     )
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument("--run", help="run name for all sources (default: one per source)")
@@ -94,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
         num_gpu_blocks=args.num_gpu_blocks,
         block_size=args.block_size,
         bench_timezone=args.bench_timezone,
-        columns=args.columns,
         log_year=args.log_year,
         log_timezone=args.log_timezone,
+        columns=args.columns,
         policy=args.policy,
         scheduler_reserve_full_isl=(None if args.scheduler_reserve_full_isl is None
                                     else args.scheduler_reserve_full_isl == "true"),

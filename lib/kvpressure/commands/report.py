@@ -13,7 +13,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--source", metavar="PATH", nargs="+",
         help="ingested data: Prometheus scrapes (file, folder, JSONL), API JSON, bench JSON, "
-        "vLLM server logs",
+        "vLLM server logs, sweep tables (a CSV of runs, with --param columns=concurrency=COL,"
+        "output_throughput=COL when its columns have other names; vllm bench sweep "
+        "summary.csv/summary.json; GuideLLM benchmarks.json/.yaml/.csv; AIPerf "
+        "profile_export_aiperf.json/.csv)",
     )
     parser.add_argument("--out", metavar="DIR", required=True, help="run folder (reports/NAME)")
     parser.add_argument(
