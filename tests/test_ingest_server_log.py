@@ -278,6 +278,21 @@ def test_iso_prefix_colours_and_data_parallel_engines(tmp_path):
     assert got == {"0": (base + 0.25, 3.0), "1": (base + 0.5, 5.0)}
 
 
+def test_json_log_records(tmp_path):
+    """vLLM's ``--logging-config.formatter json``: one record per line, the time in asctime."""
+    msg = ("Engine 000: Avg prompt throughput: 20.0 tokens/s, Avg generation throughput: 2.0 "
+           "tokens/s, Running: {r} reqs, Waiting: 1 reqs, GPU KV cache usage: 75.0%")
+    records = [{"asctime": f"2026-12-01 08:00:{s},500", "levelname": "INFO",
+                "name": "vllm.v1.metrics.loggers", "processName": "MainProcess", "process": 7,
+                "message": msg.format(r=r)} for s, r in (("00", 2), ("10", 3))]
+    path = tmp_path / "server.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert detect(path)[0].kind == "server_log"
+    running = _series(_read(path), "vllm:num_requests_running")
+    assert list(running.items()) == [(_at(2026, 12, 1, 8, 0, 0) + 0.5, 2.0),
+                                     (_at(2026, 12, 1, 8, 0, 10) + 0.5, 3.0)]
+
+
 def test_a_log_file_in_a_folder_is_found_by_its_content(tmp_path):
     (tmp_path / "server.out").write_bytes(KV_BOUND_LOG.read_bytes())
     kinds = [s.kind for s in detect(tmp_path)]

@@ -3,7 +3,8 @@
 A vLLM log line is ``[PREFIX](PROCESS pid=N) LEVEL MM-DD HH:MM:SS [file.py:line] message``
 (0.10 and later; ``(APIServer pid=1)``, ``(EngineCore_DP0 pid=7)``), ``LEVEL MM-DD HH:MM:SS
 [file.py:line] message`` (0.6-0.9) or ``LEVEL MM-DD HH:MM:SS file.py:line] message`` (earlier),
-colours included when the terminal had them. The date has no year. A collector may put its
+colours included when the terminal had them, or a JSON record per line (``asctime``,
+``message``; ``--logging-config.formatter json``). The date has no year. A collector may put its
 own ISO 8601 time in front (``docker logs -t``, ``kubectl logs --timestamps``): that one has a
 year and wins.
 
@@ -27,6 +28,7 @@ Messages read (by content, wherever they sit on the line):
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +116,21 @@ class Event:
     stamp: Stamp
     values: dict[str, Any] = field(default_factory=dict)
     t: float = float("nan")  # unix seconds, set once the year is known
+
+
+def from_json(line: str) -> str:
+    """A JSON log record (``{"asctime": ..., "levelname": ..., "message": ...}``, vLLM's
+    ``--logging-config.formatter json``) as ``<asctime> <message>``; other lines unchanged."""
+    if not line.startswith("{"):
+        return line
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return line
+    if not isinstance(obj, dict) or not isinstance(obj.get("message"), str):
+        return line
+    when = obj.get("asctime", obj.get("timestamp", ""))
+    return f"{when} {obj['message']}" if isinstance(when, str) else obj["message"]
 
 
 def strip_colours(text: str) -> str:

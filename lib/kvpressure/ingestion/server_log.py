@@ -51,6 +51,7 @@ from kvpressure.errors import InputError
 from kvpressure.ingestion.log_lines import (
     Event,
     Stamp,
+    from_json,
     may_hold_message,
     parse_message,
     split_prefix,
@@ -118,7 +119,7 @@ def read_events(path: Path, *, year: int | None = None, tz: _dt.tzinfo | None = 
                 out.lines = lineno
                 if not may_hold_message(raw):
                     continue
-                line = strip_colours(raw).rstrip()
+                line = from_json(strip_colours(raw).strip())
                 parsed = parse_message(line)
                 if parsed is None:
                     continue

@@ -123,6 +123,8 @@ def sniff_file(path: Path) -> str:
         if isinstance(obj, dict):
             if "text" in obj and any(k in obj for k in ("t", "time", "timestamp")):
                 return "prom_jsonl"
+            if "message" in obj and "levelname" in obj:
+                return "server_log"  # vLLM's JSON log lines (--logging-config.formatter json)
             if obj.get("status") in ("success", "error") and ("data" in obj or "error" in obj):
                 return "query_range"
             if len(_BENCH_KEYS & obj.keys()) >= 2 or bench_tables.sniff_table(path, head, obj):
