@@ -127,6 +127,18 @@ def test_itl_jitter_from_runs():
     assert s.evidence["spread_growth"] == pytest.approx((0.036 / 0.012) / (0.012 / 0.010))
 
 
+def test_itl_jitter_falls_back_to_p99_where_p95_was_not_measured():
+    # vllm bench serve writes p99 only by default: its p95 columns are empty.
+    runs = pd.DataFrame({"concurrency": [8, 16, 32], "output_throughput": [1, 2, 3],
+                         "itl_mean_s": [0.010, 0.011, 0.012],
+                         "itl_p95_s": [float("nan")] * 3,
+                         "itl_p99_s": [0.011, 0.013, 0.015]})
+    s = check_symptoms(None, runs=runs).by_id("itl_jitter")
+    assert s.evidence["tail"] == "itl_p99_s" and "p99 stands in for p95" in s.evidence["note"]
+    assert s.evidence["spread_growth"] == pytest.approx((0.015 / 0.012) / (0.011 / 0.010))
+    assert s.verdict == "absent"  # 1.14 x, below the growth threshold
+
+
 def test_missing_metric_is_no_data_not_zero():
     s = gauges([8, 8], [1, 1], [0, 0], [1.0, 1.0])
     s = s[s["metric"] != "vllm:kv_cache_usage_perc"]
