@@ -29,7 +29,8 @@ def valid_record() -> dict:
             "num_gpu_blocks": 6000, "block_size": 16, "max_num_batched_tokens": 2048,
         },
         "counters": {
-            "window": {"run": "baseline/c64", "concurrency": 64, "start_s": 10.0, "end_s": 90.0},
+            "window": {"run": "baseline/c64", "concurrency": 64, "start_s": 10.0, "end_s": 90.0,
+                       "gauges_start_s": 10.0, "gauges_end_s": 90.0},
             "num_requests_running": 38.5, "num_requests_waiting": 25.5,
             "waiting_capacity": 25.5, "waiting_deferred": 0.0,
             "kv_cache_usage_perc": 0.99, "num_preemptions_total": 912.0,

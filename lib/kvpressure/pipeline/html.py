@@ -71,6 +71,28 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
+# What notebook output may bring into the page: formatting, tables, links. Labels, model
+# names and paths reach notebook output as text; anything else (a <script> in a model_name
+# label, an onerror attribute, a javascript: link) is taken out, its text kept as text.
+_SAFE_TAGS = frozenset({
+    "a", "abbr", "b", "blockquote", "br", "caption", "code", "col", "colgroup", "dd", "del",
+    "details", "div", "dl", "dt", "em", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "li",
+    "ol", "p", "pre", "s", "small", "span", "strong", "sub", "summary", "sup", "table", "tbody",
+    "td", "tfoot", "th", "thead", "tr", "u", "ul",
+})
+_SAFE_ATTRIBUTES = {"*": ["class", "id", "title"], "a": ["href"], "td": ["colspan", "rowspan"],
+                    "th": ["colspan", "rowspan"]}
+
+
+def _clean(fragment: str) -> str:
+    """Notebook HTML with only formatting left (see ``_SAFE_TAGS``)."""
+    import bleach
+
+    return bleach.clean(fragment, tags=_SAFE_TAGS, attributes=_SAFE_ATTRIBUTES,
+                        protocols=["http", "https", "mailto"], strip=True,
+                        strip_comments=True)
+
+
 def _num(value: float, digits: int = 3) -> str:
     if float(value).is_integer() and abs(value) >= 1:
         return f"{int(value):,}"
@@ -89,7 +111,7 @@ def _markdown(text: str) -> str:
     for level in (5, 4, 3, 2, 1):
         out = re.sub(rf"<(/?)h{level}([ >])", rf"<\1h{level + 1}\2", out)
     out = re.sub(r'<a class="anchor-link"[^>]*>.*?</a>', "", out)
-    return out
+    return _clean(out)
 
 
 def _rows(rows: Iterable[tuple[str, str]], css: str = "") -> str:
@@ -189,7 +211,8 @@ def verdict_html(record: Record, headline: str = "") -> str:
         span = f"one scrape at {c.window.end_s:.0f} s: gauges then, counters since the start"
     else:
         span = f"{c.window.start_s:.0f}–{c.window.end_s:.0f} s"
-        if c.window.gauges_start_s is not None:
+        if (c.window.gauges_start_s, c.window.gauges_end_s) != (c.window.start_s,
+                                                                c.window.end_s):
             span += (f"; gauges over the steady load {c.window.gauges_start_s:.0f}–"
                      f"{c.window.gauges_end_s:.0f} s")
     window = f"{_or(w.concurrency, str, 'unknown')} ({c.window.run}, {span})"
@@ -250,6 +273,9 @@ def verdict_html(record: Record, headline: str = "") -> str:
     )
 
 
+_BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
+
+
 def _output_html(output: Any) -> str:
     kind = output.get("output_type")
     if kind == "stream":
@@ -262,10 +288,13 @@ def _output_html(output: Any) -> str:
     if "image/png" in data:
         png = data["image/png"]
         png = png if isinstance(png, str) else "".join(png)
-        return f'<img alt="figure" src="data:image/png;base64,{png.strip()}">'
+        png = png.strip()
+        if not _BASE64.fullmatch(png):
+            return ""
+        return f'<img alt="figure" src="data:image/png;base64,{png}">'
     if "text/html" in data:
         text = data["text/html"]
-        return f'<div class="table-wrap">{"".join(text) if isinstance(text, list) else text}</div>'
+        return f'<div class="table-wrap">{_clean("".join(text) if isinstance(text, list) else text)}</div>'
     if "text/markdown" in data:
         text = data["text/markdown"]
         return _markdown("".join(text) if isinstance(text, list) else text)

@@ -127,11 +127,9 @@ def _range(low: Any, high: Any) -> list[Any] | None:
 
 
 def _gauge_span(focus: dict[str, Any]) -> dict[str, Any]:
-    """The steady part the gauges were read over, when it differs from the counters' window."""
-    g0, g1 = focus.get("gauge_t0"), focus.get("gauge_t1")
-    if g0 is None or g1 is None or (g0, g1) == (focus["t0"], focus["t1"]):
-        return {}
-    return {"gauges_start_s": g0, "gauges_end_s": g1}
+    """Where the gauges were read: the steady part of the load, else the counters' window."""
+    return {"gauges_start_s": focus.get("gauge_t0", focus["t0"]),
+            "gauges_end_s": focus.get("gauge_t1", focus["t1"])}
 
 
 def build_record(run_dir: str | os.PathLike[str]) -> Record:

@@ -53,10 +53,10 @@ class Window(_Strict):
     concurrency: Annotated[int, Field(ge=1)] | None
     start_s: NonNegative
     end_s: NonNegative
-    gauges_start_s: NonNegative | None = Field(
-        default=None, description="gauges are means over [gauges_start_s, gauges_end_s], the "
-        "steady part of the load (null: over the whole window)")
-    gauges_end_s: NonNegative | None = None
+    gauges_start_s: NonNegative = Field(
+        description="gauges are means over [gauges_start_s, gauges_end_s]: the steady part of "
+        "the load inside the window (ramp-up, drain and idle seconds left out), or the window")
+    gauges_end_s: NonNegative
     snapshot: bool = Field(
         default=False,
         description="one scrape: gauges at that instant (start_s = end_s), counters since the "
