@@ -14,7 +14,6 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
