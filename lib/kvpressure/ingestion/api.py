@@ -30,6 +30,7 @@ from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
 from kvpressure.errors import InputError, nearest
 from kvpressure.ingestion import names
 from kvpressure.ingestion.bench_tables import parse_columns, read_bench_source
+from kvpressure.ingestion.load_window import steady_part
 from kvpressure.ingestion.prom_api import fetch_live, read_query_range_file, scrape_exporter
 from kvpressure.ingestion.prom_text import RunSamples, add_scrape
 from kvpressure.ingestion.recompute_estimate import check_scheduler_args
@@ -45,7 +46,7 @@ from kvpressure.ingestion.sources import (
     read_text,
     time_from_name,
 )
-from kvpressure.jsonable import to_jsonable
+from kvpressure.jsonable import finite_or_none, to_jsonable
 
 SERIES_COLUMNS = ["run", "t", "metric", "labels", "value"]
 _SUFFIXES = (".gz", ".jsonl", ".json", ".prom", ".txt", ".metrics", ".log")
@@ -584,9 +585,13 @@ def _merge_runs(
                         )
                     later = [s for s in starts if s > window[0]]
                     end = _snap_end(times, window[1], later[0] if later else None)
+                    steady = steady_part(frame, window[0], end, run=name,
+                                         concurrency=finite_or_none(row.get("concurrency")))
                     sub, _ = scrape_row(frame, name, t0=window[0], t1=end, source="",
-                                        estimate_opts=estimate_opts)
-                    how = f"scrapes in [{window[0]:.0f}, {end:.0f}] (bench 'date' - duration)"
+                                        estimate_opts=estimate_opts,
+                                        gauges=(steady.t0, steady.t1))
+                    how = (f"scrapes in [{window[0]:.0f}, {end:.0f}] (bench 'date' - duration)"
+                           + "".join(f"; {n}" for n in steady.notes))
                 elif len(rows) == 1:
                     sub, how = scrape, "the whole scrape log"
                 else:

@@ -31,6 +31,7 @@ import pandas as pd
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.cache_config import cache_config
+from kvpressure.ingestion.load_window import is_idle, steady_part
 from kvpressure.ingestion.server_log import engine_args_from_reports
 from kvpressure.jsonable import finite_or_none, to_jsonable
 from kvpressure.pipeline.levels import REPEAT, repeats_of
@@ -81,8 +82,16 @@ class Tables:
 
     @property
     def window(self) -> tuple[float | None, float | None]:
+        """Where the focus point's counters are read (the whole level)."""
         focus = self.info["focus"]
         return focus["t0"], focus["t1"]
+
+    @property
+    def gauge_window(self) -> tuple[float | None, float | None]:
+        """Where its gauges are read: the steady part of the load (``load_window``), the
+        counters' window when no steady part was told apart."""
+        focus = self.info["focus"]
+        return focus.get("gauge_t0", focus["t0"]), focus.get("gauge_t1", focus["t1"])
 
 
 def _stderr(message: str) -> None:
@@ -379,7 +388,13 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
                 if p.is_file():
                     inputs.append({"path": display_path(p), "sha256": sha256_file(p)})
     if not rows:
-        raise InputError(f"{', '.join(sources)}: no measured run found")
+        declared = sorted({f for r in reports.values() for run in r.get("runs", {}).values()
+                           for f in run.get("declared_without_samples", [])})
+        raise InputError(
+            f"{', '.join(sources)}: no measured run found"
+            + (f": {len(declared)} metric families are declared (# TYPE) without a single "
+               "sample, so nothing was measured; scrape the server while it serves"
+               if declared else ""))
     runs = pd.DataFrame(rows)
     runs["variant"] = runs["variant"].fillna(BASELINE).replace({"default": BASELINE})
     runs["concurrency"] = pd.to_numeric(runs["concurrency"], errors="coerce")
@@ -409,16 +424,37 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     run_name = str(focus_row["run"])
     series = focus_series.get(source_run[int(focus_row.name)])
     window = (finite_or_none(focus_row.get("t_start")), finite_or_none(focus_row.get("t_end")))
+    steady = (finite_or_none(focus_row.get("t_steady_start")),
+              finite_or_none(focus_row.get("t_steady_end")))
     origin = "first"
+    load: dict[str, Any] = {"idle": None, "snapshot": False, "notes": []}
     if series is not None and not series.empty:
+        scrape_times = pd.to_numeric(series["t"], errors="coerce").dropna().unique()
         if shared_log and None not in window:
             series = _crop(series, *window)
             t0, t1 = window
+            g0, g1 = steady if None not in steady and steady[1] > steady[0] else window
+            load["notes"].append(
+                f"counters over the level's window {t0:.0f}-{t1:.0f} s (from its bench result), "
+                f"gauges over its steady part {g0:.0f}-{g1:.0f} s (ramp-up, drain and idle "
+                "seconds left out)")
+        elif len(scrape_times) == 1:
+            # One dump: gauges as they stood at that instant, counters since the server began.
+            t0 = t1 = g0 = g1 = float(scrape_times[0])
+            origin = "zero"
+            load["snapshot"] = True
+            load["notes"].append(
+                "one scrape: gauges at that instant, counters since the server started (no rate, "
+                "no time series)")
         else:
             t0, t1 = steady_window(None, series)
+            part = steady_part(series, concurrency=float(level) if level else None)
+            g0, g1 = part.t0, part.t1
+            load["notes"].extend(part.notes)
             # The runs row of a whole log counts from the process start when ingestion found
             # that the log starts with it; the focus window, the same span, counts the same way.
             origin = _counter_origin(reports, source_run[int(focus_row.name)])
+        load["idle"] = is_idle(series, t0 if t1 > t0 else None, t1)
         series = series.assign(run=run_name)
     else:
         series = pd.DataFrame(columns=["run", "t", "metric", "labels", "value"])
@@ -426,7 +462,14 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
                           "duration_s": finite_or_none(focus_row.get("duration_s"))},
                          bench_tzinfo(bench_timezone or None))
         duration = finite_or_none(focus_row.get("duration_s")) or 0.0
+        if duration <= 0:
+            # A table of runs without durations (a spreadsheet): the window only names the
+            # level; without engine metrics nothing is read over it.
+            duration = 1.0
+            load["notes"].append("the runs table gives no duration: the level's window is a "
+                                 "1 s placeholder (no engine metrics are read over it)")
         t0, t1 = (w[0], w[0] + duration) if w else (0.0, duration)
+        g0, g1 = t0, t1
     series.to_csv(run_dir / SERIES_CSV, index=False)
     (run_dir / INGEST_JSON).write_text(
         json.dumps(_ingest_report({"runs": reports}), indent=2, sort_keys=True) + "\n")
@@ -477,7 +520,9 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "bench_timezone": bench_timezone or "local",
         "incomplete_levels": incomplete_levels(others),
         "focus": {"variant": base, "concurrency": level, "run": run_name, "why": why,
-                  "t0": t0, "t1": t1, "point_dir": None, "counter_origin": origin},
+                  "t0": t0, "t1": t1, "gauge_t0": g0, "gauge_t1": g1, "point_dir": None,
+                  "counter_origin": origin},
+        "load": load,
     }
 
 
