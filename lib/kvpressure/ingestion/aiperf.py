@@ -109,7 +109,10 @@ def read(path: Path, run: str, notes: list[str]) -> list[dict[str, Any]]:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}: JSON that does not parse ({exc.msg})") from None
-        metrics, config = obj, obj.get("input_config") or {}
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}: not an AIPerf export (a JSON object of metrics)")
+        config = obj.get("input_config") if isinstance(obj.get("input_config"), dict) else {}
+        metrics = obj
     else:
         metrics, config = _csv_metrics(path, text), {}
     loadgen = config.get("loadgen") if isinstance(config.get("loadgen"), dict) else {}

@@ -102,15 +102,10 @@ def read(path: Path, run: str, notes: list[str]) -> list[dict[str, Any]]:
 
 
 def _stat(metrics: dict[str, Any], name: str, stat: str) -> float:
-    summary = metrics.get(name)
-    if not isinstance(summary, dict):
-        return NaN
-    dist = summary.get("successful")
-    if not isinstance(dist, dict):
-        return NaN
-    value = dist.get(stat) if stat in ("mean", "median") else (dist.get("percentiles") or {}).get(
+    dist = _dict(_dict(metrics.get(name)).get("successful"))
+    value = dist.get(stat) if stat in ("mean", "median") else _dict(dist.get("percentiles")).get(
         stat)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else NaN
+    return _number(value)
 
 
 def _level(strategy: dict[str, Any]) -> tuple[float, float, str]:
@@ -131,31 +126,37 @@ def _level(strategy: dict[str, Any]) -> tuple[float, float, str]:
     return limit, NaN, kind or "unknown"
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else NaN
+
+
 def _row(b: dict[str, Any], where: str, source: str, run: str, notes: list[str]
          ) -> dict[str, Any]:
-    config = b.get("config") if isinstance(b.get("config"), dict) else b.get("args") or {}
-    strategy = config.get("strategy") if isinstance(config.get("strategy"), dict) else {}
+    config = _dict(b.get("config")) or _dict(b.get("args"))
+    strategy = _dict(config.get("strategy"))
     concurrency, rate, kind = _level(strategy)
     metrics = b["metrics"]
-    totals = metrics.get("request_totals") if isinstance(metrics.get("request_totals"),
-                                                          dict) else {}
-    start, end = b.get("start_time"), b.get("end_time")
-    duration = b.get("duration")
-    if not isinstance(duration, int | float) and isinstance(start, int | float) and isinstance(
-            end, int | float):
+    totals = _dict(metrics.get("request_totals"))
+    start, end = _number(b.get("start_time")), _number(b.get("end_time"))
+    duration = _number(b.get("duration"))
+    if math.isnan(duration):
         duration = end - start
+    model = _dict(config.get("backend")).get("model")
     row: dict[str, Any] = {
         "run": run, "variant": "default", "concurrency": concurrency, "request_rate": rate,
-        "num_requests": float(totals.get("successful", NaN)),
-        "failed": float(totals.get("errored", NaN)),
-        "duration_s": float(duration) if isinstance(duration, int | float) else NaN,
-        "model": (config.get("backend") or {}).get("model") if isinstance(
-            config.get("backend"), dict) else None,
+        "num_requests": _number(totals.get("successful")),
+        "failed": _number(totals.get("errored")),
+        "duration_s": duration,
+        "model": model if isinstance(model, str) else None,
         "date": None, "source": source, "_where": f"{where} ({kind})",
     }
     for column, (metric, stat, factor) in _METRICS.items():
         row[column] = _stat(metrics, metric, stat) * factor
-    if isinstance(start, int | float) and isinstance(end, int | float) and end > start:
+    if end > start:
         # Unix seconds of the measured span: matched to a scrape log without a time zone.
         row["window_start"], row["window_end"] = float(start), float(end)
     if kind == "concurrent" and math.isnan(concurrency):
