@@ -219,12 +219,11 @@ def _stats(message: str, m: re.Match[str]) -> dict[str, Any]:
         "engine": None,
     }
     e = _ENGINE.search(message)
-    if e:
-        out["engine"] = e.group(1) if e.group(1) is not None else "aggregated"
-        if e.group(1) is not None:
-            out["engine"] = str(int(e.group(1)))
-        else:
-            out["engines_aggregated"] = int(e.group(2))
+    if e and e.group(1) is not None:
+        out["engine"] = str(int(e.group(1)))  # "Engine 000" is engine="0" in /metrics
+    elif e:
+        out["engine"] = "aggregated"
+        out["engines_aggregated"] = int(e.group(2))
     for key, rx in _COUNTS.items():
         c = rx.search(message)
         if c:

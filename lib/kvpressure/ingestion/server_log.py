@@ -267,13 +267,14 @@ def read_server_log(path: Path, acc: RunSamples, warnings: list[str], *,
     if filled:
         notes.append(f"{filled} silent interval(s) of an idle V1 engine filled with idle samples "
                      "(0 running, 0 waiting, 0 KV usage)")
-    _add_cache_config(acc, args, labels_base, sorted(times), info, notes)
+    _add_cache_config(acc, args, labels_base, sorted(times), info)
     _add_prefix_rates(acc, log.events, labels_base, v0)
     missing = dict(_NEVER_LOGGED)
     if PREEMPTIONS not in {s.canonical for s in acc.series}:
         missing[PREEMPTIONS] = ("vLLM V1 does not print preemptions in its log" if not v0 else
                                 "no preemption warning, and the log does not start with the "
-                                "server (fewer than 50 preemptions would leave none)")
+                                "engine: vLLM warns at every 50th preemption only, so up to 49 "
+                                "may have gone unseen")
     for key, why in (("max_num_seqs", "vLLM prints only non-default arguments"),
                      ("num_gpu_blocks", "no '# GPU blocks' or 'KV cache size' line with a "
                       "known block size"),
@@ -453,7 +454,7 @@ def _add_v0_preemptions(acc: RunSamples, preempt: list[Event], startup: list[Eve
 
 
 def _add_cache_config(acc: RunSamples, args: dict[str, Any], labels: dict[str, str],
-                      times: list[float], info: dict[str, Any], notes: list[str]) -> None:
+                      times: list[float], info: dict[str, Any]) -> None:
     cfg = {k: _label_value(args[k]) for k in _CACHE_LABELS if args.get(k) is not None}
     if not cfg:
         return
