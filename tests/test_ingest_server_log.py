@@ -278,6 +278,19 @@ def test_iso_prefix_colours_and_data_parallel_engines(tmp_path):
     assert got == {"0": (base + 0.25, 3.0), "1": (base + 0.5, 5.0)}
 
 
+def test_aggregated_data_parallel_lines_win_over_per_engine_ones(tmp_path):
+    line = ("(APIServer pid=1) INFO 12-01 10:00:{s} [loggers.py:259] {who}: Avg prompt "
+            "throughput: 10.0 tokens/s, Avg generation throughput: 1.0 tokens/s, Running: {r} "
+            "reqs, Waiting: 0 reqs, GPU KV cache usage: 50.0%\n")
+    path = tmp_path / "dp.log"
+    path.write_text(line.format(s="00", who="Engine 000", r=2)
+                    + line.format(s="00", who="Engine 001", r=3)
+                    + line.format(s="00", who="2 Engines Aggregated", r=5))
+    res = _read(path)
+    assert _series(res, "vllm:num_requests_running").tolist() == [5]
+    assert any("twice" in w for w in res.report["warnings"])
+
+
 def test_json_log_records(tmp_path):
     """vLLM's ``--logging-config.formatter json``: one record per line, the time in asctime."""
     msg = ("Engine 000: Avg prompt throughput: 20.0 tokens/s, Avg generation throughput: 2.0 "
