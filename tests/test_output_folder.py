@@ -119,3 +119,24 @@ def test_a_whole_point_is_reused_not_recomputed(tmp_path):
     reused = tmp_path / "again" / "points" / "baseline" / "c8" / "summary.json"
     assert reused.stat().st_mtime_ns == stamp
     assert _files(tmp_path / "again") == _files(clean)
+
+
+def test_a_folder_the_notebooks_wrote_in_place_is_the_reports_to_replace(tmp_path):
+    from kvpressure.pipeline.output_folder import check_replaceable
+    from kvpressure.pipeline.run_folder import write_stage
+
+    run = tmp_path / "ci_small"
+    (run / "points" / "baseline" / "c8").mkdir(parents=True)
+    (run / "runs.csv").write_text("run\n")
+    write_stage(run, "collect", {"mode": "simulation"})
+    # written after the first stage, as the later notebooks do
+    write_stage(run, "knee", {})
+    (run / "record.yaml").write_text("status: x\n")
+    (run / "points" / "baseline" / "c8" / "steps.csv").write_text("step\n")
+    assert read_marker(run)["command"] == "notebooks"
+    check_replaceable(run, force=False, command="report", rerun_ok=True)
+    with pytest.raises(InputError, match="--force"):
+        check_replaceable(run, force=False, command="sweep")
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="notes.txt"):
+        check_replaceable(run, force=True, command="report", rerun_ok=True)

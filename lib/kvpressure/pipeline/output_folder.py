@@ -35,6 +35,9 @@ from kvpressure.paths import REPO_ROOT, data_dir
 
 MARKER = ".kvpressure.json"
 FORMAT = 1
+# The marker's command for a run folder the notebooks wrote in place (run on their own, or
+# under nbval); ``kvpressure report`` replaces such a folder as its own.
+NOTEBOOKS_COMMAND = "notebooks"
 _PARTIAL = ".kvpressure-partial"
 _OLD = ".kvpressure-old"
 _LOCK = ".kvpressure.lock"
@@ -80,6 +83,14 @@ def _listing(folder: Path) -> list[str]:
     )
 
 
+def _in_run_layout(name: str) -> bool:
+    """A file notebooks run in place write (their folder's marker cannot list them all)."""
+    from kvpressure.pipeline.run_folder import RUN_LAYOUT, RUN_LAYOUT_DIRS
+
+    top = name.split("/", 1)[0]
+    return name in RUN_LAYOUT or ("/" in name and top in RUN_LAYOUT_DIRS)
+
+
 def _protected(path: Path) -> str | None:
     """Why ``path`` may never be an output folder (None when it may)."""
     home = Path.home().resolve()
@@ -112,12 +123,14 @@ def check_replaceable(out: Path, force: bool, command: str, option: str = "--out
         raise InputError(f"{option} {shown}: holds files kvpressure did not write (no {MARKER}); "
                          "it is never replaced, choose a new or empty folder")
     listed = set(marker.get("files") or ())
-    foreign = [f for f in _listing(out) if f not in listed]
+    foreign = [f for f in _listing(out) if f not in listed and not (
+        marker.get("command") == NOTEBOOKS_COMMAND and _in_run_layout(f))]
     if foreign:
         raise InputError(f"{option} {shown}: holds {foreign[0]!r}, which kvpressure did not write "
                          f"({len(foreign)} such file(s)); it is never replaced, choose another "
                          "folder")
-    if not force and not (rerun_ok and marker.get("command") == command):
+    same = marker.get("command") in (command, NOTEBOOKS_COMMAND if command == "report" else None)
+    if not force and not (rerun_ok and same):
         raise InputError(f"{option} {shown}: holds an earlier `kvpressure {marker.get('command')}` "
                          "run (pass --force to replace it)")
 

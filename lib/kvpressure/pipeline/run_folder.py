@@ -17,6 +17,7 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.paths import REPO_ROOT
+from kvpressure.pipeline.output_folder import MARKER, NOTEBOOKS_COMMAND, write_marker
 
 # The notebooks run with cwd = notebooks/, so their defaults are relative to it.
 DEFAULT_EXPERIMENT = "../data/experiments/seed_case.yaml"
@@ -43,6 +44,10 @@ INDEX_HTML = "index.html"
 ANALYSIS_DIR = "analysis"
 NOTEBOOKS_DIR = "notebooks"
 POINTS_DIR = "points"
+# What notebooks run on their own may write into a run folder (besides the marker's files).
+RUN_LAYOUT = (EXPERIMENT_COPY, SOURCES_FILE, RUNS_CSV, SERIES_CSV, INGEST_JSON, RECORD_YAML,
+              INDEX_HTML, "runs.parquet", "series.parquet")
+RUN_LAYOUT_DIRS = (ANALYSIS_DIR, NOTEBOOKS_DIR, POINTS_DIR)
 
 
 def default_experiment() -> str:
@@ -96,6 +101,10 @@ def write_stage(run_dir: str | os.PathLike[str], stage: str, result: Mapping[str
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(_plain(result, stage), indent=2, sort_keys=True, allow_nan=False)
     path.write_text(text + "\n", encoding="utf-8")
+    if not (Path(run_dir) / MARKER).exists():
+        # Notebooks run on their own write in place: mark the folder as the kit's, so that
+        # `kvpressure report` may later replace it (a report run has its own marker already).
+        write_marker(Path(run_dir), NOTEBOOKS_COMMAND, {}, complete=False)
     return path
 
 
