@@ -153,3 +153,24 @@ def test_real_processes_refuse_binary_input_cleanly(tmp_path, command):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert str(path) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_scrape_urls_and_numbers_are_checked():
+    urls = st.one_of(
+        st.text(max_size=16),
+        st.builds(lambda p: f"http://127.0.0.1:9/{p}", st.text(max_size=8)),
+        st.sampled_from(["http://[::1", "http://[::1/metrics", "ftp://127.0.0.1/metrics",
+                         "http://", "http://127.0.0.1:99999/metrics"]))
+    numbers = st.sampled_from(["0", "-5", "nan", "inf", "1e-300", "0.2"])
+
+    @settings(max_examples=20, deadline=None, derandomize=True)
+    @given(urls.filter(lambda u: not u.startswith("-")), numbers, numbers)
+    def check(url: str, interval: str, timeout: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            code, err = _run_in_process([
+                "scrape", url, "--out", str(Path(tmp) / "log.jsonl"), "--count", "1",
+                "--interval", interval, "--timeout", timeout, "--max-failures", "1"])
+            assert code in (0, 2), (code, err)
+            assert "Traceback" not in err, err
+
+    check()
