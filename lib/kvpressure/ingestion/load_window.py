@@ -17,6 +17,7 @@ scrapes, and failing those the whole window: each fallback is said in the notes.
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 from dataclasses import dataclass, field
 
@@ -41,6 +42,14 @@ class LoadWindow:
     loaded_scrapes: int
     steady_scrapes: int
     notes: list[str] = field(default_factory=list)
+
+
+def clock(t: float) -> str:
+    """A wall-clock time as a reader finds it in the server's logs (seconds of a relative
+    clock, as a simulation's, as such)."""
+    if t < 1e9:
+        return f"{t:.0f} s"
+    return _dt.datetime.fromtimestamp(t, _dt.UTC).strftime("%H:%M:%S UTC")
 
 
 def in_engine(series: pd.DataFrame, run: str | None = None) -> pd.Series:
@@ -93,7 +102,7 @@ def steady_part(
                          len(at_load))
         if out.t0 > lo or out.t1 < hi:
             out.notes.append(
-                f"gauges over the steady part {out.t0:.0f}-{out.t1:.0f} s ({len(at_load)} "
+                f"gauges over the steady part {clock(out.t0)}-{clock(out.t1)} ({len(at_load)} "
                 f"scrapes with running + waiting >= {STEADY_FRACTION:g} x {what}); ramp-up, "
                 "drain and idle seconds left out")
         return out
@@ -102,7 +111,7 @@ def steady_part(
                          len(at_load))
         out.notes.append(
             f"fewer than two scrapes reach {STEADY_FRACTION:g} x {what}: gauges over the "
-            f"loaded scrapes {out.t0:.0f}-{out.t1:.0f} s")
+            f"loaded scrapes {clock(out.t0)}-{clock(out.t1)}")
         return out
     whole.steady_scrapes = int(len(at_load))
     whole.notes.append("one loaded scrape in the window: gauges over the whole window")

@@ -31,6 +31,7 @@ import pandas as pd
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.cache_config import cache_config
+from kvpressure.ingestion.load_window import clock as _clock
 from kvpressure.ingestion.load_window import is_idle, steady_part
 from kvpressure.ingestion.server_log import engine_args_from_reports
 from kvpressure.jsonable import finite_or_none, to_jsonable
@@ -387,9 +388,9 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
             for p in ([Path(s)] if Path(s).is_file() else sorted(Path(s).rglob("*"))):
                 if p.is_file():
                     inputs.append({"path": display_path(p), "sha256": sha256_file(p)})
+    declared = sorted({f for r in reports.values() for run in r.get("runs", {}).values()
+                       for f in run.get("declared_without_samples", [])})
     if not rows:
-        declared = sorted({f for r in reports.values() for run in r.get("runs", {}).values()
-                           for f in run.get("declared_without_samples", [])})
         raise InputError(
             f"{', '.join(sources)}: no measured run found"
             + (f": {len(declared)} metric families are declared (# TYPE) without a single "
@@ -428,6 +429,10 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
               finite_or_none(focus_row.get("t_steady_end")))
     origin = "first"
     load: dict[str, Any] = {"idle": None, "snapshot": False, "notes": []}
+    if declared:
+        load["notes"].append(
+            f"{len(declared)} metric famil{'y is' if len(declared) == 1 else 'ies are'} declared "
+            f"without samples, so missing (not zero): {', '.join(declared)}")
     if series is not None and not series.empty:
         scrape_times = pd.to_numeric(series["t"], errors="coerce").dropna().unique()
         if shared_log and None not in window:
@@ -435,9 +440,10 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
             t0, t1 = window
             g0, g1 = steady if None not in steady and steady[1] > steady[0] else window
             load["notes"].append(
-                f"counters over the level's window {t0:.0f}-{t1:.0f} s (from its bench result), "
-                f"gauges over its steady part {g0:.0f}-{g1:.0f} s (ramp-up, drain and idle "
-                "seconds left out)")
+                f"counters over the level's window {_clock(t0)}-{_clock(t1)} (from its bench "
+                f"result), gauges over its steady part {_clock(g0)}-{_clock(g1)} "
+                f"({t1 - t0 - g1 + g0:.0f} s "
+                "of ramp-up, drain and idle left out)")
         elif len(scrape_times) == 1:
             # One dump: gauges as they stood at that instant, counters since the server began.
             t0 = t1 = g0 = g1 = float(scrape_times[0])

@@ -103,6 +103,18 @@ def notebook_record(run_dir: str | os.PathLike[str]) -> Path:
     return path
 
 
+def _load_notes(run_dir: Path) -> list[str]:
+    """What stage 01 found about the data's load and families, for the console."""
+    from kvpressure.pipeline.run_folder import has_stage, read_stage
+
+    if not has_stage(run_dir, "collect"):
+        return []
+    load = read_stage(run_dir, "collect").get("load") or {}
+    return list(load.get("notes", [])) + (
+        ["no load in the data: nothing ran or waited while the server was scraped"]
+        if load.get("idle") else [])
+
+
 def make_report(
     out_dir: str | os.PathLike[str],
     *,
@@ -150,6 +162,8 @@ def make_report(
         point_paths_at(work, run_dir)
         say("index.html ...")
         notebook_record(work)
+        for note in _load_notes(work):
+            say(f"note: {note}")
         render_report(work, title=f"Investigation: {run_dir.name}")
     record_path, index_path = run_dir / RECORD_YAML, run_dir / INDEX_HTML
     runs = [NotebookRun(r.notebook, run_dir / r.output_path.relative_to(work), r.seconds)

@@ -42,6 +42,29 @@ def _gauge(series: pd.DataFrame, metric: str, run: str, labels: str | None = Non
     return frame.mean(axis=1) if metric == KV_USAGE else frame.sum(axis=1)
 
 
+# --------------------------------------------------------------------------- 01 collect
+def level_windows(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per measured level, where its counters and its gauges were read, in seconds from the
+    first level's start (empty when the data has no such windows: simulated or bench-only)."""
+    cols = ["t_start", "t_end", "t_steady_start", "t_steady_end"]
+    if not set(cols) <= set(runs.columns):
+        return pd.DataFrame()
+    part = runs.dropna(subset=["concurrency", *cols])
+    if part.empty:
+        return pd.DataFrame()
+    ref = float(part["t_start"].min())
+    out = pd.DataFrame({
+        "concurrency": part["concurrency"].astype(int),
+        "counters from (s)": part["t_start"] - ref,
+        "counters to (s)": part["t_end"] - ref,
+        "gauges from (s)": part["t_steady_start"] - ref,
+        "gauges to (s)": part["t_steady_end"] - ref,
+    })
+    out["left out of the gauges (s)"] = ((out["counters to (s)"] - out["counters from (s)"])
+                                         - (out["gauges to (s)"] - out["gauges from (s)"]))
+    return out.sort_values("concurrency").reset_index(drop=True)
+
+
 # --------------------------------------------------------------------------- 02 recompute
 def timeline(tables: Tables) -> pd.DataFrame:
     """Running, waiting (by reason) and KV usage at each scrape of the focus point (long form)."""
