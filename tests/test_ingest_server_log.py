@@ -322,11 +322,11 @@ def test_bench_result_matched_to_the_log_by_time(tmp_path):
     bench.update(date="20261201-142301", duration=100.0)
     path = tmp_path / "c32.json"
     path.write_text(json.dumps(bench))
-    res = ingest([path, KV_BOUND_LOG], run="load", bench_timezone="UTC", log_timezone="UTC",
-                 log_year=2026)
+    # both written in +08:00: the log is read in the bench results' zone unless told otherwise
+    res = ingest([path, KV_BOUND_LOG], run="load", bench_timezone="+08:00", log_year=2026)
     row = res.runs.iloc[0]
     assert len(res.runs) == 1 and row["concurrency"] == 32
-    assert row["t_start"] == _at(2026, 12, 1, 14, 21, 21)  # date - duration
+    assert row["t_start"] == _at(2026, 12, 1, 14, 21, 21) - 8 * 3600  # date - duration
     assert row["max_running"] == 24 and 20 <= row["mean_running"] <= 24
     assert row["mean_kv_usage"] > 0.95 and np.isnan(row["preemptions"])
     assert str(KV_BOUND_LOG) in row["source"]

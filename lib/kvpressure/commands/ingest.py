@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-timezone",
         help="time zone a vLLM server log's times were written in (e.g. +08:00, UTC); "
-        "default: this machine's",
+        "default: --bench-timezone, else this machine's",
     )
     parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
 

@@ -290,7 +290,7 @@ def ingest(
     (``"concurrency=conc,output_throughput=tok_s"``, ``ttft_p95_s=ttft95:ms`` for a unit).
     ``log_year``: the year of a vLLM server log's first dated line (its dates have none; default:
     from the file's modification time); ``log_timezone``: the zone its times were written in
-    (default: this machine's; same forms as ``bench_timezone``).
+    (default: ``bench_timezone``, else this machine's; same forms).
     """
     if isinstance(sources, str | Path):
         sources = [sources]
@@ -303,7 +303,9 @@ def ingest(
     tz = bench_tzinfo(bench_timezone)
     mapping = parse_columns(columns)
     try:
-        log_tz = bench_tzinfo(log_timezone)
+        # A server and the client that loaded it usually share a zone: without its own, a
+        # log is read in the bench results' zone.
+        log_tz = bench_tzinfo(log_timezone) if log_timezone is not None else tz
     except InputError as exc:
         raise InputError(str(exc).replace("bench_timezone", "log timezone", 1)) from None
     warnings: list[str] = []
