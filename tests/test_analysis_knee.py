@@ -117,8 +117,10 @@ def test_robust_roughness_hand_worked_and_unbiased():
     # The largest (|-4|) and its neighbours (1, 0.5) are left out: median |.| of 0.2, 0.3, 0.4.
     r = np.array([0.2, 1.0, -4.0, 0.5, 0.3, 0.4])
     assert robust_roughness(r) == pytest.approx(0.3 / 0.6745)
-    # Fewer than two would remain: every difference counts.
+    # None would remain: every difference counts.
     assert robust_roughness(np.array([1.0, -3.0])) == pytest.approx(2.0 / 0.6745)
+    # One remains: it is the estimate (the corner's window is shape, not noise).
+    assert robust_roughness(np.array([0.5, -3.0, 1.0, 0.1])) == pytest.approx(0.1 / 0.6745)
     # Normal noise of sd 2 on independent values: close to 2 once the window is left out.
     rng = np.random.default_rng(3)
     z = rng.normal(0, 2.0, size=(4000, 12))
@@ -158,6 +160,15 @@ def test_near_linear_negative_control_gets_no_early_knee():
             assert k.knee_x is None or k.knee_x >= x[-2], (y, k.knee_x)
     k = find_knee([8, 16, 24, 32, 40, 48, 56, 64], [100, 201, 297, 402, 499, 596, 703, 795])
     assert k.knee_x is None and k.still_rising
+
+
+def test_a_sharp_fall_after_an_early_peak_is_a_decline():
+    # Six levels, the peak third: too few held levels, so the noise is read over every level,
+    # where the corner at the peak moves three of the four second differences. Left out, the
+    # flat tail shows little noise, and a 17% fall is a decline.
+    k = find_knee([4, 8, 16, 24, 32, 48], [115.6, 174.7, 239.8, 206.3, 198.6, 198.6])
+    assert k.knee_x == 16 and k.declines
+    assert k.decline_pct == pytest.approx(100 * (239.8 - 198.6) / 239.8, abs=1e-3)
 
 
 def test_one_or_two_levels_give_no_knee_and_say_why():

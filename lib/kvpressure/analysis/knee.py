@@ -11,7 +11,7 @@ method:
    relative to the level, since throughput noise grows with throughput). A straight rise and a
    held plateau leave second differences of zero; the corner at the knee, or one noisy level,
    moves three consecutive ones. The estimate is the median absolute second difference with
-   the largest and its two neighbours left out (when two or more remain), scaled to a standard
+   the largest and its two neighbours left out (when any remain), scaled to a standard
    deviation: a scale of all of them breaks down when three of a sweep's handful are moved,
    and the plateau band then reaches a level that is clearly below the peak. Only the levels up
    to the plateau's end (the rising part and the levels held within ``plateau_tol`` of the
@@ -141,7 +141,7 @@ def _exact_zero(rel: float) -> float:
 def robust_roughness(r: np.ndarray) -> float:
     """Noise of one level (relative) from second differences ``r``: the median absolute second
     difference, scaled to a standard deviation for normal noise, after leaving out the largest
-    and its two neighbours when at least two remain.
+    and its two neighbours when any remain.
 
     A straight rise and a held plateau leave second differences of zero; a corner (the knee) or
     one noisy level moves three consecutive ones (its own fully, its neighbours' by half). A
@@ -153,7 +153,7 @@ def robust_roughness(r: np.ndarray) -> float:
     i = int(np.argmax(a))
     keep = np.ones(len(a), dtype=bool)
     keep[max(0, i - 1): i + 2] = False
-    rest = a[keep] if keep.sum() >= 2 else a
+    rest = a[keep] if keep.sum() >= 1 else a
     return float(np.median(rest) / _MAD_NORMAL)
 
 
