@@ -32,7 +32,7 @@ $(UV):
 	.tools/bin/pip install --quiet uv==$(UV_VERSION)
 
 $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
-	$(UV) sync --locked --extra test --inexact
+	$(UV) sync --locked --extra test --extra dask --inexact
 	@touch $@
 
 report: $(VENV)/.synced
