@@ -446,6 +446,9 @@ def test_report_on_a_kv_bound_log_says_bound_by_kv_blocks(tmp_path):
     assert record["scheduler"]["max_num_seqs"] == 64
     assert record["scheduler"]["num_gpu_blocks"] == 1024
     assert record["counters"]["num_preemptions_total"] is None
+    # the report says what the log's numbers are worth
+    page = (out / "index.html").read_text()
+    assert "token counters are approximations" in page and "missing (not zero)" in page
 
 
 @pytest.mark.slow

@@ -528,3 +528,27 @@ def engine_args_from_reports(reports: dict[str, Any]) -> dict[str, Any]:
                 if args.get(key) is not None:
                     out.setdefault(key, args[key])
     return out
+
+
+def log_notes(reports: dict[str, Any]) -> list[str]:
+    """One sentence per server log in ``ingest()`` reports: what its numbers are worth."""
+    out = []
+    for report in reports.values():
+        for run in (report.get("runs") or {}).values():
+            log = run.get("server_log")
+            if not log:
+                continue
+            parts = [f"token counters are approximations (logged average throughputs times "
+                     f"each line's {log.get('interval_s', 0):g} s interval)"]
+            if "vllm:num_preemptions_total" in (log.get("missing") or {}):
+                parts.append("preemptions are missing (not zero): "
+                             + log["missing"]["vllm:num_preemptions_total"])
+            if log.get("idle_intervals_filled"):
+                parts.append(f"{log['idle_intervals_filled']} silent idle interval(s) filled "
+                             "with idle samples")
+            args = [k for k in ("max_num_seqs", "num_gpu_blocks", "block_size")
+                    if (log.get("engine_args") or {}).get(k) is not None]
+            if args:
+                parts.append(f"{', '.join(args)} from its start-up lines")
+            out.append(f"from a vLLM {log.get('format', '')} server log: " + "; ".join(parts))
+    return out

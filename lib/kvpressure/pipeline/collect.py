@@ -33,7 +33,7 @@ from kvpressure.errors import InputError
 from kvpressure.ingestion.cache_config import cache_config
 from kvpressure.ingestion.load_window import clock as _clock
 from kvpressure.ingestion.load_window import is_idle, steady_part
-from kvpressure.ingestion.server_log import engine_args_from_reports
+from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes
 from kvpressure.jsonable import finite_or_none, to_jsonable
 from kvpressure.pipeline.levels import REPEAT, repeats_of
 from kvpressure.pipeline.run_folder import (
@@ -483,6 +483,7 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     geometry = cache_config(series) if engine_metrics else {}
     # A server log shows some engine arguments (max_num_seqs...); what the user gives wins.
     settings = {**geometry, **engine_args_from_reports(reports), **dict(engine_args)}
+    load["notes"].extend(log_notes(reports))
     variant_settings = {}
     for v in variants:
         variant_settings[v] = {**settings, **_parse_variant(v)} if v != base else dict(settings)
