@@ -145,6 +145,19 @@ def test_small_pool_with_swinging_usage_is_kv_bound(small_pool):
     assert w.start_s < w.gauges_start_s < w.gauges_end_s <= w.end_s
 
 
+def test_one_level_scrape_log_alone_is_kv_bound(small_pool, tmp_path):
+    """The simulation's own scrape log of the level past the knee, given alone: gauges over the
+    steady part of the log, the same verdict as with the bench results."""
+    sim, replay, _, _ = small_pool
+    log = replay.log.parent.parent / "sweep" / "points" / "baseline" / "c8" / "metrics.prom.jsonl"
+    rec = load_record(analyse(tmp_path / "r", source=str(log), focus_concurrency=8,
+                              engine_args={"max_num_seqs": 256}))
+    assert rec.status == KV_BOUND and rec.counters.window.concurrency == 8
+    level = sim[sim["concurrency"] == 8].iloc[0]
+    # Counters over the whole log: the simulation's count for that level.
+    assert rec.counters.num_preemptions_total == level["preemptions"]
+
+
 def test_light_load_is_not_called_kv_bound(small_pool, tmp_path):
     _, replay, _, _ = small_pool
     rec = load_record(analyse(tmp_path / "r", source=[str(replay.log.parent / "bench"),
