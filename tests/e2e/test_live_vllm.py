@@ -35,6 +35,7 @@ import yaml
 from vllm_server import SERVED_NAME, VllmServer, start_vllm, stop_group, tiny_model, vllm_python
 
 from kvpressure.ingestion.api import ingest
+from kvpressure.ingestion.counters import window_increase
 from kvpressure.live.server import metric_total
 from kvpressure.pipeline.report import make_report
 from prometheus_server import free_port, prometheus_server, require_prometheus
@@ -268,6 +269,37 @@ def test_series_read_through_prometheus_equal_the_scrape_log(sweep: Sweep) -> No
     # Every family the analysis reads came through Prometheus under its canonical name.
     assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting",
             "vllm:inter_token_latency_seconds_bucket"} <= set(prom["metric"])
+
+
+def test_vllm_bench_serve_as_the_load_engine_gives_results_the_same_reader_cuts(
+    server: VllmServer, sweep: Sweep, tmp_path: Path
+) -> None:
+    vllm = vllm_python().parent / "vllm"
+    out = tmp_path / "vllm_bench"
+    with Poller(server.url + "/metrics") as poller:
+        proc = run_cli(["collect", server.url, "--levels", "4", "--out", str(out),
+                        "--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN),
+                        "--prompts-per-level", "8", "--cooldown", "1", "--warmup", "2",
+                        "--load-engine", "vllm-bench", "--vllm", str(vllm), "--no-report"],
+                       timeout_s=300)
+        time.sleep(0.5)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "levels.json").read_text())
+    assert doc["load_engine"] == "vllm-bench"
+    (lv,) = doc["levels"]
+    result = json.loads((out / "bench" / "c4.json").read_text())
+    # vLLM's own writer: its fields, plus the window the kit stamps from the file's time.
+    assert result["backend"] == "vllm" and result["max_concurrency"] == 4
+    assert result["completed"] == 8 and result["total_output_tokens"] == 8 * OUTPUT_LEN
+    assert len(result["ttfts"]) == 8 and len(result["itls"]) == 8
+    assert lv["start"] == result["kvpressure_window"]["start"]
+    res = ingest([out / "bench", out / "metrics.prom.jsonl"], run="load_test")
+    row = res.runs.iloc[0]
+    direct = (poller.samples[-1][1]["vllm:generation_tokens_total"]
+              - poller.at(lv["start"], "vllm:generation_tokens_total"))
+    cut = window_increase(res.series, "vllm:generation_tokens_total", row["t_start"],
+                          row["t_end"])
+    assert cut == direct == result["total_output_tokens"]
 
 
 def test_a_server_killed_mid_level_keeps_what_was_measured(server: VllmServer,

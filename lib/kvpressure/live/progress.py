@@ -19,6 +19,7 @@ class LevelProgress:
     duration_s: float | None
     stream: TextIO = field(default_factory=lambda: sys.stderr)
     every_s: float = 10.0
+    engine: str = "builtin"  # with vllm-bench the requests are counted only at the end
     done: int = 0
     failed: int = 0
     tokens: int = 0
@@ -26,7 +27,7 @@ class LevelProgress:
     running: float | None = None
     waiting: float | None = None
     started: float = field(default_factory=time.monotonic)
-    _last_draw: float = 0.0
+    _last_draw: float = field(default_factory=time.monotonic)  # the first line after every_s
 
     @property
     def tty(self) -> bool:
@@ -36,8 +37,11 @@ class LevelProgress:
         elapsed = time.monotonic() - self.started
         of = f"/{self.planned}" if self.planned else ""
         span = f"{elapsed:5.1f}/{self.duration_s:g} s" if self.duration_s else f"{elapsed:5.1f} s"
-        parts = [f"c={self.concurrency:<4}", f"{self.done}{of} req", span,
-                 f"{self.tokens / elapsed if elapsed > 0 else 0.0:7.1f} tok/s"]
+        if self.engine == "vllm-bench" and not self.done:
+            parts = [f"c={self.concurrency:<4}", "vllm bench serve running", span]
+        else:
+            parts = [f"c={self.concurrency:<4}", f"{self.done}{of} req", span,
+                     f"{self.tokens / elapsed if elapsed > 0 else 0.0:7.1f} tok/s"]
         if self.failed:
             parts.append(f"{self.failed} failed")
         if self.preemptions is not None:

@@ -313,7 +313,8 @@ class _Sweep:
         o = self.opts
         lv = self.level(c)
         n = o.prompts_for(c)
-        progress = LevelProgress(c, n, o.duration_per_level_s, stream=self.stream)
+        progress = LevelProgress(c, n, o.duration_per_level_s, stream=self.stream,
+                                 engine=self.engine)
         base_preempt = self.latest(PREEMPTIONS)
         lv.update(status="running", start=time.time())
         self.save()
@@ -375,6 +376,9 @@ class _Sweep:
             await self.settle(http, 3.0)
         await self.fresh_scrape(http)
         if bench is not None:
+            progress.done = int(bench.get("completed") or 0) + int(bench.get("failed") or 0)
+            progress.failed = int(bench.get("failed") or 0)
+            progress.tokens = int(bench.get("total_output_tokens") or 0)
             self._record(c, bench, True, None, progress)
             return
         outcomes = result.outcomes if result is not None else seen
@@ -522,7 +526,9 @@ def _fetch_prometheus(sweep: _Sweep, t0: float, t1: float) -> dict[str, Any]:
     from kvpressure.ingestion.api import ingest
 
     url = sweep.opts.prometheus or ""
-    _wait_for_prometheus(url, t1)
+    # Up to the Prometheus server's first scrape after the sweep, so its series end, like the
+    # scrape log, on the server at rest.
+    t1 = max(t1, _wait_for_prometheus(url, t1))
     try:
         res = ingest([url], run="prometheus", start=t0, end=t1, timeout=30.0)
     except InputError as exc:
@@ -533,9 +539,9 @@ def _fetch_prometheus(sweep: _Sweep, t0: float, t1: float) -> dict[str, Any]:
             "series_rows": int(len(res.series)), "warnings": res.report.get("warnings", [])}
 
 
-def _wait_for_prometheus(url: str, t: float, limit_s: float = 30.0) -> None:
-    """Wait until the Prometheus server has scraped after ``t`` (its last sample lands one
-    scrape interval after the sweep ends)."""
+def _wait_for_prometheus(url: str, t: float, limit_s: float = 30.0) -> float:
+    """The time of the Prometheus server's first scrape at or after ``t`` (waiting up to
+    ``limit_s`` for it); ``t`` when it does not come."""
     deadline = time.monotonic() + limit_s
     with httpx.Client(timeout=5.0) as http:
         while time.monotonic() < deadline:
@@ -544,10 +550,11 @@ def _wait_for_prometheus(url: str, t: float, limit_s: float = 30.0) -> None:
                                 params={"query": "max(timestamp(up))"})
                 result = resp.json()["data"]["result"]
                 if result and float(result[0]["value"][1]) >= t:
-                    return
+                    return float(result[0]["value"][1]) + 0.001
             except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
                 pass
             time.sleep(0.5)
+    return t
 
 
 def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,

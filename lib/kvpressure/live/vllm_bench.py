@@ -78,7 +78,7 @@ def run_level(
         "--endpoint", "/v1/completions", "--model", model, "--tokenizer", tokenizer,
         "--dataset-name", "random", "--random-input-len", str(input_len),
         "--random-output-len", str(output_len), "--random-range-ratio", str(range_ratio),
-        "--ignore-eos", "--num-prompts", str(num_prompts),
+        "--ignore-eos", "--temperature", "0", "--num-prompts", str(num_prompts),
         "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", str(seed),
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
         "--save-result", "--save-detailed", "--result-dir", str(work_dir),
