@@ -1,0 +1,83 @@
+"""The configuration to recommend, its runner-up, and why, in words a user can check against
+the tables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from kvpressure.tune.limits import broken, format_limits
+from kvpressure.tune.ranking import goodput
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def _at(level: Mapping[str, Any], limits: Mapping[str, float], level_name: str) -> str:
+    lat = ", ".join(f"{k.removesuffix('_s')} {_ms(float(level[k]))}"
+                    for k in (limits or {"ttft_p95_s": 0, "itl_p95_s": 0}))
+    return f"{level_name} {level['level']:g} ({lat})"
+
+
+def recommend(table: pd.DataFrame, records: Mapping[str, Mapping[str, Any]],
+              limits: Mapping[str, float], level_name: str, baseline_id: str = "baseline"
+              ) -> dict[str, Any]:
+    """``{"recommended", "runner_up", "baseline", "equivalent", "text", ...}``."""
+    base = records.get(baseline_id)
+    base_good, base_at = ((0.0, None) if base is None or base["status"] != "ok"
+                          else goodput(base["levels"], limits))
+    out: dict[str, Any] = {"limits": dict(limits), "baseline_goodput_output_tok_s": base_good,
+                           "recommended": None, "runner_up": None, "equivalent": []}
+    ok = table[table["goodput_output_tok_s"] > 0] if not table.empty else table
+    if ok.empty:
+        out["text"] = (f"no configuration meets {format_limits(limits)} at any level tried; "
+                       "loosen the limits or add lower levels")
+        return out
+    best = ok.iloc[0]
+    rec = records[best["id"]]
+    good, at = goodput(rec["levels"], limits)
+    same = ok[(ok["goodput_output_tok_s"] == best["goodput_output_tok_s"])
+              & (ok["peak_output_tok_s"] == best["peak_output_tok_s"])]
+    out["equivalent"] = [i for i in same["id"] if i != best["id"]]
+    rest = ok[~ok["id"].isin(same["id"])]
+    runner = rest.iloc[0] if not rest.empty else None
+    out["recommended"] = {"id": best["id"], "config": rec["config"],
+                          "goodput_output_tok_s": good, "level": at["level"]}
+    parts = [f"{best['id']}: goodput {good:.0f} output tok/s at {_at(at, limits, level_name)}"]
+    if best["id"] == baseline_id:
+        parts[0] = (f"keep the baseline settings: goodput {good:.0f} output tok/s at "
+                    f"{_at(at, limits, level_name)}; no configuration tried does better")
+    elif base is not None and base["status"] == "ok":
+        if base_good > 0:
+            parts.append(f"{100 * (good / base_good - 1):+.1f}% over the baseline's "
+                         f"{base_good:.0f} tok/s at {_at(base_at, limits, level_name)}")
+        else:
+            parts.append("the baseline meets the limits at no level")
+    higher = [r for r in rec["levels"] if r["level"] > at["level"]]
+    if higher:
+        nxt = higher[0]
+        why = broken(nxt, limits)
+        parts.append(f"at {level_name} {nxt['level']:g} it "
+                     + (f"breaks {'; '.join(why)}" if why else
+                        f"meets the limits but gives less ({nxt['output_throughput']:.0f} tok/s)"))
+    else:
+        parts.append("it meets the limits up to the highest level tried")
+    if out["equivalent"]:
+        parts.append(f"{len(out['equivalent'])} other configuration(s) give the same results "
+                     "(the settings in which they differ do not bind here); the one with the "
+                     "fewest changes from the baseline is named")
+    if runner is not None:
+        r_rec = records[runner["id"]]
+        r_good, r_at = goodput(r_rec["levels"], limits)
+        differ = sorted(k for k in set(rec["config"]) | set(r_rec["config"])
+                        if rec["config"].get(k) != r_rec["config"].get(k))
+        out["runner_up"] = {"id": runner["id"], "config": r_rec["config"],
+                            "goodput_output_tok_s": r_good, "level": r_at["level"]}
+        parts.append(f"runner-up {runner['id']}: {r_good:.0f} tok/s at "
+                     f"{_at(r_at, limits, level_name)}, {100 * (r_good / good - 1):+.1f}%"
+                     + (f"; it differs in {', '.join(differ)}" if differ else ""))
+    out["text"] = "; ".join(parts) + "."
+    return out
