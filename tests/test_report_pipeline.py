@@ -259,3 +259,20 @@ def test_experiment_is_a_file_or_a_built_in_name(tmp_path):
     with pytest.raises(InputError, match=r"--experiment no_such_case: .*not found"):
         make_report(tmp_path / "o", experiment="no_such_case")
     assert not (tmp_path / "o").exists()  # refused before anything is written
+
+
+def test_analyse_without_jupyter_writes_what_the_notebooks_wrote(simulated, tmp_path):
+    """Stages 02-06 re-run in one process from the report's stage 01: every analysis JSON and
+    the record equal the notebooks' byte for byte (the notebooks only show and explain)."""
+    import shutil
+
+    from kvpressure.pipeline.analyse import analyse
+
+    copy = tmp_path / "copy"
+    shutil.copytree(simulated.run_dir, copy)
+    analyse(copy, simulate_remedies=True)
+    for name in ("recompute", "knee", "compare", "interference", "record"):
+        a = (simulated.run_dir / "analysis" / f"{name}.json").read_bytes()
+        b = (copy / "analysis" / f"{name}.json").read_bytes()
+        assert a == b, name
+    assert (copy / "record.yaml").read_bytes() == simulated.record_path.read_bytes()

@@ -28,8 +28,11 @@ SUBCOMMANDS: dict[str, str] = {
               "server logs",
     "knee": "locate the knee, peak and decline of a throughput-vs-concurrency curve",
     "report": "run the investigation notebooks and render the record and the report",
+    "analyse": "compute every stage and the record without Jupyter (no figures, no HTML)",
     "profiles": "list the built-in hardware, model and experiment profiles",
     "twin": "fit a simulated twin to a measured run folder, check it, predict remedies",
+    "tune": "search engine settings under latency limits (serially, on local processes or "
+            "on a Dask cluster)",
 }
 
 

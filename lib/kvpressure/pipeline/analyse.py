@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvpressure.errors import InputError
 from kvpressure.pipeline.collect import collect, load_tables
-from kvpressure.pipeline.run_folder import write_stage
+from kvpressure.pipeline.run_folder import has_stage, write_stage
 
 
 def analyse(
@@ -26,9 +27,11 @@ def analyse(
     engine_args: Mapping[str, Any] | None = None,
     model_name: str = "",
     bench_timezone: str = "",
+    columns: Any = "",
     simulate_remedies: bool = False,
 ) -> Path:
-    """Collect, analyse and write the record; returns the path of ``record.yaml``."""
+    """Collect (when an experiment or source is given; else reuse the run folder's stage 01),
+    analyse and write the record; returns the path of ``record.yaml``."""
     from kvpressure.pipeline.stages import (
         compare_stage,
         interference_stage,
@@ -39,9 +42,13 @@ def analyse(
     from kvpressure.record.build import build_record
     from kvpressure.record.io import write_record
 
-    collect(run_dir, experiment, source, focus_concurrency=focus_concurrency,
-            engine_args=engine_args, model_name=model_name, bench_timezone=bench_timezone,
-            progress=None)
+    if experiment or source:
+        collect(run_dir, experiment, source, focus_concurrency=focus_concurrency,
+                engine_args=engine_args, model_name=model_name, bench_timezone=bench_timezone,
+                columns=columns, progress=None)
+    elif not has_stage(run_dir, "collect"):
+        raise InputError(f"{os.fspath(run_dir)}: not a run folder (no analysis/collect.json); "
+                         "give --experiment or --source")
     tables = load_tables(run_dir)
     write_stage(run_dir, "recompute", recompute_stage(tables).result)
     write_stage(run_dir, "knee", knee_stage(tables).result)
