@@ -164,8 +164,7 @@ def _base_year(path: Path, stamps: list[Stamp], rollovers: list[int], year: int 
     # The last line was written before the file was last modified; a day of slack covers a
     # log written in another zone than this machine's.
     year_last = mtime.year if (last.month, last.day) <= _next_day(mtime) else mtime.year - 1
-    return year_last - rollovers[-1], (
-        f"the file's modification time ({mtime:%Y-%m-%d}): the log's dates have no year")
+    return year_last - rollovers[-1], f"the file's modification time ({mtime:%Y-%m-%d})"
 
 
 def _next_day(when: _dt.datetime) -> tuple[int, int]:
