@@ -41,8 +41,9 @@ NOTEBOOKS_COMMAND = "notebooks"
 _PARTIAL = ".kvpressure-partial"
 _OLD = ".kvpressure-old"
 _LOCK = ".kvpressure.lock"
-# What an adopted partial folder keeps: finished sweep points, each checked by its own marker.
-_ADOPTABLE = ("points",)
+# What an adopted partial folder keeps: finished sweep points, each checked by its own marker,
+# and tune's streamed results (each line checked against the run's identity).
+_ADOPTABLE = ("points", "results.jsonl")
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

@@ -44,7 +44,7 @@ def format_limits(limits: Mapping[str, float]) -> str:
 
 
 def _seconds(v: float) -> str:
-    return f"{v * 1000:g} ms" if v < 1 else f"{v:g} s"
+    return f"{v * 1000:.3g} ms" if v < 1 else f"{v:.3g} s"
 
 
 def broken(level: Mapping[str, float], limits: Mapping[str, float]) -> list[str]:
