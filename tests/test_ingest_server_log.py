@@ -310,6 +310,14 @@ def test_json_log_records(tmp_path):
                                      (_at(2026, 12, 1, 8, 0, 10) + 0.5, 3.0)]
 
 
+def test_a_log_after_a_long_head_of_other_output_is_found(tmp_path):
+    path = tmp_path / "server.out"
+    junk = "".join(f"Downloading shard {i}: {'#' * 80}\n" for i in range(2000))  # ~190 KB
+    path.write_bytes(junk.encode() + KV_BOUND_LOG.read_bytes())
+    assert detect(path)[0].kind == "server_log"
+    assert _series(_read(path), "vllm:num_requests_running").tolist()[:2] == [18, 21]
+
+
 def test_a_log_file_in_a_folder_is_found_by_its_content(tmp_path):
     (tmp_path / "server.out").write_bytes(KV_BOUND_LOG.read_bytes())
     kinds = [s.kind for s in detect(tmp_path)]

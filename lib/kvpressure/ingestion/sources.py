@@ -32,7 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpressure.errors import InputError
-from kvpressure.ingestion.log_lines import looks_like_prometheus, looks_like_server_log
+from kvpressure.ingestion.log_lines import (
+    has_log_prefix,
+    looks_like_prometheus,
+    looks_like_server_log,
+)
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _BENCH_KEYS = {
@@ -149,8 +153,25 @@ def sniff_file(path: Path) -> str:
     if bench_tables.sniff_table(path, head):
         return "bench"  # a runs CSV, a sweep's summary.csv, a GuideLLM or AIPerf table
     if not looks_like_prometheus(head):
-        return "text_other"
+        return "server_log" if _log_further_on(path) else "text_other"
     return "prom_text"
+
+
+def _log_further_on(path: Path, limit: int = 4 << 20) -> bool:
+    """Whether a vLLM log line comes after a long head of other output (a model download's
+    progress bars, a traceback of an earlier start): the first ``limit`` characters decide."""
+    read = 0
+    try:
+        with open_text(path) as fh:
+            for line in fh:
+                if has_log_prefix(line):
+                    return True
+                read += len(line)
+                if read > limit:
+                    break
+    except (OSError, EOFError):
+        pass
+    return False
 
 
 def _refuse(path: Path, kind: str) -> InputError:
