@@ -217,3 +217,42 @@ def test_per_layer_head_widths_unify_pages_by_block_size():
     # a request of 4096 tokens: 4096 / 32 = 128 full blocks, 3 x (cdiv(511 + 2048, 16) + 1)
     assert s.blocks_per_max_len_request == 128 + 3 * (160 + 1)
     assert isinstance(m, ModelProfile)
+
+
+@pytest.mark.parametrize(
+    ("config", "bits"),
+    [
+        # 4-bit weights + a 16-bit scale and a packed 4-bit zero point per 128
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, 4 + 20 / 128),
+        # NF4: one 8-bit absmax per 64, itself scaled by an fp32 per 256 blocks
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+          "bnb_4bit_use_double_quant": True}, 4 + (8 + 32 / 256) / 64),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, 4 + 32 / 64),
+        ({"quant_method": "bitsandbytes", "load_in_8bit": True}, 8),
+        # fp8 with one fp32 scale per 128 x 128 block (DeepSeek-V3, Qwen3-FP8)
+        ({"quant_method": "fp8", "weight_block_size": [128, 128]}, 8 + 32 / (128 * 128)),
+        ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {
+            "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
+            "symmetric": True}}}}, 4 + 16 / 128),
+    ],
+)
+def test_stored_bits_per_weight(config, bits):
+    from kvpressure.profiles.quantization import parse_quantization
+
+    q = parse_quantization(config, "config.json")
+    assert q.bits == pytest.approx(bits)
+    # norms, routers, embeddings and the LM head stay at the model's 16 bits
+    for component in ("norms", "router", "embed", "lm_head"):
+        assert q.bits_for(component, 16) == 16
+    assert q.bits_for("experts", 16) == pytest.approx(bits)
+
+
+def test_modules_not_converted_and_a_quantized_lm_head():
+    from kvpressure.profiles.quantization import parse_quantization
+
+    q = parse_quantization({"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router"]}, "config.json")
+    assert q.bits_for("attention", 16) == 16 and q.bits_for("experts", 16) == 4.25
+    g = parse_quantization({"quant_method": "gptq", "bits": 4, "group_size": 128,
+                            "lm_head": True}, "config.json")
+    assert g.bits_for("lm_head", 16) == g.bits == 4 + 20 / 128
