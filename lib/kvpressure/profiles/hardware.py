@@ -2,7 +2,9 @@
 
 YAML files use unit-suffixed field names so that a number never stands without its unit:
 ``memory_gib`` (2**30 bytes; HBM stacks come in binary sizes, so a vendor's "64 GB" card holds
-64 GiB) or ``memory_gb`` (10**9 bytes), ``hbm_bandwidth_gb_s`` (10**9 B/s), ``peak_flops_tflops``
+64 GiB) or ``memory_gb`` (10**9 bytes) for the nameplate, ``usable_memory_gib`` /
+``usable_memory_gb`` for the total the runtime reports (``torch.cuda.mem_get_info``; what vLLM
+multiplies by ``gpu_memory_utilization``, a few hundred MiB to ~3 GiB below the nameplate), ``hbm_bandwidth_gb_s`` (10**9 B/s), ``peak_flops_tflops``
 (10**12 FLOP/s), ``link_bandwidth_per_direction_gb_s`` / ``link_bandwidth_aggregate_gb_s``,
 ``alpha_c_us``, ``t0_ms``, ``t_seq_us``. The dataclass holds SI base units (bytes, B/s, FLOP/s,
 seconds) so the cost model never converts.
@@ -56,7 +58,7 @@ class HardwareProfile:
     """What the runtime reports as the device name; vLLM checks it for "a100"."""
     num_cards: int
     memory_bytes: int
-    """Nominal device memory per card."""
+    """Nameplate device memory per card."""
     usable_memory_bytes: int
     """Total memory the runtime reports (vLLM's ``total_memory`` in K1); nominal if unknown."""
     hbm_bandwidth: float
