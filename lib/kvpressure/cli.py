@@ -22,6 +22,8 @@ SUBCOMMANDS: dict[str, str] = {
     "capacity": "size the KV pool from a hardware and model profile, the way vLLM does",
     "simulate": "simulate vLLM's V1 scheduler on a step-level workload or an experiment",
     "sweep": "simulate an experiment at every concurrency level (and comparison variant)",
+    "verify-vllm": "run workloads through another vLLM's own scheduler and diff every step "
+                   "against the simulation",
     "collect": "load a live vLLM server level by level, record its metrics, run the report",
     "scrape": "record a live server's /metrics into a scrape log during a load test",
     "ingest": "read Prometheus scrapes, the Prometheus HTTP API, vllm bench results or vLLM "
@@ -54,7 +56,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _module(name: str):
-    return importlib.import_module(f"kvpressure.commands.{name}")
+    # A hyphenated command (verify-vllm) lives in a module with an underscore.
+    return importlib.import_module(f"kvpressure.commands.{name.replace('-', '_')}")
 
 
 def main(argv: list[str] | None = None) -> int:
