@@ -15,8 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="ingested data to collect first (the sources `report` takes)")
     parser.add_argument(
         "--param", metavar="NAME=VALUE", action="append", default=[],
-        help="focus_concurrency, engine_args, model_name, bench_timezone, columns "
-             "(as for `report`)")
+        help="focus_concurrency, engine_args, model_name, bench_timezone, columns, log_year, "
+             "log_timezone (as for `report`)")
     parser.add_argument("--remedies", action="store_true",
                         help="simulate the remedies of a KV-bound experiment (slower)")
 
@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from kvpressure.record.io import load_record
 
     params = parse_params(args.param)
-    known = {"focus_concurrency", "engine_args", "model_name", "bench_timezone", "columns"}
+    known = {"focus_concurrency", "engine_args", "model_name", "bench_timezone", "columns",
+             "log_year", "log_timezone"}
     unknown = sorted(set(params) - known)
     if unknown:
         raise InputError(f"--param {unknown[0]}: not a parameter of analyse; known: "

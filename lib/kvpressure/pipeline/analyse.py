@@ -28,6 +28,8 @@ def analyse(
     model_name: str = "",
     bench_timezone: str = "",
     columns: Any = "",
+    log_year: int = 0,
+    log_timezone: str = "",
     simulate_remedies: bool = False,
 ) -> Path:
     """Collect (when an experiment or source is given; else reuse the run folder's stage 01),
@@ -45,7 +47,7 @@ def analyse(
     if experiment or source:
         collect(run_dir, experiment, source, focus_concurrency=focus_concurrency,
                 engine_args=engine_args, model_name=model_name, bench_timezone=bench_timezone,
-                columns=columns, progress=None)
+                columns=columns, log_year=log_year, log_timezone=log_timezone, progress=None)
     elif not has_stage(run_dir, "collect"):
         raise InputError(f"{os.fspath(run_dir)}: not a run folder (no analysis/collect.json); "
                          "give --experiment or --source")

@@ -325,7 +325,8 @@ def _crop(series: pd.DataFrame, t0: float, t1: float) -> pd.DataFrame:
 
 def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
                       engine_args: Mapping[str, Any], model_name: str,
-                      bench_timezone: str = "", columns: Any = "") -> dict[str, Any]:
+                      bench_timezone: str = "", columns: Any = "", log_year: int = 0,
+                      log_timezone: str = "") -> dict[str, Any]:
     """Ingested data in one of four shapes:
 
     * scrape folders laid out as ``<variant>/c<C>/metrics.prom.jsonl``: one run per point;
@@ -371,7 +372,8 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         # ingestion cuts the log at each bench run's time window.
         res = ingest(others, run=LOAD_TEST if shared_log else None,
                      metrics=_INGESTED_FAMILIES, bench_timezone=bench_timezone or None,
-                     columns=columns or None, **recompute_args(engine_args))
+                     columns=columns or None, log_year=log_year or None,
+                     log_timezone=log_timezone or None, **recompute_args(engine_args))
         for _, r in res.runs.iterrows():
             rows.append(r.to_dict())
         for run_name in pd.unique(res.series["run"]) if len(res.series) else []:
@@ -680,6 +682,8 @@ def collect(
     model_name: str = "",
     bench_timezone: str = "",
     columns: Any = "",
+    log_year: int = 0,
+    log_timezone: str = "",
     jobs: int = 1,
     progress: Callable[[str], None] | None = _stderr,
 ) -> dict[str, Any]:
@@ -690,7 +694,7 @@ def collect(
     say = progress or (lambda _m: None)
     if sources:
         info = _collect_ingested(run_dir, sources, focus_concurrency, engine_args or {},
-                                 model_name, bench_timezone, columns)
+                                 model_name, bench_timezone, columns, log_year, log_timezone)
     else:
         if not experiment:
             raise InputError("collect: give an experiment file or a source")
