@@ -208,7 +208,9 @@ class TwinTarget:
             settings[ENGINE_ARGS.get(k) or k] = v
         try:
             blocks = math.ceil(int(settings["max_model_len"]) / int(settings["block_size"]))
-            if blocks > int(settings["num_gpu_blocks"]) - 1:
+            # The measured settings ran, whatever this check says; only a change is checked.
+            resized = {"max_model_len", "num_gpu_blocks", "block_size"} & set(config)
+            if resized and blocks > int(settings["num_gpu_blocks"]) - 1:
                 raise InputError(
                     f"max_model_len: to serve at least one request of "
                     f"{settings['max_model_len']} tokens, {blocks} KV blocks are needed, more "
