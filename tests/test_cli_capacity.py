@@ -174,10 +174,10 @@ def test_measured_flags_replace_the_estimates(capsys):
     assert out["num_gpu_blocks"] == 27_283
 
 
-def test_zero_budget_prints_vllms_refusal_and_exits_1(capsys):
+def test_zero_budget_prints_vllms_refusal_and_exits_3(capsys):
     rc = main(["capacity", "--hardware", "l40s", "--model", "llama-3.1-8b",
                "--gpu-memory-utilization", "0.36", "--max-model-len", "4096"])
-    assert rc == 1
+    assert rc == 3  # neither the user's error (2) nor a bug (1)
     captured = capsys.readouterr()
     assert "No available memory for the cache blocks" in captured.err
     assert "num_gpu_blocks                0" in captured.out

@@ -37,6 +37,8 @@ def parse_size(text: str, option: str) -> int:
     return int(round(float(m.group(1)) * _UNITS[m.group(2).lower()]))
 
 DEFAULT_AVG_SEQ_LENS = (1024, 2048, 4096, 8192)
+REFUSED = 3
+"""Exit code when vLLM would refuse to start for want of KV memory (0 blocks are shown)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="average prompt + output lengths for the safe-concurrency table "
                              f"(default {' '.join(map(str, DEFAULT_AVG_SEQ_LENS))})")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.epilog = ("Exit code 3 (with the pool shown at 0 blocks) when vLLM would refuse to "
+                     "start: no memory left for KV cache blocks.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,8 +139,9 @@ def run(args: argparse.Namespace) -> int:
     for warning in sizing.warnings:
         sys.stderr.write(f"warning: {warning}\n")
     if sizing.refusal:
+        # a valid answer, not the user's error (2) nor a bug (1): this setup does not start
         sys.stderr.write(f"vLLM would not start: {sizing.refusal}\n")
-        return 1
+        return REFUSED
     return 0
 
 
