@@ -413,9 +413,13 @@ def _collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     base_runs = runs[runs["variant"] == base]
     measured = base_runs.dropna(subset=["concurrency"])
     if measured.empty and len(base_runs) > 1:
+        rates = pd.to_numeric(base_runs.get("request_rate", pd.Series(dtype=float)),
+                              errors="coerce")
         raise InputError(
             f"{', '.join(sources)}: {len(base_runs)} runs and no concurrency levels; lay scrapes "
             "out as <variant>/c<concurrency>/metrics.prom.jsonl or give vllm bench results"
+            + ("; these runs are request-rate levels, not concurrency levels (kvpressure knee "
+               "--x request_rate reads their curve)" if rates.notna().any() else "")
         )
     if measured.empty:
         level, why = None, ("the concurrency is not known (the metrics do not carry it; "
