@@ -26,7 +26,7 @@ def llama70b_910b() -> StepCostModel:
 
 
 def test_single_stream_tpot_floor_llama8b_h100(llama8b_h100):
-    # spec section 6.3: W / BW = 16.06e9 B / 3.35e12 B/s = 4.79 ms
+    # by hand: W / BW = 16.06e9 B / 3.35e12 B/s = 4.79 ms
     assert llama8b_h100.decode_floor_s() == pytest.approx(16.06e9 / 3.35e12, rel=1e-9)
     assert llama8b_h100.decode_floor_s() == pytest.approx(4.8e-3, abs=0.05e-3)
     # the same through step_time with no overhead and ideal bandwidth: one decode, context 1
@@ -36,7 +36,7 @@ def test_single_stream_tpot_floor_llama8b_h100(llama8b_h100):
 
 
 def test_tpot_floor_qwen72b_tp8_910b():
-    # spec section 6.3: Qwen2.5-72B TP8 on 910B: 145.4e9 / 8 / 1.6e12 = 11.4 ms
+    # by hand: Qwen2.5-72B TP8 on 910B: 145.4e9 / 8 / 1.6e12 = 11.4 ms
     model = StepCostModel.from_profiles(
         load_hardware("ascend-910b-64g"), load_model("qwen2.5-72b"), 8
     )
@@ -61,7 +61,7 @@ def test_decode_is_memory_bound_and_prefill_compute_bound(llama8b_h100):
 
 
 def test_allreduce_term_matches_spec_example(llama70b_910b):
-    # spec section 6.6: 70B-class, TP 8, N = 64 decode: 2*80*2*(7/8)*64*8192*2 B = 294 MB over
+    # by hand: 70B-class, TP 8, N = 64 decode: 2*80*2*(7/8)*64*8192*2 B = 294 MB over
     # the measured 72 GB/s 8-card all-reduce = ~4 ms (latency per call switched off here)
     no_alpha = llama70b_910b.with_coefficients(alpha_c=0.0)
     t = no_alpha.terms({"num_decode_seqs": 64, "sum_decode_ctx": 64})["t_comm"]

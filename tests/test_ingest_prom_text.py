@@ -55,7 +55,8 @@ def test_heavy_run_totals_match_vllm(heavy) -> None:
     assert window_increase(s, "vllm:prompt_tokens_total", origin="zero") == HEAVY_PROMPT_TOKENS
     gen = window_increase(s, "vllm:generation_tokens_total", origin="zero")
     assert gen == HEAVY_OUTPUT_TOKENS
-    # R5.7: iteration_tokens_total_sum = local-compute prompt tokens + generated tokens.
+    # docs/scheduler.md#met-iteration: iteration_tokens_total_sum = local-compute prompt tokens +
+    # generated tokens.
     it_sum = window_increase(s, "vllm:iteration_tokens_total_sum", origin="zero")
     assert it_sum == HEAVY_PROMPT_TOKENS + HEAVY_OUTPUT_TOKENS
     row = heavy.runs.iloc[0]

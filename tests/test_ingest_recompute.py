@@ -1,6 +1,6 @@
-"""The recomputed-token estimate (FCFS victim rule, spec D4 range): constructed series with a
-known answer, and vLLM's own metrics of the heavy reference run against the scheduler's exact
-count."""
+"""The recomputed-token estimate (FCFS victim rule, the docs/scheduler.md#rec-estimate range):
+constructed series with a known answer, and vLLM's own metrics of the heavy reference run against
+the scheduler's exact count."""
 
 from __future__ import annotations
 

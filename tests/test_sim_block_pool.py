@@ -1,4 +1,4 @@
-"""The block pool and KV-cache manager rules of spec §3, by hand."""
+"""The block pool and KV-cache manager rules (docs/scheduler.md section 3), by hand."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_first_stored_block_wins_and_survives_partial_eviction():
 
 
 def test_hit_is_capped_at_whole_blocks_below_the_last_token():
-    # A fully cached 32-token prompt (B=16) hits 16 tokens, not 31 (R3.9).
+    # A fully cached 32-token prompt (B=16) hits 16 tokens, not 31 (docs/scheduler.md#kv-lookup).
     kv = KVCacheManager(10, 16, 8192, True)
     a = Request("a", 32, 5, position=0, prefix_group="g", prefix_len=32, group_index=0)
     b = Request("b", 32, 5, position=1, prefix_group="g", prefix_len=32, group_index=0)

@@ -1,6 +1,5 @@
-"""The spec's worked examples (§8), step by step, including Example 1's free-queue states.
-
-Steps here are numbered from 0 like the reference runs; the spec's "Step k" is step k - 1.
+"""The worked examples of docs/scheduler.md (section 9), step by step, including Example 1's
+free-queue states. Steps are numbered from 0, like the reference runs and the document.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ class KneeResult:
         return to_jsonable(self)
 
     def summary(self, group: object = None) -> dict:
-        """The JSON object of ``kvpressure knee`` (interfaces.md section 6)."""
+        """The JSON object of ``kvpressure knee`` (docs/interfaces.md#knee-json)."""
         d = self.to_dict()
         out = {"group": group}
         out.update({k: d[k] for k in CLI_KEYS})

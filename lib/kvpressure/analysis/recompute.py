@@ -9,10 +9,10 @@ Token share is the simplest attribution of a step's compute and needs no cost mo
 overstates the cost in memory-bound decode steps, where added prefill tokens ride along almost
 free, so read it as an upper figure of the time recompute took.
 
-Estimated (real server): vLLM 0.33.0 exports no counter of recomputed tokens. The estimate
-is ``kvpressure.ingestion.recompute_estimate.recompute_range`` (FCFS victims sized by the mean
-prompt of newly started requests, the spec's D4 range otherwise; the module says how), the one
-estimator behind both the ``runs`` table and this module, so the two never disagree over the
+Estimated (real server): vLLM 0.33.0 exports no counter of recomputed tokens. The estimate is
+``kvpressure.ingestion.recompute_estimate.recompute_range`` (FCFS victims sized by the mean prompt
+of newly started requests, the docs/scheduler.md#rec-estimate range otherwise; the module says how),
+the one estimator behind both the ``runs`` table and this module, so the two never disagree over the
 same window.
 
 The estimator is checked against the simulation, which knows every recomputed token, by

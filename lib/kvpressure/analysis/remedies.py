@@ -1,7 +1,7 @@
 """What-if for the workflow's remedies: simulate each change on the same workload, report its
 gain and its cost, in the workflow's order, and say which to try first.
 
-Order (workflow.md, "Remedies"): first make concurrency or per-sequence size fit the pool
+Order: first make concurrency or per-sequence size fit the pool
 (lower ``max_num_seqs``, lower ``max_model_len``), only then grow the pool
 (``gpu_memory_utilization``), then flatten the prefill peak (``max_num_batched_tokens``). Two
 admission rules the seed's table does not list follow: full-sequence admission

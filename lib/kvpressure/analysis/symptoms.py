@@ -1,4 +1,4 @@
-"""The six symptoms of KV-cache pressure (workflow.md), each with a verdict and its evidence.
+"""The six symptoms of KV-cache pressure, each with a verdict and its evidence.
 
 1. ``curve_falls``: throughput rises, flattens, then falls as concurrency grows (runs).
 2. ``waiting_persists``: ``vllm:num_requests_waiting`` > 0 for most of the window.

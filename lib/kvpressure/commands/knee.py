@@ -1,6 +1,6 @@
 """``kvpressure knee RUNS [--x concurrency] [--y output_throughput] [--group variant]``.
 
-Prints one JSON object per group on stdout (interfaces.md section 6) and, on stderr, what the
+Prints one JSON object per group on stdout (docs/interfaces.md#knee-json) and, on stderr, what the
 curve left out, the notes and the noise the plateau band used. ``RUNS`` is a runs table (CSV,
 its columns mapped with ``--columns`` when they have other names), a folder of ``vllm bench
 serve`` results, or another tool's sweep: ``vllm bench sweep`` results, a GuideLLM report or

@@ -41,7 +41,8 @@ TTFT = "vllm:time_to_first_token_seconds"
 PROMPT_LENGTHS = "vllm:request_prompt_tokens"
 GENERATION_LENGTHS = "vllm:request_generation_tokens"
 
-# vLLM 0.33.0 families (spec table 5.2), by type. Counter bases are listed without ``_total``.
+# vLLM 0.33.0 families (its exporter, v1/metrics/loggers.py), by type. Counter bases are listed
+# without ``_total``.
 V1_COUNTERS = frozenset(
     {
         "vllm:num_preemptions",

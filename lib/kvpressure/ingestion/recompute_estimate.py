@@ -1,11 +1,11 @@
 """Recomputed tokens estimated from what a real vLLM exports (no counter sees recompute).
 
-vLLM 0.33.0 counts a request's prompt once, at its first output; a preempted request's
-re-prefill moves no token counter (spec D1, D3). What is exported is the number of preemptions
-``P`` (counted when the victim next emits output, right after the re-prefill that recomputes it,
-so counts and recompute fall in the same window), the KV usage, the number of running requests,
-the prompt counters and the pool geometry in ``vllm:cache_config_info``. Recomputed tokens are
-``P`` times a victim's context minus what survives in the prefix cache; the policy and the
+vLLM 0.33.0 counts a request's prompt once, at its first output; a preempted request's re-prefill
+moves no token counter (docs/scheduler.md#rec-counters). What is exported is the number of
+preemptions ``P`` (counted when the victim next emits output, right after the re-prefill that
+recomputes it, so counts and recompute fall in the same window), the KV usage, the number of running
+requests, the prompt counters and the pool geometry in ``vllm:cache_config_info``. Recomputed tokens
+are ``P`` times a victim's context minus what survives in the prefix cache; the policy and the
 admission rule decide how big a victim's context is:
 
 * FCFS with full-sequence admission (``scheduler_reserve_full_isl``, vLLM 0.33.0's default)
@@ -16,10 +16,11 @@ admission rule decide how big a victim's context is:
   of prompt lengths (``vllm:request_prompt_tokens``) over ``P`` victims gives the range
   (±z·sd·√P). A resumed request goes back to the tail and may be preempted again, now with
   output tokens too, so the high end lets a quarter of the victims hold the mean resident
-  context (D4's figure below).
-* Otherwise (priority, or admission by first chunk, where victims are often cut mid-prompt with
-  far less computed, or no prompt counters) the spec's D4 range: for every scrape interval in
-  which the preemption counter rose by ``dP``, with the gauges of the scrape just before it,
+  context (the figure below).
+* Otherwise (priority, or admission by first chunk, where victims are often cut mid-prompt with far
+  less computed, or no prompt counters) the range of docs/scheduler.md#rec-estimate: for every
+  scrape interval in which the preemption counter rose by ``dP``, with the gauges of the scrape just
+  before it,
 
       Ctx  = usage * (N - 1) * B / running - B / 2     tokens held by an average running request
       high = sum dP * Ctx                              nothing of a victim survives
@@ -30,14 +31,14 @@ admission rule decide how big a victim's context is:
 
 * Policy or admission rule unknown: the FCFS point (vLLM's defaults) inside the union of both
   ranges.
-* Prefix caching on: hits at resume are not exported (R5.6), so the low end is the partial tail
-  block per preemption and the point is reduced by the window's prefix hit rate.
+* Prefix caching on: hits at resume are not exported (docs/scheduler.md#kv-stats), so the low end is
+  the partial tail block per preemption and the point is reduced by the window's prefix hit rate.
 
 The ratio puts the estimate over all processed tokens: prompt tokens computed locally
 (``prompt_tokens_by_source{source=local_compute}``, else ``prompt_tokens`` minus
-``prompt_tokens_cached``, else ``prompt_tokens``) + generated tokens + the recompute itself
-(vLLM's ``scheduled = prompt + output - 1 - hits + recomputed`` per request, to within a token
-per request). Where this goes wrong is spec D5; the assumptions travel with the numbers.
+``prompt_tokens_cached``, else ``prompt_tokens``) + generated tokens + the recompute itself (vLLM's
+``scheduled = prompt + output - 1 - hits + recomputed`` per request, to within a token per request).
+Where this goes wrong is docs/scheduler.md#rec-pitfalls; the assumptions travel with the numbers.
 """
 
 from __future__ import annotations
@@ -182,8 +183,9 @@ def _d4(
     caching: bool | None,
     hit_rate: float,
 ) -> dict[str, Any]:
-    """Spec D4 over the window: ``preemptions``, ``low``/``point``/``high`` (NaN when the pool
-    geometry or the gauges are missing), the mean resident context and the gauge fallbacks."""
+    """The range of docs/scheduler.md#rec-estimate over the window: ``preemptions``,
+    ``low``/``point``/``high`` (NaN when the pool geometry or the gauges are missing), the mean
+    resident context and the gauge fallbacks."""
     out: dict[str, Any] = {"preemptions": 0.0, "low": 0.0, "point": 0.0, "high": 0.0,
                            "context": None, "fallbacks": 0}
     weighted = 0.0
@@ -287,7 +289,7 @@ def recompute_range(
     ``preemptions`` (NaN when the counter is missing: never read as zero), ``ratio_low``,
     ``ratio_point``, ``ratio_high``, ``processed_tokens`` (prompt computed + generated, without
     the recompute), ``victim_context_tokens``, ``method``, ``params``, ``assumptions`` and
-    ``d4`` (the spec's wide range, for comparison).
+    ``d4`` (the wide range of docs/scheduler.md#rec-estimate, for comparison).
     """
     check_scheduler_args(policy, scheduler_reserve_full_isl)
     nan = math.nan
@@ -308,7 +310,8 @@ def recompute_range(
     caching = prefix_caching if prefix_caching is not None else geometry.get("enable_prefix_caching")
     caching_from = "given" if prefix_caching is not None else CACHE_CONFIG_INFO
     if caching is None and not math.isnan(queries):
-        # With prefix caching off vLLM makes no lookup, so the query counter stays at 0 (R5.6).
+        # With prefix caching off vLLM makes no lookup, so the query counter stays at 0
+        # (docs/scheduler.md#kv-stats).
         caching = queries > 0
         caching_from = f"prefix_cache_queries {'moved' if caching else 'stayed 0'}"
     hit_rate = hits / queries if not math.isnan(queries) and queries > 0 else nan

@@ -4,7 +4,7 @@ Each point is simulated event-driven with the experiment's cost model and a Prom
 recorder, and written to ``out_dir/points/<variant>/c<concurrency>/`` (``summary.json``,
 ``steps.csv``, ``requests.csv``, ``metrics.prom.jsonl``); open-loop points go to
 ``r<rate>``. ``runs.csv`` collects one row per point with the ``runs`` columns of
-``interfaces.md`` section 3 plus ``seed`` and ``repeat`` and the engine arguments in force.
+``docs/interfaces.md#runs-csv`` plus ``seed`` and ``repeat`` and the engine arguments in force.
 
 Repeats (the comparison's ``seeds``): every point is run once more for each further workload
 seed. Repeat 0 is the experiment's own seed and the only one with a point folder; the other

@@ -1,4 +1,4 @@
-"""The record of one investigation (workflow.md, "The record"), as a pydantic schema.
+"""The record of one investigation (docs/interfaces.md#record-yaml), as a pydantic schema.
 
 The seed's fields keep their names (``scheduler``, ``counters``, ``workload``, ``perf``,
 ``status``); what the kit adds (provenance, evidence, remedies, recompute ranges) sits beside them
@@ -177,7 +177,7 @@ class Check(_Strict):
 
 
 class Comparison(_Strict):
-    """The single-variable control (workflow.md, diagnosis step 6)."""
+    """The single-variable control: one parameter changed, the knee compared."""
 
     parameter: NonEmptyStr
     baseline: NonEmptyStr

@@ -340,7 +340,7 @@ class StepCostModel:
     # --- reference numbers ---------------------------------------------------------------------
     def decode_floor_s(self, batch: int = 1, context: int = 0) -> float:
         """Lower bound of a decode step at ``batch`` sequences of ``context`` tokens: weights and
-        KV read at the full peak bandwidth, nothing else (spec section 6, item 1)."""
+        KV read at the full peak bandwidth, nothing else (the roofline's memory side)."""
         g, c = self.geometry, self.coefficients
         weights = float(g.weight_bytes_read(batch))
         return (weights + batch * context * g.kv_bytes_per_token_rank) / c.hbm_bandwidth

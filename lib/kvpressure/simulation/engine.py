@@ -1,4 +1,4 @@
-"""The driving loop (spec §10): arrivals, ``schedule()``, the fake model output,
+"""The driving loop (docs/scheduler.md section 4): arrivals, ``schedule()``, the fake model output,
 ``update_from_output()``, one row per iteration; in steps, or in time with a cost model.
 
 Event-driven fast path
@@ -240,8 +240,8 @@ class _Engine:
         while True:
             arrivals = self._submit_arrivals()
             if self.unfinished == 0 and self.next_idx >= len(self.order):
-                # The reference harness stops once every request has finished; the empty
-                # step after a drain (E4) is recorded only when more arrivals follow.
+                # The reference harness stops once every request has finished; the empty step after
+                # a drain (docs/scheduler.md#loop-drain) is recorded only when more arrivals follow.
                 break
             if not sched.has_requests():
                 if self._jump_to_next_arrival():
@@ -506,7 +506,8 @@ class _Engine:
             lz.gaps.extend(gaps)
             lz.ends.extend(ends.tolist())
         if finished:
-            # The last leapt step's update_from_output: free in scheduling order (U2).
+            # The last leapt step's update_from_output: free in scheduling order
+            # (docs/scheduler.md#upd-finish).
             for r in finished:
                 lz.leave(r)
                 r.status = FINISHED_LENGTH_CAPPED

@@ -1,4 +1,4 @@
-"""Experiment files (``interfaces.md`` section 4): hardware + model + engine arguments +
+"""Experiment files (``docs/interfaces.md#experiment-yaml``): hardware + model + engine arguments +
 workload + the single-variable comparison, turned into simulation points.
 
 ```yaml

@@ -21,10 +21,10 @@ class KVCacheManager:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        # N includes the null block (R3.4.1).
+        # N includes the null block (docs/scheduler.md#kv-watermark).
         self.watermark_blocks = int(watermark * num_gpu_blocks)
-        # Prefix-cache stats of successful admissions (R5.6): first admissions, and
-        # re-admissions after a preemption (which no exporter reads).
+        # Prefix-cache stats of successful admissions (docs/scheduler.md#kv-stats): first
+        # admissions, and re-admissions after a preemption (which no exporter reads).
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.preempted_queries = 0
@@ -69,7 +69,8 @@ class KVCacheManager:
     def allocate_slots_waiting(self, req: Request, num_new_tokens: int, hit_blocks: list[int],
                                num_hit_tokens: int, full_sequence_must_fit: bool,
                                has_scheduled_reqs: bool) -> bool:
-        """Admission of a request holding no blocks (R3.4): gates, touch, pop, hash."""
+        """Admission of a request holding no blocks: gates, touch, pop, hash
+        (docs/scheduler.md#kv-admit)."""
         if not self.can_admit(req, num_new_tokens, hit_blocks, num_hit_tokens,
                               full_sequence_must_fit, has_scheduled_reqs):
             return False
@@ -123,7 +124,7 @@ class KVCacheManager:
         req.num_cached_blocks = num_full
 
     def free(self, req: Request) -> None:
-        """Release all of a request's blocks, last block first (R3.6)."""
+        """Release all of a request's blocks, last block first (docs/scheduler.md#kv-free)."""
         blocks = req.blocks
         if blocks:
             blocks.reverse()

@@ -32,9 +32,9 @@ RUNNING = RequestStatus.RUNNING
 PREEMPTED = RequestStatus.PREEMPTED
 FINISHED_LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
 
-# Block keys stand in for vLLM's chained block hashes (spec E8). A key is an int: blocks that
-# lie wholly inside a prefix group's shared prefix get the group's key for that block index
-# (negative), every other block gets a key unique to (request, block index) (positive). Two
+# Block keys stand in for vLLM's chained block hashes (docs/scheduler.md#kv-keys). A key is an int:
+# blocks that lie wholly inside a prefix group's shared prefix get the group's key for that block
+# index (negative), every other block gets a key unique to (request, block index) (positive). Two
 # blocks share a key exactly when vLLM's chained sha256 hashes would be equal.
 _KEY_SHIFT = 32
 

@@ -1,4 +1,5 @@
-"""The step-level workload (interfaces.md §1): parsing, vLLM 0.33.0 defaults, validation.
+"""The step-level workload (docs/interfaces.md#scenario-json): parsing, vLLM 0.33.0 defaults,
+validation.
 
 Everything invalid is refused here, before anything runs, with an ``InputError`` naming the
 field and the request id.
@@ -286,7 +287,8 @@ def _build(name, description, seed, mode, concurrency, settings_raw, groups, req
 
 def resolve_settings(raw: dict[str, Any], requests: list[RequestSpec],
                      where: str = "") -> SchedulerSettings:
-    """Fill vLLM 0.33.0's defaults (spec §7) and apply its configuration checks."""
+    """Fill vLLM 0.33.0's defaults and apply its configuration checks
+    (docs/scheduler.md#cfg-defaults, docs/scheduler.md#cfg-checks)."""
     refuse_unknown(raw, SETTING_NAMES, f"{_where(where)}settings")
     vals: dict[str, Any] = {}
     for k, v in raw.items():

@@ -56,7 +56,8 @@ class SchedulerOutput:
 
 
 class WaitingQueue:
-    """FCFS deque or PRIORITY heap (R0.4); ``prepend`` is a heap push under PRIORITY."""
+    """FCFS deque or PRIORITY heap; ``prepend`` is a heap push under PRIORITY
+    (docs/scheduler.md#que-waiting)."""
 
     __slots__ = ("priority", "q", "num_preempted")
 
@@ -94,7 +95,7 @@ class WaitingQueue:
 
 
 class Scheduler:
-    """Queues, budgets and the two scheduling passes (spec §1-§2)."""
+    """Queues, budgets and the two scheduling passes (docs/scheduler.md sections 1-2)."""
 
     def __init__(self, settings, lazy: LazyDecode | None = None) -> None:
         """``lazy``: keep the decode progress of the head of ``running`` as a clock
@@ -113,10 +114,12 @@ class Scheduler:
                                  s.enable_prefix_caching, s.watermark)
         self.running: list[Request] = []
         self.waiting = WaitingQueue(self.priority_policy)
-        # Waiting requests skipped by the admission scan or enqueued blocked (§4). Nothing
-        # in this model's scope is ever deferred, but the gauge is reported from this set.
+        # Waiting requests skipped by the admission scan or enqueued blocked
+        # (docs/scheduler.md#que-counts). Nothing in this model's scope is ever deferred, but the
+        # gauge is reported from this set.
         self.deferred_waiting: set[Request] = set()
-        # Requests finished in update_from_output and not yet reported by schedule() (E4).
+        # Requests finished in update_from_output and not yet reported by schedule()
+        # (docs/scheduler.md#loop-drain).
         self.finished_req_ids: list[str] = []
         # Optional callbacks ``f(req)`` at each admission / preemption, called at the moment
         # it happens inside schedule() (the engine stamps them with the step's start).
@@ -370,8 +373,8 @@ class Scheduler:
 
     def update_from_output(self, out: SchedulerOutput, step: int) -> list[Request]:
         """Finish and free the requests whose token reached ``max_tokens`` or
-        ``max_model_len``, in scheduling order (U1/U2); the tokens themselves were appended
-        at the end of ``schedule()``.
+        ``max_model_len``, in scheduling order (docs/scheduler.md#upd-finish); the tokens
+        themselves were appended at the end of ``schedule()``.
 
         Returns the requests that emitted a token, in scheduling order (finished ones have
         a finished status)."""

@@ -1,7 +1,8 @@
 """Seeded request sets for experiments: length distributions, prefix groups, priorities, arrivals.
 
-The generator produces the request dicts of the step-level workload (``interfaces.md`` section
-1: ``id, prompt_len, output_len`` and optionally ``priority, prefix_group, prefix_len``), plus
+The generator produces the request dicts of the step-level workload
+(``docs/interfaces.md#scenario-json``: ``id, prompt_len, output_len`` and optionally
+``priority, prefix_group, prefix_len``), plus
 ``arrival_time_s`` for open-loop workloads. Closed-loop workloads carry no arrival times: the
 driving loop keeps ``concurrency`` requests in flight, like ``vllm bench serve
 --max-concurrency``. The same specification and seed give the same requests, whatever the

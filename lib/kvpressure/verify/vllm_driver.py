@@ -13,7 +13,7 @@ CPU, in the synchronous engine loop: arrivals, ``schedule()``, a fake model outp
 for every request whose chunk reaches the end of its known tokens, none for a partial chunk),
 ``update_from_output()``. No model runs; the model config is a one-layer ``config.json`` that
 only gives ``max_model_len`` a home. The loop rules are those of ``docs/scheduler.md`` (the
-rules named ``E1``-``E8``) and the table formats those of ``docs/interfaces.md``.
+``LOOP-*`` rules) and the table formats those of ``docs/interfaces.md``.
 
 On stdout: one JSON line per workload (``{"name", "ok", "steps", "wall_s"}`` or an
 ``error``), then ``{"vllm_version": ...}``.
@@ -52,7 +52,7 @@ def _tokens(label: str, n: int) -> list[int]:
 
 
 def _output_token(rid: str, k: int) -> int:
-    # A fixed function of (request, k), different across requests (rule E8).
+    # A fixed function of (request, k), different across requests (docs/scheduler.md#loop-tokens).
     digest = hashlib.sha256(f"out:{rid}:{k}".encode()).digest()
     return 1 + int.from_bytes(digest[:4], "little") % (VOCAB - 1)
 
@@ -158,7 +158,7 @@ def run_workload(w: dict, model: _Model) -> int:
     by_id = {t.spec["id"]: t for t in tracked}
     closed = w["mode"] == "closed"
     concurrency = w.get("concurrency") or 0
-    # Open loop: submission order is (arrival_step, list order), rule E3.
+    # Open loop: submission order is (arrival_step, list order), docs/scheduler.md#loop-open.
     order = tracked if closed else sorted(tracked, key=lambda t: t.spec.get("arrival_step", 0))
     next_idx = 0
     submitted = 0
@@ -195,7 +195,8 @@ def run_workload(w: dict, model: _Model) -> int:
             break
         if not sched.has_requests():
             if not closed:
-                # Nothing in the engine and the next arrival lies ahead: jump (rule E3).
+                # Nothing in the engine and the next arrival lies ahead: jump
+                # (docs/scheduler.md#loop-open).
                 step = order[next_idx].spec.get("arrival_step", 0)
                 continue
         # Before schedule(): what only the state before the step can tell.
