@@ -24,6 +24,12 @@ BENCH_ALIASES = {"concurrency": "max_concurrency"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "Prints one JSON object per curve on stdout; on stderr, the rows left out of the curve "
+        "and why (a level such as 'off', an inf request rate, no throughput), the noise the "
+        "plateau band used and the notes. Fewer than 3 levels give no knee (knee_x null). A y "
+        "named like a latency or a per-user rate is refused. The report's knee stage calls the "
+        "same function.")
     parser.add_argument(
         "runs", metavar="RUNS",
         help="runs.csv (or any CSV of runs, with --columns), a folder of vllm bench serve "
