@@ -183,3 +183,16 @@ def test_ctrl_c_keeps_completed_levels_and_the_scrape_log(tmp_path: Path) -> Non
     lines = (out / "metrics.prom.jsonl").read_text().splitlines()
     assert len(lines) > 3 and all("text" in json.loads(x) for x in lines)
     assert "Traceback" not in err
+
+
+def test_a_level_over_max_ttft_is_kept_and_ends_the_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with fake_vllm(token_s=0.01) as (url, _):
+        code = main(["collect", url, "--levels", "1,2,4", "--out", str(out),
+                     "--prompts-per-level", "3", "--max-ttft", "0.005", *FAST])
+    assert code == 0
+    levels = _levels(out)["levels"]
+    assert levels[0]["status"] == "complete" and levels[0]["saturated"] is True
+    assert levels[0]["ttft_p95_s"] > 0.005
+    assert [lv["status"] for lv in levels[1:]] == ["not run", "not run"]
+    assert "saturated" in levels[1]["reason"] and "--max-ttft" in levels[1]["reason"]

@@ -247,3 +247,19 @@ def test_bad_options_and_targets_are_refused_naming_them(tmp_path: Path) -> None
         scrape_to_log("http://127.0.0.1:9/metrics", tmp_path, count=1)
     with pytest.raises(InputError, match="cannot write"):
         scrape_to_log("http://127.0.0.1:9/metrics", Path("/dev/full"), count=1)
+
+
+def test_openmetrics_with_exemplars_and_eof_is_prometheus_text() -> None:
+    from kvpressure.ingestion.live_scrape import exposition_problem
+
+    body = (
+        "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+        'vllm:e2e_request_latency_seconds_bucket{le="+Inf"} 3 # {trace_id="abc"} 0.5 1700000000.1\n'
+        "vllm:e2e_request_latency_seconds_count 3 1700000000\n"
+        "vllm:kv_cache_usage_perc NaN\n"
+        'vllm:x{a="b}c"} -1.5e-3\n'
+        "# EOF\n"
+    )
+    assert exposition_problem(body.encode()) is None
+    assert "line 2" in exposition_problem(b"# HELP x y\nx{a=\"b\" 2\n")
+    assert exposition_problem(b"# only comments\n") == "no samples (comments only)"
