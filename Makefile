@@ -22,7 +22,8 @@ unexport JUPYTER_PATH
 help:
 	@echo "make report   run the investigation on the built-in seed case -> reports/$(NAME)/"
 	@echo "make test     every test: pytest on tests/ and nbval on notebooks/"
-	@echo "make e2e      kvpressure collect against a real vLLM server (CPU build, own venv)"
+	@echo "make e2e      kvpressure collect against a real vLLM server (CPU build, own venv);"
+	@echo "              kvpressure verify-vllm against that vLLM's scheduler"
 	@echo "make lab      open the notebooks in JupyterLab"
 	@echo "make bench    speed and memory benchmarks (benchmarks/)"
 	@echo "make lock     re-lock dependencies and export requirements-lock.txt"
@@ -48,7 +49,8 @@ test: $(VENV)/.synced
 
 # A real vLLM (PyPI's CPU build, in its own cached venv: scripts/vllm-env.sh) serving a small
 # seeded model with a deliberately small KV pool, a real Prometheus scraping it, and
-# `kvpressure collect` sweeping levels below and past the knee (tests/e2e/).
+# `kvpressure collect` sweeping levels below and past the knee; and `kvpressure verify-vllm`
+# diffing the same vLLM's scheduler against the simulation on data/verify/ (tests/e2e/).
 e2e: $(VENV)/.synced
 	scripts/system-deps.sh
 	vllm_env=$$(scripts/vllm-env.sh) && \

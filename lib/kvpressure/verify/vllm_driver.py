@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -313,6 +314,15 @@ def main(argv: list[str]) -> int:
     import vllm
 
     model = _Model()
+    try:
+        _run_all(job, model)
+    finally:
+        shutil.rmtree(model.dir, ignore_errors=True)
+    print(json.dumps({"vllm_version": getattr(vllm, "__version__", "unknown")}), flush=True)
+    return 0
+
+
+def _run_all(job: dict, model: _Model) -> None:
     for w in job["workloads"]:
         t0 = time.perf_counter()
         try:
@@ -324,8 +334,6 @@ def main(argv: list[str]) -> int:
                     "traceback": traceback.format_exc(limit=6)}
         line["wall_s"] = round(time.perf_counter() - t0, 3)
         print(json.dumps(line), flush=True)
-    print(json.dumps({"vllm_version": getattr(vllm, "__version__", "unknown")}), flush=True)
-    return 0
 
 
 if __name__ == "__main__":
