@@ -285,13 +285,17 @@ def _output_html(output: Any) -> str:
     if kind == "error":
         return f"<pre class='error'>{_e(output.get('ename'))}: {_e(output.get('evalue'))}</pre>"
     data = output.get("data", {})
+    if (output.get("metadata") or {}).get("kvpressure", {}).get("banner"):
+        return ""  # the notebook's run banner: the page names its run once, in its header
     if "image/png" in data:
         png = data["image/png"]
         png = png if isinstance(png, str) else "".join(png)
         png = png.strip()
         if not _BASE64.fullmatch(png):
             return ""
-        return f'<img alt="figure" src="data:image/png;base64,{png}">'
+        alt = data.get("text/plain") or "figure"
+        alt = "".join(alt) if isinstance(alt, list) else alt
+        return f'<img alt="{_e(alt.strip())}" src="data:image/png;base64,{png}">'
     if "text/html" in data:
         text = data["text/html"]
         return f'<div class="table-wrap">{_clean("".join(text) if isinstance(text, list) else text)}</div>'

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvpressure.paths import REPO_ROOT
+from kvpressure.pipeline.run_context import BATCH_ENV
 from kvpressure.pipeline.run_folder import NOTEBOOKS_DIR, STAGES
 from kvpressure.pipeline.workers import die_with_parent
 
@@ -136,6 +137,8 @@ class _KernelWorker(threading.Thread):
         # The kernel's own diagnostics go to a log file, not the user's terminal.
         run_sync(self.km.start_kernel)(
             cwd=str(self.cwd), stdout=self._log, stderr=self._log,
+            # Batch: progress as plain lines, and the user's current run left as it is.
+            env={**os.environ, BATCH_ENV: "1"},
             # The kernel (and the sweep workers it starts) must not outlive this run, even
             # when it is killed with SIGKILL.
             preexec_fn=die_with_parent,
