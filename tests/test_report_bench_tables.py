@@ -41,6 +41,13 @@ def test_report_on_a_sweep_table_has_the_knee_the_command_prints(name, tmp_path,
     rec = load_record(out / "record.yaml")
     assert rec.perf.knee.knee_x == 16 and rec.perf.knee.peak_y == 960
     assert [p.concurrency for p in rec.perf.throughput_by_concurrency] == [1, 4, 8, 16, 32, 64]
+    if name == "vllm_sweep":
+        # p99 only: the record keeps p95 null and says what was measured instead (focus 32,
+        # the first level past the knee: 1.5 x 26 ms).
+        assert rec.perf.itl_p95 is None
+        assert "the runs have ITL p99 only (39.0 ms at the focus level" in rec.missing[
+            "perf.itl_p95"]
+        assert stage["itl_p99_s"] == pytest.approx(0.039)
 
 
 def test_report_on_two_levels_says_there_is_no_knee(tmp_path, capsys):

@@ -78,6 +78,10 @@ def _why_missing(path: str, collect: dict[str, Any], knee: dict[str, Any]) -> st
     if path.startswith("counters."):
         return ("vllm:num_preemptions_total or the token counters to size the recompute are not "
                 "in the scrapes")
+    if path == "perf.itl_p95" and knee.get("itl_p99_s") is not None:
+        return (f"not measured: the runs have ITL p99 only ({1000 * knee['itl_p99_s']:.1f} ms at "
+                "the focus level; vllm bench serve writes p99 unless given --metric-percentiles "
+                "95,99)")
     if "itl" in field or "ttft" in field:
         return ("neither the bench result nor the scrapes give it (vllm bench serve "
                 "--percentile-metrics ttft,tpot,itl --metric-percentiles 95,99, or the "
