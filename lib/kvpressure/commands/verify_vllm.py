@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="keep both sides' steps.csv/requests.csv here (default: a "
                              "temporary folder, removed afterwards)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an earlier verify-vllm run in --out")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                         help="give up on the vLLM process after this long (default 600)")
     parser.add_argument("--json", action="store_true",
@@ -44,8 +46,12 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise InputError(f"--timeout {args.timeout}: must be > 0")
     if args.out:
-        out = Path(args.out)
-        results, version, times = verify(paths, python, out, args.timeout)
+        from kvpressure.pipeline.output_folder import output_folder
+
+        # The kit's own folder: swapped in whole when the run completes, never a mix of runs.
+        with output_folder(Path(args.out), "verify-vllm", inputs=paths, force=args.force,
+                           rerun_ok=True) as work:
+            results, version, times = verify(paths, python, work, args.timeout)
     else:
         with tempfile.TemporaryDirectory(prefix="kvpressure-verify-") as tmp:
             results, version, times = verify(paths, python, Path(tmp), args.timeout)
