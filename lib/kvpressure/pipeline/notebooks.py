@@ -311,6 +311,7 @@ def run_notebooks(
         return job
 
     done: list[NotebookRun] = []
+    stopped = False
     try:
         for wave in waves:
             futures: list[Future] = []
@@ -328,6 +329,7 @@ def run_notebooks(
                 raise failures[0]
     except BaseException:
         # Interrupted (Ctrl-C, SIGTERM) or failed: running notebooks are not waited for.
+        stopped = True
         for worker in workers:
             worker.kill_kernel()
         raise
@@ -335,5 +337,6 @@ def run_notebooks(
         for _ in workers:
             tasks.put(None)
         for worker in workers:
-            worker.join(timeout=30)
+            # A killed kernel's client may take long to notice; its thread is a daemon.
+            worker.join(timeout=2 if stopped else 30)
     return done
