@@ -21,6 +21,7 @@ On stdout: one JSON line per workload (``{"name", "ok", "steps", "wall_s"}`` or 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,6 +33,13 @@ import time
 import traceback
 
 VOCAB = 30000
+# Scheduler arguments passed on, with vLLM 0.33.0's defaults (a release without one of them
+# can still run a workload that leaves it at the default).
+_SCHEDULER_ARGS = {
+    "max_num_seqs": None, "max_num_batched_tokens": None, "enable_chunked_prefill": True,
+    "policy": "fcfs", "long_prefill_token_threshold": 0, "scheduler_reserve_full_isl": True,
+    "watermark": 0.0, "max_num_active_seqs": None,
+}
 STEP_COLUMNS = (
     "step", "arrivals", "num_running", "num_scheduled_reqs", "num_waiting", "num_waiting_new",
     "num_waiting_preempted", "num_waiting_deferred", "kv_usage", "num_scheduled_tokens",
@@ -96,14 +104,17 @@ def _build_scheduler(s: dict, model: _Model):
     mml = s["max_model_len"]
     model_config = ModelConfig(model=model.path(mml), skip_tokenizer_init=True,
                                max_model_len=mml, dtype="float32")
-    sched_config = SchedulerConfig(
-        max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=s["max_num_batched_tokens"],
-        max_model_len=mml, is_encoder_decoder=False,
-        enable_chunked_prefill=s["enable_chunked_prefill"], policy=s["policy"],
-        long_prefill_token_threshold=s["long_prefill_token_threshold"],
-        scheduler_reserve_full_isl=s["scheduler_reserve_full_isl"],
-        watermark=s["watermark"], max_num_active_seqs=s.get("max_num_active_seqs"),
-        async_scheduling=False)
+    args = {key: s.get(key) for key in _SCHEDULER_ARGS}
+    # Another release may lack an argument: harmless while the workload keeps vLLM 0.33.0's
+    # default for it (the behaviour is then the release's own), refused otherwise.
+    known = {f.name for f in dataclasses.fields(SchedulerConfig)}
+    for key in [k for k in args if k not in known]:
+        if args[key] != _SCHEDULER_ARGS[key]:
+            raise RuntimeError(f"this vLLM's SchedulerConfig has no {key!r}; the workload sets "
+                               f"it to {args[key]!r}")
+        del args[key]
+    sched_config = SchedulerConfig(max_model_len=mml, is_encoder_decoder=False,
+                                   async_scheduling=False, **args)
     cache_config = CacheConfig(block_size=s["block_size"],
                                enable_prefix_caching=s["enable_prefix_caching"])
     vllm_config = VllmConfig(model_config=model_config, cache_config=cache_config,
@@ -111,12 +122,10 @@ def _build_scheduler(s: dict, model: _Model):
     # The platform may retune defaults while the config is built; the workload's settings
     # are the ones under test, so they are put back where the scheduler reads them.
     sc = vllm_config.scheduler_config
-    for key in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
-                "long_prefill_token_threshold", "scheduler_reserve_full_isl", "watermark",
-                "max_num_active_seqs"):
-        setattr(sc, key, s.get(key))
-    sc.max_num_scheduled_tokens = None
-    sc.policy = s["policy"]
+    for key, value in args.items():
+        setattr(sc, key, value)
+    if hasattr(sc, "max_num_scheduled_tokens"):
+        sc.max_num_scheduled_tokens = None
     vllm_config.cache_config.enable_prefix_caching = s["enable_prefix_caching"]
     vllm_config.cache_config.block_size = s["block_size"]
     vllm_config.cache_config.num_gpu_blocks = s["num_gpu_blocks"]
