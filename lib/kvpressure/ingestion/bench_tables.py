@@ -30,16 +30,12 @@ from kvpressure.errors import InputError
 from kvpressure.ingestion.scrape_runs import RUNS_COLUMNS
 from kvpressure.ingestion.sources import open_text
 
-FORMATS = ("runs_csv", "vllm_sweep", "guidellm", "aiperf")
 # Columns a mapping may fill: the runs columns a measurement gives (the scrape columns come
 # from a scrape log, the bookkeeping ones from the reader).
 MAPPABLE = tuple(c for c in RUNS_COLUMNS if c not in (
     "run", "source", "t_start", "t_end", "recomputed_tokens_low", "recomputed_tokens_high"))
 THROUGHPUT_COLUMNS = ("output_throughput", "request_throughput", "total_token_throughput")
 _UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-# vllm bench serve's result keys that mark its rows (a sweep's summary.csv holds them as columns).
-_VLLM_RESULT_KEYS = {"duration", "completed", "request_throughput", "output_throughput",
-                     "total_token_throughput", "max_concurrency", "num_prompts", "mean_ttft_ms"}
 
 
 # ---------------------------------------------------------------------- column names
@@ -150,9 +146,11 @@ def sniff_table(path: Path, head: str, obj: Any = None) -> str | None:
 
 def table_format(path: Path) -> str | None:
     """The sweep-table format of a file, or None (a vllm bench serve result, a scrape...)."""
-    from kvpressure.ingestion.sources import _head
-
-    head = _head(path)
+    try:
+        with open_text(path) as fh:
+            head = fh.read(65536)
+    except (OSError, EOFError):
+        return None  # unreadable or cut: the scrape readers say what is wrong with it
     stripped = head.lstrip()
     if stripped[:1] in ("{", "["):
         try:
