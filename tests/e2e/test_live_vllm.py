@@ -1,9 +1,9 @@
 """``kvpressure collect`` against a real vLLM server with a real Prometheus scraping it.
 
 The server (vLLM 0.32.0's CPU build, ``scripts/vllm-env.sh``) serves a seeded random-weight
-Llama (``scripts/build-tiny-model.py``) with a KV pool of 32 blocks of 32 tokens: a request of
-128 prompt + 128 output tokens ends holding 8 blocks, so the pool holds 4 such requests and
-throughput cannot grow past concurrency 4. The sweep runs 1, 2, 4, 8, 16 clients. The checks
+Llama (``scripts/build-tiny-model.py``) with a KV pool of 24 blocks of 32 tokens: a request of
+128 prompt + 128 output tokens ends holding 8 blocks, so the pool holds 3 such requests and
+throughput cannot grow much past concurrency 3 (from 4 clients on, one always waits). The sweep runs 1, 2, 4, 8, 16 clients. The checks
 are structural (the machine's 2 cores are shared, so no absolute throughput is asserted):
 
 * the report completes; the status at the focus level past the knee is "bound by KV blocks",
@@ -42,7 +42,7 @@ from prometheus_server import free_port, prometheus_server, require_prometheus
 
 pytestmark = pytest.mark.e2e
 
-POOL = {"num_gpu_blocks": 32, "block_size": 32, "max_model_len": 512, "max_num_seqs": 32,
+POOL = {"num_gpu_blocks": 24, "block_size": 32, "max_model_len": 512, "max_num_seqs": 32,
         "max_num_batched_tokens": 512}
 INPUT_LEN = OUTPUT_LEN = 128
 REQUESTS_IN_POOL = POOL["num_gpu_blocks"] * POOL["block_size"] // (INPUT_LEN + OUTPUT_LEN)
@@ -137,7 +137,7 @@ def sweep(server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Sweep
     with Poller(server.url + "/metrics") as poller, prometheus_server(target, binary) as prom:
         proc = run_cli(["collect", server.url, "--levels", ",".join(map(str, LEVELS)),
                         "--out", str(out), "--input-len", str(INPUT_LEN),
-                        "--output-len", str(OUTPUT_LEN), "--duration-per-level", "6",
+                        "--output-len", str(OUTPUT_LEN), "--duration-per-level", "8",
                         "--cooldown", "2", "--warmup", "4", "--engine-args", ENGINE_ARGS,
                         "--prometheus", prom, "--load-engine", "builtin"], timeout_s=480)
         time.sleep(0.5)  # one more direct read after the sweep
@@ -216,14 +216,14 @@ def test_the_knee_lies_where_measured_throughput_stops_growing(sweep: Sweep) -> 
     knee = _record(sweep.out / "report")["perf"]["knee"]
     k = int(knee["knee_x"])
     print(f"\nknee at {k}, peak at {knee['peak_x']}: {tput}")
-    # Growth up to the knee, none worth the name after it (15%: the shared cores' noise).
+    # Growth up to the knee, none worth the name after it (20%: the shared cores' noise).
     assert tput[k] >= 0.8 * max(tput.values())
-    assert all(tput[c] <= 1.15 * tput[k] for c in LEVELS if c > k)
+    assert all(tput[c] <= 1.2 * tput[k] for c in LEVELS if c > k)
     below = [c for c in LEVELS if c < k]
-    assert not below or tput[k] >= 1.15 * tput[below[-1]]
-    # The pool holds REQUESTS_IN_POOL requests: the knee is at that level or a neighbour.
-    i = LEVELS.index(REQUESTS_IN_POOL)
-    assert k in LEVELS[max(0, i - 1): i + 2]
+    assert not below or tput[k] >= 1.2 * tput[below[-1]]
+    # The pool holds REQUESTS_IN_POOL requests: the knee is at a level next to that number.
+    assert k in (max(c for c in LEVELS if c <= REQUESTS_IN_POOL),
+                 min(c for c in LEVELS if c >= REQUESTS_IN_POOL))
 
 
 def test_status_is_kv_bound_past_the_knee_and_not_below_it(sweep: Sweep,
