@@ -76,8 +76,16 @@ def recommend(table: pd.DataFrame, records: Mapping[str, Mapping[str, Any]],
                         if rec["config"].get(k) != r_rec["config"].get(k))
         out["runner_up"] = {"id": runner["id"], "config": r_rec["config"],
                             "goodput_output_tok_s": r_good, "level": r_at["level"]}
-        parts.append(f"runner-up {runner['id']}: {r_good:.0f} tok/s at "
-                     f"{_at(r_at, limits, level_name)}, {100 * (r_good / good - 1):+.1f}%"
+        if r_good == good:
+            tie = (f"the same goodput (a tie under the limits; it changes "
+                   f"{runner['changes_from_baseline']} setting(s) from the baseline against "
+                   f"{best['changes_from_baseline']}, and peaks at "
+                   f"{runner['peak_output_tok_s']:.0f} against "
+                   f"{best['peak_output_tok_s']:.0f} tok/s past the limits)")
+        else:
+            tie = (f"{r_good:.0f} tok/s at {_at(r_at, limits, level_name)}, "
+                   f"{100 * (r_good / good - 1):+.1f}%")
+        parts.append(f"runner-up {runner['id']}: {tie}"
                      + (f"; it differs in {', '.join(differ)}" if differ else ""))
     out["text"] = "; ".join(parts) + "."
     return out

@@ -83,7 +83,10 @@ class ExperimentTarget:
         from kvpressure import __version__
 
         exp = self.experiment
-        text = json.dumps([__version__, self.kind, exp.config.model_dump(mode="json"),
+        # Words and the sweep's own sections do not change a tune's simulations.
+        config = exp.config.model_dump(mode="json", exclude={
+            "name", "description", "comparison", "remedies", "focus", "scrape_interval_s"})
+        text = json.dumps([__version__, self.kind, config,
                            repr(exp.hardware), repr(exp.model)], sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
 
