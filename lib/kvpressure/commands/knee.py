@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -93,7 +94,7 @@ def load_curve_table(path: str | Path, columns: str | None = None,
 
 def knee_table(
     frame: pd.DataFrame, x: str, y: str, group: str | None, source: str,
-    plateau_tol: float = 0.05, say: object = None,
+    plateau_tol: float = 0.05, say: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """One knee summary per group of ``frame``; notes and noise handed to ``say``."""
     from kvpressure.analysis.knee import knee_of_runs
@@ -113,7 +114,7 @@ def knee_table(
         g = key if not (isinstance(key, float) and math.isnan(key)) else None
         if hasattr(g, "item"):
             g = g.item()
-        if callable(say):
+        if say is not None:
             label = f"{group}={g}: " if group else ""
             noise = ("none" if res.noise_sd is None else f"{res.noise_sd:.4g} {y} per level")
             say(f"{label}noise {noise} ({res.noise_source}); plateau band "
