@@ -196,3 +196,13 @@ def test_a_level_over_max_ttft_is_kept_and_ends_the_sweep(tmp_path: Path) -> Non
     assert levels[0]["ttft_p95_s"] > 0.005
     assert [lv["status"] for lv in levels[1:]] == ["not run", "not run"]
     assert "saturated" in levels[1]["reason"] and "--max-ttft" in levels[1]["reason"]
+
+
+def test_an_engine_argument_typo_is_refused_before_the_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    with fake_vllm() as (url, state):
+        code = main(["collect", url, "--levels", "2", "--out", str(tmp_path / "run"),
+                     "--engine-args", "{max_num_seq: 8}", *FAST])
+        assert code == 2 and state.completions == 0
+    assert "did you mean 'max_num_seqs'" in capsys.readouterr().err

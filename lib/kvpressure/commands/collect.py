@@ -68,8 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "incomplete (default 600)")
     limits.add_argument("--request-timeout", type=float, default=300.0, metavar="S",
                         help="a request that receives nothing for S seconds fails (default 300)")
-    limits.add_argument("--max-ttft", type=float, metavar="S",
-                        help="stop after a level whose TTFT p95 exceeds S seconds (saturated)")
+    limits.add_argument("--max-ttft", type=float, default=60.0, metavar="S",
+                        help="stop after a level whose TTFT p95 exceeds S seconds: the server "
+                        "is saturated, higher levels would only take longer (default 60; 0: "
+                        "never stop)")
     engine = parser.add_argument_group("load engine")
     engine.add_argument("--load-engine", choices=("auto", "builtin", "vllm-bench"),
                         default="auto",
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         output_len=args.output_len, range_ratio=args.range_ratio,
         prompts_per_level=args.prompts_per_level, duration_per_level_s=args.duration_per_level,
         warmup=args.warmup, cooldown_s=args.cooldown, level_timeout_s=args.level_timeout,
-        request_timeout_s=args.request_timeout, max_ttft_s=args.max_ttft,
+        request_timeout_s=args.request_timeout, max_ttft_s=args.max_ttft or None,
         scrape_interval_s=args.scrape_interval, seed=args.seed,
         token_ids=parse_token_range(args.token_ids), load_engine=args.load_engine,
         vllm=args.vllm, tokenizer=args.tokenizer, model=args.model,

@@ -42,7 +42,7 @@ from typing import Any, TextIO
 import httpx
 import numpy as np
 
-from kvpressure.errors import InputError
+from kvpressure.errors import InputError, refuse_unknown
 from kvpressure.ingestion.live_scrape import ACCEPT, Scraper, check_url
 from kvpressure.ingestion.names import PREEMPTIONS, RUNNING, WAITING
 from kvpressure.live.client import LoopResult, RequestOutcome, closed_loop
@@ -77,7 +77,7 @@ class CollectOptions:
     cooldown_s: float = 5.0
     level_timeout_s: float = 600.0
     request_timeout_s: float = 300.0
-    max_ttft_s: float | None = None
+    max_ttft_s: float | None = 60.0  # a level past this TTFT p95 ends the sweep (None: never)
     scrape_interval_s: float = 1.0
     seed: int = 0
     token_ids: tuple[int, int] = DEFAULT_TOKEN_IDS
@@ -116,6 +116,10 @@ class CollectOptions:
             raise InputError(f"--load-engine {self.load_engine!r}: auto, builtin or vllm-bench")
         if self.prometheus:
             check_url(self.prometheus, "--prometheus")
+        from kvpressure.simulation.experiment import ALIASES, ENGINE_ARGS
+
+        # A typo found after an hour-long sweep would cost the report: refuse it now.
+        refuse_unknown(self.engine_args, [*ENGINE_ARGS, *ALIASES], "--engine-args")
 
     def prompts_for(self, concurrency: int) -> int | None:
         if self.duration_per_level_s is not None:

@@ -20,12 +20,6 @@ from kvpressure.errors import InputError
 from kvpressure.ingestion.live_scrape import ACCEPT, check_url
 from kvpressure.ingestion.names import CACHE_CONFIG_INFO
 
-# What the report's engine_args take (vLLM's engine-argument names).
-ENGINE_ARG_NAMES = (
-    "num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
-    "enable_chunked_prefill", "enable_prefix_caching", "scheduling_policy",
-    "long_prefill_token_threshold", "scheduler_reserve_full_isl", "max_model_len",
-)
 _FROM_CACHE_CONFIG = {
     "num_gpu_blocks": int, "block_size": int,
     "enable_prefix_caching": lambda v: v.strip().lower() == "true",
