@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import tracemalloc
 
 import pytest
 
@@ -12,6 +13,7 @@ from kvpressure.errors import InputError
 from kvpressure.simulation.engine import StepClock, simulate
 from kvpressure.simulation.prom_view import PromRecorder
 from kvpressure.simulation.scenario import load_scenario
+from kvpressure.simulation.scheduler import Scheduler
 
 GAP = 10**9
 
@@ -91,3 +93,36 @@ def test_idle_gap_too_many_scrapes_is_refused_at_once():
     with pytest.raises(InputError, match=r"scrape_interval_s 0\.78125: .*20,000,000 scrapes"):
         simulate(sc, recorder=rec)
     assert time.process_time() - cpu < 1.0
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_pool_of_a_billion_blocks_is_not_allocated(caching):
+    # 256 requests of 3 blocks each in a 10**9-block pool: memory follows the ~800 blocks used.
+    reqs = [{"id": f"r{i}", "prompt_len": 30, "output_len": 10 + i % 7,
+             "prefix_group": "sys" if caching and i % 2 else None} for i in range(256)]
+    for r in reqs:
+        if r["prefix_group"] is None:
+            del r["prefix_group"]
+    data = {"name": "big", "mode": {"type": "closed", "concurrency": 256},
+            "settings": {"num_gpu_blocks": 10**9, "block_size": 16, "max_num_seqs": 256,
+                         "enable_prefix_caching": caching},
+            "requests": reqs}
+    if caching:
+        data["prefix_groups"] = {"sys": {"length": 16}}
+    tracemalloc.start()
+    try:
+        res = simulate(load_scenario(data))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # One int per block of the pool would be 8 GB; the run's own objects are a few MB.
+    assert peak < 20 * 2**20
+    # The order is vLLM's: the free queue starts as ids 1..N-1, freed blocks go to its head.
+    c = res.steps.columns
+    assert sum(c["finished"]) == 256 and sum(c["preemptions"]) == 0
+    assert max(c["kv_usage_after"]) < 1e-6
+    pool = Scheduler(load_scenario(data).settings).kv.pool
+    assert pool.get_new_blocks(3) == [1, 2, 3] and pool.pop_one() == 4
+    pool.free_blocks([4, 2])
+    assert pool.get_new_blocks(3) == [4, 2, 5]
+    assert pool.num_free_blocks == 10**9 - 1 - 5  # 1, 3, 4, 2, 5 held

@@ -1,37 +1,47 @@
 """vLLM 0.33.0's block pool (``v1/core/block_pool.py``): the free-block queue, reference counts,
 and the block-key -> block map of the prefix cache.
 
-The free queue is a doubly linked list over block ids held in two int lists (``prev``/``next``)
+The free queue is a doubly linked list over block ids held in two dicts (``prev``/``next``)
 with two sentinels, so popping the head, prepending, appending and unlinking a touched block
 from the middle are all O(1), as in vLLM's ``FreeKVCacheBlockQueue``.
+
+Materialised lazily: vLLM's queue starts as blocks ``1..N-1`` in id order, and a block leaves
+that initial run only by being popped from the head (the only way to reach it), after which it
+is linked explicitly. So the queue is always [explicit head part] + [never-used ids ``lo..N-1``,
+one ``RANGE`` node in the list] + [explicit tail part], and memory follows the blocks a run has
+used, not the pool's nominal size: ``ref_cnt`` and ``block_hash`` hold ids ``0..lo-1`` (an id
+at or above ``lo`` has reference 0 and no key).
 """
 
 from __future__ import annotations
+
+# Sentinels and the node of never-used ids, in the link dicts (block ids are >= 0).
+HEAD = -2
+TAIL = -3
+RANGE = -4
 
 
 class BlockPool:
     """Blocks ``0..N-1``; block 0 is the null block, never allocated nor counted."""
 
-    __slots__ = ("num_gpu_blocks", "enable_caching", "prev", "next", "head", "tail",
-                 "num_free_blocks", "ref_cnt", "block_hash", "cached", "usage_denominator")
+    __slots__ = ("num_gpu_blocks", "enable_caching", "prev", "next", "lo", "num_free_blocks",
+                 "ref_cnt", "block_hash", "cached", "usage_denominator")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
         n = num_gpu_blocks
         self.num_gpu_blocks = n
         self.enable_caching = enable_caching
-        self.head = n
-        self.tail = n + 1
         # Blocks 1..N-1 in id order (block 0 is taken out at once as the null block).
-        self.next = list(range(1, n + 2)) + [-1]
-        self.prev = [-1] + list(range(0, n + 1))
-        self.next[self.head] = 1 if n > 1 else self.tail
-        self.prev[self.tail] = n - 1 if n > 1 else self.head
-        self.prev[1 if n > 1 else self.tail] = self.head
-        self.next[n - 1] = self.tail
-        self.next[0] = self.prev[0] = -1
+        self.lo = 1
+        if n > 1:
+            self.next = {HEAD: RANGE, RANGE: TAIL}
+            self.prev = {RANGE: HEAD, TAIL: RANGE}
+        else:
+            self.next = {HEAD: TAIL}
+            self.prev = {TAIL: HEAD}
         self.num_free_blocks = n - 1
-        self.ref_cnt = [0] * n
-        self.block_hash: list[int | None] = [None] * n
+        self.ref_cnt = [0]
+        self.block_hash: list[int | None] = [None]
         # key -> block id, or key -> {block id: None} when several blocks carry the key;
         # the first one stored is the one a lookup returns.
         self.cached: dict[int, int | dict[int, None]] = {}
@@ -40,25 +50,44 @@ class BlockPool:
     # -- free queue -----------------------------------------------------------------------
     def free_queue(self) -> list[int]:
         """The free queue head -> tail (for tests and debugging)."""
-        out = []
-        b = self.next[self.head]
-        while b != self.tail:
-            out.append(b)
+        out: list[int] = []
+        b = self.next[HEAD]
+        while b != TAIL:
+            if b == RANGE:
+                out.extend(range(self.lo, self.num_gpu_blocks))
+            else:
+                out.append(b)
             b = self.next[b]
         return out
 
+    def _take_range(self, k: int) -> range:
+        """The next ``k`` never-used ids (k <= what is left), now materialised with ref 1;
+        the RANGE node leaves the queue once it is empty."""
+        lo = self.lo
+        hi = lo + k
+        self.lo = hi
+        self.ref_cnt.extend([1] * k)
+        self.block_hash.extend([None] * k)
+        if hi == self.num_gpu_blocks:
+            nxt, prv = self.next, self.prev
+            p = prv.pop(RANGE)
+            q = nxt.pop(RANGE)
+            nxt[p] = q
+            prv[q] = p
+        return range(lo, hi)
+
     def _unlink(self, b: int) -> None:
         nxt, prv = self.next, self.prev
-        p, q = prv[b], nxt[b]
+        p = prv.pop(b)
+        q = nxt.pop(b)
         nxt[p] = q
         prv[q] = p
-        nxt[b] = prv[b] = -1
         self.num_free_blocks -= 1
 
     def _prepend_n(self, blocks: list[int]) -> None:
         nxt, prv = self.next, self.prev
-        first = nxt[self.head]
-        p = self.head
+        first = nxt[HEAD]
+        p = HEAD
         for b in blocks:
             prv[b] = p
             nxt[p] = b
@@ -69,44 +98,53 @@ class BlockPool:
 
     def _append_n(self, blocks: list[int]) -> None:
         nxt, prv = self.next, self.prev
-        last = prv[self.tail]
-        p = last
+        p = prv[TAIL]
         for b in blocks:
             prv[b] = p
             nxt[p] = b
             p = b
-        nxt[p] = self.tail
-        prv[self.tail] = p
+        nxt[p] = TAIL
+        prv[TAIL] = p
         self.num_free_blocks += len(blocks)
 
     # -- allocation -----------------------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[int]:
         """Pop ``num_blocks`` from the head, evicting any key they still carry."""
         nxt, prv, ref, bh = self.next, self.prev, self.ref_cnt, self.block_hash
-        out = []
-        b = nxt[self.head]
-        for _ in range(num_blocks):
+        out: list[int] = []
+        left = num_blocks
+        b = nxt[HEAD]
+        while left:
+            if b == RANGE:
+                k = min(left, self.num_gpu_blocks - self.lo)
+                out.extend(self._take_range(k))
+                left -= k
+                b = nxt[HEAD] if left else b
+                continue
             out.append(b)
             ref[b] += 1
             if bh[b] is not None:
                 self._evict(b)
-            q = nxt[b]
-            nxt[b] = prv[b] = -1
+            q = nxt.pop(b)
+            del prv[b]
+            nxt[HEAD] = q
+            prv[q] = HEAD
             b = q
-        nxt[self.head] = b
-        prv[b] = self.head
+            left -= 1
         self.num_free_blocks -= num_blocks
         return out
 
     def pop_one(self) -> int:
         """``get_new_blocks(1)[0]`` without the list."""
         nxt, prv = self.next, self.prev
-        b = nxt[self.head]
-        q = nxt[b]
-        nxt[self.head] = q
-        prv[q] = self.head
-        nxt[b] = prv[b] = -1
+        b = nxt[HEAD]
         self.num_free_blocks -= 1
+        if b == RANGE:
+            return self._take_range(1)[0]
+        q = nxt.pop(b)
+        del prv[b]
+        nxt[HEAD] = q
+        prv[q] = HEAD
         self.ref_cnt[b] += 1
         if self.block_hash[b] is not None:
             self._evict(b)
@@ -182,13 +220,24 @@ class BlockPool:
         return 1.0 - self.num_free_blocks / self.usage_denominator
 
 
+class _NoKeys:
+    """``block_hash`` of a pool without prefix caching: no block carries a key."""
+
+    __slots__ = ()
+
+    def __getitem__(self, b: int) -> None:
+        return None
+
+
 class StackBlockPool(BlockPool):
     """The same pool when prefix caching is off, on a plain list.
 
     Without caching no block carries a hash, so every freed block is prepended to the head
     and every allocation pops the head: the free queue is then a stack whose top is the
-    head, and ``list.extend``/slicing replace the linked-list walks. A block is never shared
-    without caching, so its reference count is 1 exactly when it is off the stack; the counts
+    head, and ``list.extend``/slicing replace the linked-list walks. Below the stack lie the
+    never-used ids ``lo..N-1`` (vLLM's initial order), taken only once the stack is empty, so
+    the stack holds at most the peak number of blocks in use. A block is never shared
+    without caching, so its reference count is 1 exactly when it is off the queue; the counts
     are derived on request instead of being written at every pop and free.
     """
 
@@ -200,18 +249,19 @@ class StackBlockPool(BlockPool):
         n = num_gpu_blocks
         self.num_gpu_blocks = n
         self.enable_caching = False
-        self.stack = list(range(n - 1, 0, -1))
+        self.stack: list[int] = []
+        self.lo = 1
         self.num_free_blocks = n - 1
-        self.block_hash = [None] * n
+        self.block_hash = _NoKeys()  # type: ignore[assignment]
         self.cached = {}
         self.usage_denominator = n - 1
 
     def free_queue(self) -> list[int]:
-        return self.stack[::-1]
+        return self.stack[::-1] + list(range(self.lo, self.num_gpu_blocks))
 
     @property
     def ref_cnt(self) -> list[int]:  # type: ignore[override]
-        ref = [1] * self.num_gpu_blocks
+        ref = [1] * self.lo + [0] * (self.num_gpu_blocks - self.lo)
         ref[0] = 0
         for b in self.stack:
             ref[b] = 0
@@ -221,15 +271,25 @@ class StackBlockPool(BlockPool):
         if num_blocks <= 0:
             return []
         stack = self.stack
-        out = stack[-num_blocks:]
-        del stack[-num_blocks:]
-        out.reverse()
         self.num_free_blocks -= num_blocks
+        if num_blocks <= len(stack):
+            out = stack[-num_blocks:]
+            del stack[-num_blocks:]
+            out.reverse()
+            return out
+        out = stack[::-1]
+        stack.clear()
+        lo = self.lo
+        self.lo = lo + num_blocks - len(out)
+        out.extend(range(lo, self.lo))
         return out
 
     def pop_one(self) -> int:
         self.num_free_blocks -= 1
-        return self.stack.pop()
+        if self.stack:
+            return self.stack.pop()
+        self.lo += 1
+        return self.lo - 1
 
     def touch(self, blocks: list[int]) -> None:
         raise AssertionError("no prefix hits without prefix caching")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,22 +51,20 @@ _BOOL_SETTINGS = {"enable_chunked_prefill", "enable_prefix_caching",
                   "scheduler_reserve_full_isl", "async_scheduling"}
 # Steps are counted in 64-bit integers (numpy), and times in float64 from them.
 MAX_ARRIVAL_STEP = 2**53
-# The block pool's tables cost about this much host memory per KV block (free-queue links,
-# reference count, hash slot).
+# The block pool is materialised lazily (block_pool.py): memory follows the blocks a run uses,
+# not the pool's nominal size. The bound is vLLM's own: its block tables hold int32 ids.
+MAX_NUM_GPU_BLOCKS = 2**31 - 1
+# What the pool's tables cost per block once used (links, reference count, key slot).
 BYTES_PER_BLOCK = 96
 
 
 def check_pool_memory(num_gpu_blocks: int, where: str) -> None:
-    """Refuse a pool whose block tables would not fit in this machine's memory."""
-    need = num_gpu_blocks * BYTES_PER_BLOCK
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        have = 0
-    if have and need > have // 2:
-        raise InputError(f"{where} {num_gpu_blocks}: simulating that many KV blocks needs about "
-                         f"{need / 2**30:,.1f} GiB of memory; this machine has "
-                         f"{have / 2**30:,.1f} GiB")
+    """Refuse a pool beyond vLLM's int32 block ids (a nominal size alone costs nothing)."""
+    if num_gpu_blocks > MAX_NUM_GPU_BLOCKS:
+        raise InputError(f"{where} {num_gpu_blocks}: beyond vLLM's block ids (int32, at most "
+                         f"{MAX_NUM_GPU_BLOCKS:,}); a pool that size, used, would need about "
+                         f"{num_gpu_blocks * BYTES_PER_BLOCK / 2**30:,.0f} GiB of host memory "
+                         "to simulate")
 
 
 _REQUEST_KEYS = {"id", "prompt_len", "output_len", "arrival_step", "arrival_time_s",
