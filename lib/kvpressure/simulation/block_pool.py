@@ -25,7 +25,7 @@ class BlockPool:
     """Blocks ``0..N-1``; block 0 is the null block, never allocated nor counted."""
 
     __slots__ = ("num_gpu_blocks", "enable_caching", "prev", "next", "lo", "num_free_blocks",
-                 "ref_cnt", "block_hash", "cached", "usage_denominator")
+                 "ref_cnt", "block_hash", "cached", "usage_denominator", "version")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
         n = num_gpu_blocks
@@ -46,6 +46,9 @@ class BlockPool:
         # the first one stored is the one a lookup returns.
         self.cached: dict[int, int | dict[int, None]] = {}
         self.usage_denominator = n - 1
+        # Moves whenever a lookup by a waiting request could answer differently: an eviction,
+        # or a shared prefix-group key cached (request.py: other keys belong to one request).
+        self.version = 0
 
     # -- free queue -----------------------------------------------------------------------
     def free_queue(self) -> list[int]:
@@ -153,6 +156,7 @@ class BlockPool:
     def _evict(self, b: int) -> None:
         key = self.block_hash[b]
         self.block_hash[b] = None
+        self.version += 1
         entry = self.cached.get(key)
         if entry is None:
             return
@@ -197,6 +201,8 @@ class BlockPool:
     # -- prefix cache ---------------------------------------------------------------------
     def cache_block(self, b: int, key: int) -> None:
         self.block_hash[b] = key
+        if key < 0:
+            self.version += 1
         entry = self.cached.get(key)
         if entry is None:
             self.cached[key] = b
@@ -255,6 +261,7 @@ class StackBlockPool(BlockPool):
         self.block_hash = _NoKeys()  # type: ignore[assignment]
         self.cached = {}
         self.usage_denominator = n - 1
+        self.version = 0
 
     def free_queue(self) -> list[int]:
         return self.stack[::-1] + list(range(self.lo, self.num_gpu_blocks))

@@ -12,7 +12,8 @@ class KVCacheManager:
     (the scheduler then preempts, or stops admitting)."""
 
     __slots__ = ("pool", "block_size", "max_model_len", "enable_caching", "watermark_blocks",
-                 "prefix_queries", "prefix_hits", "preempted_queries", "preempted_hits")
+                 "prefix_queries", "prefix_hits", "preempted_queries", "preempted_hits",
+                 "_hit_memo")
 
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool, watermark: float = 0.0) -> None:
@@ -29,12 +30,21 @@ class KVCacheManager:
         self.prefix_hits = 0
         self.preempted_queries = 0
         self.preempted_hits = 0
+        # The last lookup (request, pool version, its length, hit blocks, hit tokens): the
+        # head of the waiting queue is looked up again at every step it stays blocked.
+        self._hit_memo: tuple | None = None
 
     def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
         """Longest run of cached leading blocks, at most ``(L - 1) // B`` of them."""
         if not self.enable_caching:
             return [], 0
         pool = self.pool
+        memo = self._hit_memo
+        # Still valid: nothing was evicted and no shared key cached since, and the request
+        # was not admitted (the memo is dropped then: its own blocks get cached after).
+        if memo is not None and memo[0] is req and memo[1] == pool.version \
+                and memo[2] == req.num_tokens:
+            return memo[3], memo[4]
         cached = pool.cached
         hit: list[int] = []
         for i in range((req.num_tokens - 1) // self.block_size):
@@ -42,7 +52,9 @@ class KVCacheManager:
             if entry is None:
                 break
             hit.append(entry if not isinstance(entry, dict) else next(iter(entry)))
-        return hit, len(hit) * self.block_size
+        h = len(hit) * self.block_size
+        self._hit_memo = (req, pool.version, req.num_tokens, hit, h)
+        return hit, h
 
     def num_evictable(self, blocks: list[int]) -> int:
         ref = self.pool.ref_cnt
@@ -74,6 +86,7 @@ class KVCacheManager:
         if not self.can_admit(req, num_new_tokens, hit_blocks, num_hit_tokens,
                               full_sequence_must_fit, has_scheduled_reqs):
             return False
+        self._hit_memo = None
         pool = self.pool
         B = self.block_size
         m = len(hit_blocks)

@@ -28,24 +28,41 @@ TIME_REQUEST_COLUMNS = ("arrival_time_s", "first_token_time_s", "finish_time_s",
 
 
 class StepsTable:
-    """One row per engine iteration, stored by column (compact ``array``s)."""
+    """One row per engine iteration, stored by column (compact ``array``s).
+
+    Plain steps append whole rows to a short buffer, moved into the columns a block at a
+    time (``zip(*rows)`` and ``array.extend`` run in C: one Python call per column and block
+    rather than per cell); ``columns`` and ``len`` see the buffered rows too."""
+
+    _BLOCK = 512
 
     def __init__(self, timed: bool) -> None:
         self.timed = timed
         names = STEP_COLUMNS + (TIME_STEP_COLUMNS if timed else ())
-        self.columns: dict[str, array] = {
+        self._columns: dict[str, array] = {
             n: array("d" if n in _FLOAT_COLUMNS else "q") for n in names}
-        # Bound ``append`` of each column, in row order (one row per plain step). Rows are
-        # not buffered as tuples: thousands of live tuples would make the cyclic garbage
-        # collector walk them again and again.
-        self._appends = [c.append for c in self.columns.values()]
+        self._rows: list[tuple] = []
+
+    def _flush(self) -> None:
+        rows = self._rows
+        if rows:
+            for col, values in zip(self._columns.values(), zip(*rows)):  # noqa: B905
+                col.extend(values)
+            rows.clear()
+
+    @property
+    def columns(self) -> dict[str, array]:
+        self._flush()
+        return self._columns
 
     def __len__(self) -> int:
-        return len(self.columns["step"])
+        return len(self._columns["step"]) + len(self._rows)
 
     def append(self, row: tuple) -> None:
-        for app, v in zip(self._appends, row):  # noqa: B905 (row matches the columns)
-            app(v)
+        rows = self._rows
+        rows.append(row)
+        if len(rows) >= self._BLOCK:
+            self._flush()
 
     def extend(self, name: str, values) -> None:
         self.columns[name].extend(values)
