@@ -42,9 +42,10 @@ report: $(VENV)/.synced
 test: $(VENV)/.synced
 	scripts/system-deps.sh
 	$(BIN)/ruff check lib tests benchmarks
-	$(BIN)/nbstripout --verify notebooks/*.ipynb
+	$(BIN)/python -m kvpressure.pipeline.lab --install-filter --verify
 	$(BIN)/pytest tests
 	cd notebooks && KVPRESSURE_NB_EXPERIMENT=../data/experiments/ci_small.yaml \
+	    KVPRESSURE_RUN_CONTEXT=$(CURDIR)/.venv/nbval-run.json \
 	    ../$(BIN)/pytest --nbval-lax --nbval-current-env .
 
 # A real vLLM (PyPI's CPU build, in its own cached venv: scripts/vllm-env.sh) serving a small
@@ -61,11 +62,13 @@ $(VENV)/.lab: $(VENV)/.synced
 	$(UV) sync --locked --extra test --extra lab --inexact
 	@touch $@
 
-# JupyterLab refuses to run as root without --allow-root (containers, CI machines).
-LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+# Lab plots inline (MPLBACKEND=Agg, exported above for batch runs, is left out of its
+# environment), outputs reach git only through the nbstripout filter installed here, and
+# `make lab EXPERIMENT=...` makes that experiment the run the notebooks read.
+LAB_CHOOSE := $(if $(filter command line environment,$(origin EXPERIMENT)),--choose $(EXPERIMENT))
 
 lab: $(VENV)/.lab
-	JUPYTER_RUNTIME_DIR=$(CURDIR)/.venv/jupyter-runtime $(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ROOT) $(LAB_ARGS)
+	$(BIN)/python -m kvpressure.pipeline.lab $(LAB_CHOOSE) --install-filter --start -- $(LAB_ARGS)
 
 bench: $(VENV)/.synced
 	$(BIN)/python benchmarks/run_all.py

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs the system programs some tests drive for real: a Prometheus server (ingestion over the
-# HTTP API) and headless Chromium (a screenshot of the report). Needs root and apt-get; elsewhere
+# HTTP API) and headless Chromium with its driver (a screenshot of the report, JupyterLab driven
+# in a browser). Needs root and apt-get; elsewhere
 # it says what is missing and those tests skip with that reason (they fail instead when CI=true).
 set -euo pipefail
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# Selenium drives JupyterLab in Chromium through it (tests/test_lab_browser.py).
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: not installed (needs root and apt-get): ${missing[*]}" >&2
