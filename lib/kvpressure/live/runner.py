@@ -235,7 +235,7 @@ class _Sweep:
         text = scraper.last_text if scraper is not None else None
         return metric_total(text, name) if text else None
 
-    async def fresh_scrape(self, http: httpx.AsyncClient, limit_s: float = 10.0) -> None:
+    async def fresh_scrape(self, limit_s: float = 10.0) -> None:
         """Ask the scraper for a scrape now and wait until it is in the log."""
         scraper = self.scraper
         if scraper is None:
@@ -282,7 +282,7 @@ class _Sweep:
         start = time.time()
         idle = await self.settle(http, 60.0)
         await asyncio.sleep(self.opts.cooldown_s)
-        await self.fresh_scrape(http)
+        await self.fresh_scrape()
         entry = {"after": after, "start": start, "end": time.time(), "idle": idle}
         if not idle:
             entry["note"] = "the engine still held requests when the next level started"
@@ -378,7 +378,7 @@ class _Sweep:
         # the window's counters hold all of the level's work (a gone server: no wait).
         if not self.interrupted:
             await self.settle(http, 3.0)
-        await self.fresh_scrape(http)
+        await self.fresh_scrape()
         if bench is not None:
             progress.done = int(bench.get("completed") or 0) + int(bench.get("failed") or 0)
             progress.failed = int(bench.get("failed") or 0)

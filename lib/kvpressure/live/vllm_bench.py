@@ -3,9 +3,11 @@
 It runs as a child process in its own process group (a level timeout or Ctrl-C ends all of it)
 with vLLM's random dataset at the same lengths, ``--ignore-eos``, a closed loop
 (``--max-concurrency``, ``--request-rate inf``) and ``--save-detailed``. Its result file is
-kept as written, plus the two fields :mod:`kvpressure.live.results` adds: the window (the
-file's modification time as the end, ``duration`` before it as the start: finer than its
-whole-second ``date``) and whether the level completed.
+kept as written, plus the two fields :mod:`kvpressure.live.results` adds: whether the level
+completed, and the window, from the child's start to its exit. The server is idle before and
+after the child's own load (the runner cools down first; no warm-up or ready-check requests
+are sent), so the counters cut at that window are exactly the level's; vLLM's whole-second
+``date`` stamped after its statistics cannot place the load that closely.
 """
 
 from __future__ import annotations
@@ -81,9 +83,11 @@ def run_level(
         "--ignore-eos", "--temperature", "0", "--num-prompts", str(num_prompts),
         "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", str(seed),
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
+        "--num-warmups", "0", "--ready-check-timeout-sec", "0",
         "--save-result", "--save-detailed", "--result-dir", str(work_dir),
         "--result-filename", name, "--disable-tqdm",
     ]
+    launched = time.time()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -104,14 +108,13 @@ def run_level(
         except BaseException:
             _stop_group(proc)
             raise
+    exited = time.time()
     path = work_dir / name
     if code != 0 or not path.is_file():
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
         return BenchRun(None, f"vllm bench serve exited with {code}: {tail[0][:200]}", log)
     result = json.loads(path.read_text(encoding="utf-8"))
-    end = path.stat().st_mtime
-    duration = float(result.get("duration") or 0.0)
-    result[WINDOW] = {"start": end - duration, "end": end}
+    result[WINDOW] = {"start": launched, "end": exited}
     result[LEVEL] = {"complete": True, "reason": None}
     path.unlink()
     return BenchRun(result, None, log)
