@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,11 @@ def _short(v: Any) -> str:
     return str(v)
 
 
-def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2):
-    """``overrides -> runs`` over the baseline's levels, for the remedies' what-if."""
+def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2,
+                     kept: dict[str, pd.DataFrame] | None = None,
+                     progress: Callable[[dict], None] | None = None):
+    """``overrides -> runs`` over the baseline's levels, for the remedies' what-if; each
+    remedy's runs are also kept in ``kept`` (by its overrides) for the seed-by-seed range."""
     import tempfile
 
     from kvpressure.pipeline.sweep import run_sweep
@@ -62,11 +66,61 @@ def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2):
     exp = load_experiment(experiment_path)
 
     def run(overrides: dict) -> pd.DataFrame:
+        if progress is not None:
+            progress(overrides)
         with tempfile.TemporaryDirectory(prefix="kvpressure-remedy-") as tmp:
-            return run_sweep(exp, tmp, variants={"remedy": overrides}, concurrencies=levels,
+            runs = run_sweep(exp, tmp, variants={"remedy": overrides}, concurrencies=levels,
                              jobs=jobs, write_points=False)
+        if kept is not None:
+            kept[repr(sorted(overrides.items()))] = runs
+        return runs
 
     return run
+
+
+def seed_gains(baseline: pd.DataFrame, kept: dict[str, pd.DataFrame], report: dict[str, Any],
+               y: str = "output_throughput") -> dict[str, list[float]]:
+    """Per remedy, its throughput change (%) at the target concurrency seed by seed against
+    the baseline's same seed (the same request set): the spread the mean hides."""
+    target = report["target_concurrency"]
+    out: dict[str, list[float]] = {}
+    if target is None or "seed" not in baseline:
+        return out
+
+    def at_target(runs: pd.DataFrame) -> pd.Series:
+        levels = pd.to_numeric(runs["concurrency"])
+        nearest = levels.iloc[(levels - target).abs().argsort().iloc[0]]
+        part = runs[levels == nearest]
+        return part.groupby("seed")[y].mean()
+
+    base = at_target(baseline)
+    for o in report["outcomes"]:
+        runs = kept.get(repr(sorted(o["overrides"].items())))
+        if not o["applicable"] or runs is None or "seed" not in runs:
+            continue
+        new = at_target(runs)
+        common = [s for s in new.index if s in base.index and base[s]]
+        out[o["remedy"]] = [float(100.0 * (new[s] - base[s]) / base[s]) for s in common]
+    return out
+
+
+def _twin_recommendation(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The twin's recommendation when ``kvpressure twin`` wrote a folder into the run folder."""
+    import json
+
+    path = Path(run_dir) / "twin" / "twin.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    rec = (doc.get("remedies") or {}).get("recommendation") or {}
+    if not rec.get("text"):
+        return None
+    return {"source": "twin", "simulated": True, "remedy": rec.get("setting"),
+            "text": ("Do this (the fitted twin's what-if): " if rec.get("trusted") else
+                     "Twin's what-if, not trusted: ") + rec["text"] + "."}
 
 
 def runs_label(repeats: int) -> str:
@@ -113,8 +167,10 @@ def _remedy_rows(report: dict[str, Any], settings: dict[str, Any],
 
 
 def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
-                 simulate_remedies: bool = True) -> StageOutput:
+                 simulate_remedies: bool = True, limits: Mapping[str, float] | None = None,
+                 progress: Callable[[dict], None] | None = None) -> StageOutput:
     """Symptoms, status and remedies; ``result`` is what ``analysis/record.json`` holds."""
+    from kvpressure.analysis.recommendation import recommend, recommend_from_symptoms
     from kvpressure.analysis.remedies import evaluate_remedies
     from kvpressure.analysis.status import KV_BOUND, NOT_ESTABLISHED, SEQ_BOUND, decide_status
     from kvpressure.analysis.symptoms import check_symptoms
@@ -151,13 +207,17 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         from kvpressure.paths import REPO_ROOT
 
         candidate = Path(exp_path) if Path(exp_path).is_absolute() else REPO_ROOT / exp_path
+        kept: dict[str, pd.DataFrame] = {}
         report = evaluate_remedies(
-            base, _simulate_levels(str(candidate), info["concurrency_levels"]),
+            base, _simulate_levels(str(candidate), info["concurrency_levels"], kept=kept,
+                                   progress=progress),
             settings=settings, target_concurrency=focus_c, max_sequence_tokens=max_seq,
         ).to_dict()
         rows = _remedy_rows(report, settings, tables.repeats)
         remedies = {"simulated": True, "try_first": report["try_first"], "why": report["why"],
-                    "rows": rows, "report": report}
+                    "rows": rows, "report": report,
+                    "recommendation": recommend(report, settings, seed_gains(base, kept, report),
+                                                limits)}
     elif status.status != NOT_ESTABLISHED:
         order = list(STATIC_REMEDIES)
         if status.status == SEQ_BOUND:  # one sequence is the problem: shrink it first
@@ -176,6 +236,11 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         remedies = {"simulated": False, "try_first": None,
                     "why": "no KV-pressure remedy is called for by this status", "rows": []}
     status_d = status.to_dict()
+    if "recommendation" not in remedies:
+        remedies["recommendation"] = _twin_recommendation(run_dir) or recommend_from_symptoms(
+            {"status": status_d, "symptoms": checklist.to_dict()}, settings,
+            "ingested data cannot be re-run" if info["mode"] != "simulation"
+            else "remedy simulation was switched off")
     result = {
         "symptoms": checklist.to_dict(),
         "status": status_d,

@@ -1,0 +1,193 @@
+"""The one change to make: remedies ranked by their effect under latency limits, or, without a
+what-if, the remedy the symptoms point to first.
+
+Ranking (simulated remedies, :func:`recommend`): a remedy qualifies when its output throughput
+at the target concurrency grows by at least ``min_gain_pct`` and its TTFT p95 and ITL p95 stay
+within the limits: absolute limits when given (``ttft_p95_s``, ``itl_p95_s``, as
+``kvpressure tune --limits`` writes them), else no more than ``latency_tolerance_pct`` worse than
+the baseline. Qualifying remedies are ranked by that gain; the first is recommended, the second
+is the runner-up. Remedies whose gain is below ``min_gain_pct`` have no effect worth a change.
+
+Without simulation (:func:`recommend_from_symptoms`) the symptoms say what to try first: a pool
+that holds fewer sequences than ``max_num_seqs`` admits -> lower ``max_num_seqs`` to what runs;
+one sequence too large for the pool -> lower ``max_model_len``; long prefills slowing decodes ->
+lower ``max_num_batched_tokens``; a full pool otherwise -> raise ``gpu_memory_utilization``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+LATENCIES = (("ttft_p95", "TTFT p95"), ("itl_p95", "ITL p95"))
+
+
+def _finite(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _pct(v: float) -> str:
+    return f"{v:+.0f}%"
+
+
+def _limit_text(limits: Mapping[str, float], tolerance: float) -> str:
+    if not limits:
+        return f"TTFT p95 and ITL p95 no more than {tolerance:g}% above today's"
+    return ", ".join(f"{k.removesuffix('_s')} <= {v:g} s" for k, v in limits.items())
+
+
+def _latency(outcome: Mapping[str, Any], baseline: Mapping[str, Any], key: str
+             ) -> tuple[float | None, float | None]:
+    """(change %, new value in s) of one latency at the target."""
+    change = _finite(outcome.get("cost", {}).get(f"{key}_change_pct"))
+    base = _finite(baseline.get(f"{key}_s"))
+    new = None if change is None or base is None else base * (1 + change / 100.0)
+    return change, new
+
+
+def _breaks(outcome: Mapping[str, Any], baseline: Mapping[str, Any],
+            limits: Mapping[str, float], tolerance: float) -> list[str]:
+    out = []
+    for key, label in LATENCIES:
+        change, new = _latency(outcome, baseline, key)
+        limit = limits.get(f"{key}_s")
+        if limits:
+            if limit is not None and new is not None and new > limit:
+                out.append(f"{label} {new:.3g} s > {limit:g} s")
+        elif change is not None and change > tolerance:
+            out.append(f"{label} {change:+.0f}%")
+    return out
+
+
+def _cost_text(outcome: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
+    parts, worse = [], False
+    for key, label in LATENCIES:
+        change, _ = _latency(outcome, baseline, key)
+        if change is not None:
+            parts.append(f"{label} {_pct(change)}")
+            worse = worse or change > 0.5
+    extra = []
+    cost = outcome.get("cost", {})
+    if cost.get("peak_concurrency_lost"):
+        extra.append(f"{cost['peak_concurrency_lost']:.0f} fewer sequences at once")
+    if cost.get("context_window_lost_tokens"):
+        extra.append(f"a context window {cost['context_window_lost_tokens']:,} tokens shorter")
+    if cost.get("precondition"):
+        extra.append(cost["precondition"])
+    lat = " / ".join(parts) or "latency not measured"
+    head = f"at a cost of {lat}" if worse else f"and latency falls too ({lat})"
+    return head + ("; watch: " + "; ".join(extra) if extra else "")
+
+
+def recommend(report: Mapping[str, Any], settings: Mapping[str, Any],
+              seed_gains: Mapping[str, Sequence[float]] | None = None,
+              limits: Mapping[str, float] | None = None, *, min_gain_pct: float = 2.0,
+              latency_tolerance_pct: float = 10.0) -> dict[str, Any]:
+    """The recommendation from a remedy what-if (``evaluate_remedies(...).to_dict()``).
+
+    ``seed_gains``: per remedy, its throughput change (%) at the target seed by seed (the range
+    shown with the mean). Returns ``text`` (one sentence), the chosen remedy's numbers, the
+    runner-up and the remedies folded away (no effect, over the limits).
+    """
+    limits = dict(limits or {})
+    baseline = report.get("baseline") or {}
+    target = report.get("target_concurrency")
+    rows = []
+    for o in report.get("outcomes", []):
+        if not o.get("applicable"):
+            continue
+        gain = _finite(o.get("gain", {}).get("throughput_at_target_pct"))
+        param, value = next(iter(o["overrides"].items()))
+        seeds = [g for g in (seed_gains or {}).get(o["remedy"], []) if _finite(g) is not None]
+        rows.append({
+            "remedy": o["remedy"], "parameter": param, "value": value,
+            "from": settings.get(param), "gain_pct": gain,
+            "gain_range_pct": [min(seeds), max(seeds)] if len(seeds) > 1 else None,
+            "seeds": len(seeds),
+            "breaks": _breaks(o, baseline, limits, latency_tolerance_pct),
+            "ttft_p95_change_pct": _latency(o, baseline, "ttft_p95")[0],
+            "itl_p95_change_pct": _latency(o, baseline, "itl_p95")[0],
+            "cost": _cost_text(o, baseline),
+        })
+    no_effect = [r for r in rows if r["gain_pct"] is None or r["gain_pct"] < min_gain_pct]
+    over = [r for r in rows if r not in no_effect and r["breaks"]]
+    ranked = sorted((r for r in rows if r not in no_effect and not r["breaks"]),
+                    key=lambda r: -r["gain_pct"])
+    out: dict[str, Any] = {
+        "source": "simulated remedies", "concurrency": target,
+        "limits": _limit_text(limits, latency_tolerance_pct),
+        "ranked": ranked, "no_effect": no_effect, "over_limits": over,
+    }
+    if not ranked:
+        out.update(remedy=None, text=(
+            "No change recommended: no remedy raised throughput at concurrency "
+            f"{_num(target)} by {min_gain_pct:g}% or more within the latency limits "
+            f"({out['limits']})."))
+        return out
+    best = ranked[0]
+    spread = ("" if best["gain_range_pct"] is None else
+              f" ({_pct(best['gain_range_pct'][0])} to {_pct(best['gain_range_pct'][1])} "
+              f"over {best['seeds']} seeds)")
+    out.update(
+        remedy=best["remedy"], parameter=best["parameter"], value=best["value"],
+        runner_up=ranked[1] if len(ranked) > 1 else None,
+        text=(f"Do this: set {best['parameter']} to {best['value']} (now {best['from']}): "
+              f"{_pct(best['gain_pct'])} output throughput at concurrency {_num(target)}"
+              f"{spread}, {best['cost']}."),
+    )
+    return out
+
+
+def _num(v: Any) -> str:
+    f = _finite(v)
+    return "?" if f is None else f"{f:g}"
+
+
+def recommend_from_symptoms(result: Mapping[str, Any], settings: Mapping[str, Any],
+                            why_not_simulated: str) -> dict[str, Any]:
+    """What to try first, and why, from stage 06's symptoms and status (no what-if)."""
+    status = result["status"]
+    name = status.get("status")
+    ev = {s["id"]: s.get("evidence", {}) for s in result["symptoms"]["symptoms"]}
+    verdicts = {s["id"]: s.get("verdict") for s in result["symptoms"]["symptoms"]}
+    mns = settings.get("max_num_seqs")
+    running = _finite(ev.get("running_below_max_num_seqs", {}).get("mean_running"))
+    silent = _finite(ev.get("running_below_max_num_seqs", {}).get("frac_silent"))
+    base = {"source": "symptoms", "simulated": False, "why_not_simulated": why_not_simulated}
+    if name == "bound by single-sequence length":
+        return {**base, "remedy": "lower_max_model_len", "parameter": "max_model_len",
+                "text": (f"Try first: lower max_model_len (now {settings.get('max_model_len')}) "
+                         "toward the longest sequence the workload needs: one sequence takes a "
+                         "large share of the KV pool, so fewer fit however concurrency is set.")}
+    if name != "bound by KV blocks":
+        return {**base, "remedy": None, "text": (
+            "No KV-cache change recommended: the symptoms do not establish KV pressure "
+            f"({name}).")}
+    if status.get("prefill_interference"):
+        return {**base, "remedy": "lower_max_num_batched_tokens",
+                "parameter": "max_num_batched_tokens", "text": (
+                    "Try first: lower max_num_batched_tokens (now "
+                    f"{settings.get('max_num_batched_tokens')}): long prefills fill whole steps "
+                    "and every decode in them waits.")}
+    if verdicts.get("running_below_max_num_seqs") == "present" and running and mns:
+        target = max(1, int(math.floor(running)))
+        return {**base, "remedy": "lower_max_num_seqs", "parameter": "max_num_seqs",
+                "value": target, "text": (
+                    f"Try first: set max_num_seqs to about {target} (now {mns}): requests "
+                    f"waited for KV space {silent:.0%} of the time while {running:.0f} of "
+                    f"{mns} allowed sequences ran, so the pool, not the setting, limits the "
+                    "batch; a matching setting stops the preemptions and their recompute.")
+                if silent is not None else (
+                    f"Try first: set max_num_seqs to about {target} (now {mns}): only "
+                    f"{running:.0f} of {mns} allowed sequences ran while requests waited.")}
+    return {**base, "remedy": "raise_gpu_memory_utilization",
+            "parameter": "gpu_memory_utilization", "text": (
+                "Try first: raise gpu_memory_utilization (now "
+                f"{settings.get('gpu_memory_utilization', 'unknown')}) for a larger KV pool: the "
+                "pool is full and sequences are preempted, while the running batch already "
+                "fills max_num_seqs.")}
