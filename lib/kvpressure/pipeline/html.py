@@ -45,6 +45,13 @@ p, li { max-width: 980px; }
 .verdict.kv .status { background: #c2410c; }
 .verdict.seq .status { background: #7c3aed; }
 .verdict p.lead { font-size: 18px; margin: 12px 0 6px; }
+.recommend { background: #fff; border: 1px solid var(--line); border-radius: 6px;
+  padding: 10px 16px; margin: 12px 0; }
+.recommend p.do { font-size: 19px; font-weight: 700; margin: 4px 0; }
+.muted { color: var(--muted); }
+details summary { cursor: pointer; color: #1f5fa8; margin: 6px 0; }
+p.files a { color: #1f5fa8; }
+td { overflow-wrap: anywhere; max-width: 36em; }
 .grid { display: grid; grid-template-columns: 1fr 1fr; gap: 8px 32px; }
 table { border-collapse: collapse; font-size: 13.5px; margin: 10px 0 16px; }
 th, td { border-bottom: 1px solid var(--line); padding: 5px 10px; text-align: right;
@@ -144,23 +151,34 @@ def focus_label(record: Record) -> str:
     return "in the focus window" + ("" if seed is None else f", seed {seed}")
 
 
+def knee_sentence(knee: Any, last: float) -> str:
+    """Where growth slows, where it peaks, what follows, and which of them is the operating
+    limit (the number to size the client's concurrency or ``max_num_seqs`` by)."""
+    peak = f"peaks at <b>{_num(knee.peak_y)} tok/s</b> at concurrency <b>{_num(knee.peak_x)}</b>"
+    slows = ("" if knee.knee_x is None or knee.knee_x >= knee.peak_x
+             else f"growth slows from concurrency <b>{_num(knee.knee_x)}</b>, ")
+    if knee.knee_x is None:
+        return (f"Output throughput is still rising at the largest level: it {peak}; no knee "
+                "inside the range, so the operating limit lies beyond it.")
+    if knee.declines:
+        return (f"Output throughput: {slows}{peak}, then falls {knee.decline_pct:.0f}% by "
+                f"{_num(last)}. <b>The operating limit is concurrency {_num(knee.peak_x)}</b>: "
+                "past it more clients lower throughput"
+                + (f"; from {_num(knee.knee_x)} on they mostly add waiting time." if slows
+                   else "."))
+    flat = ("then stays flat" if knee.decline_pct < 1 else
+            f"then is {knee.decline_pct:.0f}% lower by {_num(last)}, a change within the noise")
+    return (f"Output throughput: {slows}{peak}, {flat}. <b>The operating limit is concurrency "
+            f"{_num(knee.knee_x)}</b> (the knee): beyond it more clients add waiting time, not "
+            "throughput.")
+
+
 def _lead(record: Record) -> str:
     s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
     knee = p.knee
     parts = []
     if knee is not None:
-        last = max(w.concurrency_levels or [knee.peak_x])
-        if knee.declines:
-            decline = f", then falls {knee.decline_pct:.0f}% by concurrency {_num(last)}"
-        elif knee.decline_pct >= 1:
-            decline = (f"; by concurrency {_num(last)} it is {knee.decline_pct:.0f}% lower, a "
-                       "fall the analysis does not separate from noise")
-        else:
-            decline = ", then stays flat"
-        knee_txt = ("there is no knee inside the range" if knee.knee_x is None
-                    else f"the knee is at <b>{_num(knee.knee_x)}</b>")
-        parts.append(f"Output throughput peaks at <b>{_num(knee.peak_y)} tok/s</b> at "
-                     f"concurrency <b>{_num(knee.peak_x)}</b>; {knee_txt}{decline}.")
+        parts.append(knee_sentence(knee, max(w.concurrency_levels or [knee.peak_x])))
     elif p.throughput_by_concurrency:
         pt = p.throughput_by_concurrency[-1]
         parts.append(f"One load level measured: <b>{_num(pt.output_throughput)} tok/s</b> at "
@@ -188,9 +206,68 @@ def _lead(record: Record) -> str:
     return " ".join(parts)
 
 
-def verdict_html(record: Record, headline: str = "") -> str:
-    """The first screen: status, the sentence that explains it, the headline figure (the curve
-    with its knee), key numbers, evidence, remedies, and what the data could not give."""
+def _fmt_pct(v: Any) -> str:
+    return "no data" if v is None else f"{v:+.0f}%"
+
+
+def recommendation_html(rec: dict[str, Any] | None) -> str:
+    """The first thing on the page: the change to make, then (folded) the runner-up and the
+    remedies that had no effect or broke the latency limits."""
+    if not rec or not rec.get("text"):
+        return ""
+    folded = ""
+    rows = []
+    for label, items in (("runner-up", (rec.get("ranked") or [])[1:2]),
+                         ("also gains", (rec.get("ranked") or [])[2:]),
+                         ("over the latency limits", rec.get("over_limits") or []),
+                         ("no effect", rec.get("no_effect") or [])):
+        for r in items:
+            gain = _fmt_pct(r.get("gain_pct"))
+            if r.get("gain_range_pct"):
+                gain += f" ({r['gain_range_pct'][0]:+.0f}% to {r['gain_range_pct'][1]:+.0f}%)"
+            why = "; ".join(r.get("breaks") or []) or label
+            rows.append(f"<tr><td><code>{_e(r['parameter'])}</code> {_e(r.get('from'))} → "
+                        f"{_e(r['value'])}</td><td>{_e(gain)}</td>"
+                        f"<td>{_e(_fmt_pct(r.get('ttft_p95_change_pct')))}</td>"
+                        f"<td>{_e(_fmt_pct(r.get('itl_p95_change_pct')))}</td><td>{_e(why)}</td>"
+                        "</tr>")
+    if rows:
+        c = rec.get("concurrency")
+        folded = (
+            f"<details><summary>Other remedies tried ({len(rows)}), under the limits: "
+            f"{_e(rec.get('limits', ''))}</summary><div class='table-wrap'><table class='text'>"
+            f"<tr><th>change</th><th>output throughput at concurrency {_e(_num(c) if c else '?')}"
+            "</th><th>TTFT p95</th><th>ITL p95</th><th>why not first</th></tr>"
+            f"{''.join(rows)}</table></div></details>")
+    note = ""
+    if rec.get("source") == "symptoms" and rec.get("why_not_simulated"):
+        note = (f"<p class='muted'>Not simulated ({_e(rec['why_not_simulated'])}): chosen from "
+                "the symptoms below.</p>")
+    return (f'<div id="recommendation" class="recommend"><p class="do">{_e(rec["text"])}</p>'
+            f"{note}{folded}</div>")
+
+
+def links_html() -> str:
+    """The run folder's files, linked (the page sits in the run folder)."""
+    files = ((RECORD_YAML, "the record"), ("runs.csv", "one row per level and seed"),
+             ("series.csv", "the focus level's metrics over time"),
+             (f"{NOTEBOOKS_DIR}/", "the executed notebooks"))
+    return ("<p class='files'>Files: " + " · ".join(
+        f"<a href='{_e(name)}'>{_e(name)}</a> ({_e(what)})" for name, what in files) + "</p>")
+
+
+def _reason(text: str) -> str:
+    """A status rule as a sentence: without its rule number."""
+    text = re.sub(r"^\s*\d+\s*:\s*", "", text)
+    return text[:1].upper() + text[1:]
+
+
+def verdict_html(record: Record, headline: str = "", verdict: dict[str, Any] | None = None
+                 ) -> str:
+    """The first screen: status, the recommendation, the sentence that explains it, the
+    headline figure (the curve with its knee), key numbers, evidence, remedies, and what the
+    data could not give. ``verdict`` is stage 06's result (its recommendation and symptoms)."""
+    from kvpressure.pipeline.verdict import symptom_sentence
     s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
     knee = p.knee
     kind = "kv" if record.status == STATUS_KV_BOUND else (
@@ -233,7 +310,8 @@ def verdict_html(record: Record, headline: str = "") -> str:
         ("recomputed tokens", _or(c.recomputed_tokens, _num)),
         (f"recompute ratio ({focus_label(record)})", ratio),
         ("ITL mean / p95", f"{_or(p.itl_mean, _ms)} / {_or(p.itl_p95, _ms)}"),
-        ("TTFT p95", _or(p.ttft_p95, _ms)),
+        ("TTFT p95" + (" (mostly time queued before admission)"
+                       if (c.num_requests_waiting or 0) >= 1 else ""), _or(p.ttft_p95, _ms)),
     ]
     missing = "".join(f"<tr><td><code>{_e(k)}</code></td><td>{_e(v)}</td></tr>"
                       for k, v in record.missing.items())
@@ -242,33 +320,39 @@ def verdict_html(record: Record, headline: str = "") -> str:
         "measure them (a missing value is never read as zero).</p><div class='table-wrap'>"
         f"<table class='text'><tr><th>field</th><th>why</th></tr>{missing}</table></div>"
         if missing else "")
+    symptoms = (verdict or {}).get("symptoms", {}).get("symptoms") or []
+    seen = [symptom_sentence(symptoms[i], s.max_num_seqs) if i < len(symptoms) else ch.observed
+            for i, ch in enumerate(record.evidence.checks)]
     checks = "".join(
         f"<tr><td>{_e(ch.name)}</td><td class='{'yes' if ch.holds else 'no'}'>"
-        f"{_holds(ch)}</td><td>{_e(ch.observed)}</td>"
+        f"{_holds(ch)}</td><td>{_e(text)}</td>"
         f"<td><code>{_e(ch.metric)}</code></td></tr>"
-        for ch in record.evidence.checks
+        for ch, text in zip(record.evidence.checks, seen, strict=True)
     )
     comparison = record.evidence.comparison
     comp_html = (f"<p>{_e(comparison.summary)} <em>Noise: {_e(comparison.noise)}.</em></p>"
                  if comparison else "")
-    reasons = "".join(f"<li>{_e(r)}</li>" for r in record.evidence.reasons)
+    reasons = "".join(f"<li>{_e(_reason(r))}</li>" for r in record.evidence.reasons)
     remedies = "".join(
         f"<tr><td><code>{_e(r.parameter)}</code></td><td>{_e(r.change)}</td>"
         f"<td>{_e(r.effect)}</td><td>{_e(r.cost)}</td></tr>"
         for r in record.remedies
     )
     remedies_html = (
-        "<h3>Remedies, in order, with their cost</h3><div class='table-wrap'>"
-        "<table class='text'><tr><th>parameter</th><th>change</th><th>effect</th>"
-        f"<th>cost</th></tr>{remedies}</table></div>" if remedies else ""
+        "<details><summary>Every remedy, in the workflow's order, with its cost</summary>"
+        "<div class='table-wrap'><table class='text'><tr><th>parameter</th><th>change</th>"
+        f"<th>effect</th><th>cost</th></tr>{remedies}</table></div></details>"
+        if remedies else ""
     )
     return (
         f'<section id="verdict" class="verdict {kind}">'
         f'<span class="status">{_e(record.status)}</span>'
-        f'<p class="lead">{lead}</p>{headline}{comp_html}<ul>{reasons}</ul></section>'
+        f"{recommendation_html((verdict or {}).get('remedies', {}).get('recommendation'))}"
+        f'<p class="lead">{lead}</p>{headline}{comp_html}<ul>{reasons}</ul>{links_html()}'
+        "</section>"
         f"<h3>Key numbers</h3>{_rows(numbers)}"
         "<h3>Symptom checklist</h3><div class='table-wrap'><table class='text'>"
-        "<tr><th>symptom</th><th>holds</th><th>observed</th><th>metric</th></tr>"
+        "<tr><th>symptom</th><th>holds</th><th>what was seen</th><th>metric</th></tr>"
         f"{checks}</table></div>{remedies_html}{missing_html}"
     )
 
@@ -353,8 +437,10 @@ def _pool(record: Record) -> str:
     return f"{s.num_gpu_blocks:,} KV blocks of {s.block_size} tokens"
 
 
-def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str) -> str:
-    """The whole page from a record and the executed notebooks (name, NotebookNode)."""
+def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str,
+               verdict: dict[str, Any] | None = None) -> str:
+    """The whole page from a record, the executed notebooks (name, NotebookNode) and stage
+    06's result (the recommendation, the symptoms' evidence)."""
     from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
 
     toc = " ".join(f'<a href="#{_e(n)}">{_e(_title(nb, n))}</a>' for n, nb in notebooks)
@@ -375,7 +461,7 @@ def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str) -> 
         f'<p class="subtitle">{_e(record.workload.model_name)} · policy '
         f"{_e(_or(record.scheduler.policy, str, 'unknown'))} · {_pool(record)} · "
         f"{_e(prov.mode)} data</p>"
-        f"{verdict_html(record, headline_figure(notebooks))}"
+        f"{verdict_html(record, headline_figure(notebooks), verdict)}"
         f'<nav class="toc">Stages: {toc}</nav>\n{sections}'
         f"<footer>kvpressure {_e(__version__)} (vLLM {_e(VLLM_BEHAVIOUR_VERSION)} behaviour) · "
         f"inputs: {inputs}{_e(seed)} · record: {RECORD_YAML} · executed notebooks: "
@@ -396,7 +482,14 @@ def render_report(run_dir: str | os.PathLike[str], title: str | None = None) -> 
         path = run_dir / NOTEBOOKS_DIR / f"{name}.ipynb"
         if path.is_file():
             notebooks.append((name, nbformat.read(path, as_version=4)))
-    page = build_html(record, notebooks, title or f"Investigation: {run_dir.resolve().name}")
+    from kvpressure.pipeline.run_folder import has_stage, read_stage
+
+    verdict = read_stage(run_dir, "record") if has_stage(run_dir, "record") else None
+    if title is None:
+        name = (read_stage(run_dir, "collect").get("name") if has_stage(run_dir, "collect")
+                else None) or run_dir.resolve().name
+        title = f"{name}: where throughput stops growing, and why"
+    page = build_html(record, notebooks, title, verdict)
     out = run_dir / INDEX_HTML
     out.write_text(page, encoding="utf-8")
     return out

@@ -164,7 +164,7 @@ def make_report(
         notebook_record(work)
         for note in _load_notes(work):
             say(f"note: {note}")
-        render_report(work, title=f"Investigation: {run_dir.name}")
+        render_report(work)
     record_path, index_path = run_dir / RECORD_YAML, run_dir / INDEX_HTML
     runs = [NotebookRun(r.notebook, run_dir / r.output_path.relative_to(work), r.seconds)
             for r in runs]

@@ -38,6 +38,54 @@ STATIC_REMEDIES: dict[str, tuple[str, str, str, str]] = {
 }
 
 
+def _n(v: Any, fmt: str = ".0f") -> str | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if not math.isfinite(f) else format(f, fmt)
+
+
+def symptom_sentence(symptom: dict[str, Any], max_num_seqs: Any = None) -> str:
+    """What was seen for one symptom, in words (its evidence as numbers a reader can check)."""
+    ev = symptom.get("evidence") or {}
+    sid, verdict = symptom.get("id"), symptom.get("verdict")
+    if verdict == "no data":
+        return f"no data: {ev.get('missing') or 'not measured'}"
+    try:
+        if sid == "curve_falls":
+            fall = f"falls {ev['decline_pct']:.0f}% after it" if verdict == "present" else (
+                f"changes by {-ev['decline_pct']:.0f}% after it, within the noise")
+            return (f"throughput peaks at {ev['peak_y']:.0f} tok/s at concurrency "
+                    f"{ev['peak_x']:g} and {fall}")
+        if sid == "waiting_persists":
+            cap = _n(100 * ev["frac_capacity"]) if ev.get("frac_capacity") is not None else None
+            return (f"requests waited {ev['frac_waiting']:.0%} of the time, "
+                    f"{ev['mean_waiting']:.0f} on average and at most {ev['max_waiting']:.0f}"
+                    + (f"; for KV space {cap}% of the time" if cap is not None else ""))
+        if sid == "running_below_max_num_seqs":
+            limit = f" of {max_num_seqs} allowed" if max_num_seqs else ""
+            return (f"requests waited for KV space {ev['frac_silent']:.0%} of the time while "
+                    f"{ev['mean_running']:.0f}{limit} sequences ran (at most "
+                    f"{ev['max_running']:.0f})")
+        if sid == "kv_usage_near_full":
+            return (f"the KV cache was {ev['mean_kv_usage']:.0%} full on average and near full "
+                    f"{ev['frac_near_full']:.0%} of the time")
+        if sid == "preemption_recompute":
+            tokens = _n(ev.get("recomputed_tokens"), ",.0f")
+            return (f"{int(ev['preemptions']):,} preemptions; {ev['recompute_ratio']:.0%} of the "
+                    "processed tokens were computed a second time"
+                    + (f" ({tokens} tokens)" if tokens else ""))
+        if sid == "itl_jitter":
+            return (f"the spread of inter-token latency grows {ev['spread_growth']:.1f}x from "
+                    "the lowest to the highest level" + ("" if verdict == "present" else
+                                                         ", below the threshold"))
+    except (KeyError, TypeError, ValueError):
+        pass
+    shown = {k: v for k, v in ev.items() if not isinstance(v, dict | list)}
+    return ", ".join(f"{k.replace('_', ' ')} {_short(v)}" for k, v in list(shown.items())[:4])
+
+
 def symptoms_frame(checklist: Any) -> pd.DataFrame:
     rows = []
     for s in checklist.symptoms:
