@@ -233,3 +233,38 @@ def test_twin_target(tmp_path):
     assert SETTINGS["max_num_seqs"] == 32
     with pytest.raises(InputError, match="not tunable on a measured twin"):
         run_tune(str(run_dir), tmp_path / "t2", configs=[{"gpu_memory_utilization": 0.8}])
+
+
+def test_ctrl_c_keeps_finished_configurations_for_the_rerun(tmp_path):
+    """The command, interrupted with SIGINT while its workers run: exit 130, the finished
+    configurations kept; the same command then simulates only the rest, and its tables are
+    those of an uninterrupted run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "tune"
+    argv = [sys.executable, "-m", "kvpressure.cli", "tune", str(CI_SMALL), "--param",
+            "max_num_seqs=4,8,12,16,20,24", "--limits", LIMITS, "--executor", "processes:2",
+            "--batch", "1", "--out", str(out)]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    stream = tmp_path / ".tune.kvpressure-partial" / "tune" / RESULTS
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if stream.is_file() and stream.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130, err
+    assert "finished configuration(s) kept" in err
+    kept = stream.read_text().count("\n")
+    assert 2 <= kept < 7 and not out.exists()
+    rerun = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"{7 - kept} simulated, {kept} reused" in rerun.stderr
+    clean = tmp_path / "clean"
+    run_tune(str(CI_SMALL), clean, parameters={"max_num_seqs": [4, 8, 12, 16, 20, 24]},
+             limits=LIMITS)
+    assert outputs(out) == outputs(clean)

@@ -81,11 +81,24 @@ def run(args: argparse.Namespace) -> int:
         earlier = args.out / RESULTS
         if earlier.is_file() and not (work / RESULTS).exists():
             shutil.copyfile(earlier, work / RESULTS)
-        result = run_tune(target, work, parameters=values, limits=limits,
-                          executor=args.executor, workers=args.workers, batch=args.batch,
-                          progress=stderr_progress)
+        try:
+            result = run_tune(target, work, parameters=values, limits=limits,
+                              executor=args.executor, workers=args.workers, batch=args.batch,
+                              progress=stderr_progress)
+        except KeyboardInterrupt:
+            kept = _count_lines(work / RESULTS)
+            print(f"kvpressure tune: {kept} finished configuration(s) kept; the same command "
+                  f"into {args.out} runs only the rest", file=sys.stderr)
+            raise
     print(f"{result.configurations} configurations ({result.simulated} simulated, "
           f"{result.reused} reused, {len(result.invalid)} refused) in {result.wall_s:.1f} s on "
           f"{result.executor} -> {args.out}", file=sys.stderr)
     print(result.recommendation["text"])
     return 0
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
