@@ -44,6 +44,31 @@ def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def _proc_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of live processes (``/proc/PID/stat``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def _cpu_s(kind: str, cluster_pids: list[int]) -> float:
+    """CPU seconds spent so far by whatever runs the configurations: this process (serial),
+    its finished children (the process pool is joined when the run ends), or the Dask
+    workers."""
+    import resource
+
+    if kind == "serial":
+        t = os.times()
+        return t.user + t.system
+    if kind == "processes_2":
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+    return _proc_cpu_s(cluster_pids)
+
+
 def _noop(x: int) -> int:
     return x
 
@@ -113,17 +138,25 @@ def main() -> int:
             for name, executor in (("serial", "local"), ("processes_2", "processes:2"),
                                    ("dask_2_workers", cluster.executor)):
                 out = tmp / name
+                pids = [w.pid for w in cluster.workers]
+                cpu0 = _cpu_s(name, pids)
                 start = time.perf_counter()
                 result = run_tune(target, out, configs=configs, limits=LIMITS,
                                   executor=executor)
                 wall = time.perf_counter() - start
+                cpu = _cpu_s(name, pids) - cpu0
                 tables[name] = {t: (out / t).read_bytes() for t in TABLES}
                 report["runs"][name] = {
                     "wall_s": round(wall, 2), "simulate_s": round(result.timings["simulate_s"], 2),
                     "rank_and_write_s": round(result.timings["write_s"], 2),
-                    "per_configuration_s": round(result.timings["simulate_s"] / n, 3)}
+                    "per_configuration_s": round(result.timings["simulate_s"] / n, 3),
+                    # Work done where the simulations ran, and the cores it got on average:
+                    # on a shared machine the wall time follows the share, not the code.
+                    "cpu_s": round(cpu, 2), "cpu_s_per_configuration": round(cpu / n, 3),
+                    "cores_obtained": round(cpu / result.timings["simulate_s"], 2)}
                 print(f"{name}: {wall:.1f} s ({result.timings['simulate_s'] / n:.2f} s a "
-                      f"configuration)", flush=True)
+                      f"configuration; {cpu / n:.2f} CPU s a configuration, "
+                      f"{cpu / result.timings['simulate_s']:.2f} cores obtained)", flush=True)
                 if name == "serial":
                     report["record_bytes"] = round((out / "results.jsonl").stat().st_size / n)
                     report["recommendation"] = result.recommendation["text"]
@@ -137,6 +170,11 @@ def main() -> int:
     report["scaling_processes_1_to_2"] = round(serial / runs["processes_2"]["simulate_s"], 2)
     report["scaling_dask_1_to_2"] = round(serial / runs["dask_2_workers"]["simulate_s"], 2)
     per = serial / n
+    # What the scaling would be with the cores the runs asked for: CPU time per configuration
+    # serially over the wall time per configuration of 2 workers each given a whole core.
+    for name in ("processes_2", "dask_2_workers"):
+        report[f"cpu_efficiency_{name}"] = round(
+            runs["serial"]["cpu_s_per_configuration"] / runs[name]["cpu_s_per_configuration"], 2)
     report["per_configuration_s"] = round(per, 3)
     report["extrapolated_1000_s"] = {
         "serial": round(1000 * per), "processes_2": round(1000 * per /
