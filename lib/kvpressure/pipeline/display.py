@@ -121,13 +121,49 @@ def plot_band(ax: Any, frame: Any, y: str = "output_throughput", x: str = "concu
                             else None)
 
 
+# Column names as a reader sees them, with units; ITL columns are shown in milliseconds.
+COLUMN_NAMES = {
+    "variant": "variant", "concurrency": "concurrency (clients)",
+    "output_throughput": "output throughput (tok/s)", "request_throughput": "requests/s",
+    "total_token_throughput": "total throughput (tok/s)",
+    "ttft_mean_s": "TTFT mean (s)", "ttft_p95_s": "TTFT p95 (s)", "e2e_mean_s": "E2E mean (s)",
+    "itl_mean_s": "ITL mean (ms)", "itl_p95_s": "ITL p95 (ms)", "itl_p99_s": "ITL p99 (ms)",
+    "preemptions": "preemptions", "recomputed_tokens": "recomputed tokens",
+    "recompute_ratio": "recompute ratio", "mean_running": "running (mean)",
+    "max_running": "running (max)", "mean_kv_usage": "KV usage (mean)",
+    "mean_waiting": "waiting (mean)", "repeats": "runs averaged", "num_requests": "requests",
+    "t0": "from (s)", "t1": "to (s)", "gauge_t0": "steady from (s)", "gauge_t1": "steady to (s)",
+}
+MS_COLUMNS = frozenset({"itl_mean_s", "itl_p95_s", "itl_p99_s"})
+# Counts: whole numbers even when averaged over seeds (620.333 preemptions reads as noise).
+COUNT_COLUMNS = frozenset({"preemptions", "recomputed_tokens", "max_running", "num_requests",
+                           "requests_preempted"})
+
+
+def readable(frame: Any) -> Any:
+    """``frame`` with human column names and units, ITL in ms and counts as integers."""
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame):
+        return frame
+    out = frame.copy()
+    for col in out.columns:
+        if col in MS_COLUMNS:
+            out[col] = pd.to_numeric(out[col], errors="coerce") * 1000.0
+        elif col in COUNT_COLUMNS:
+            out[col] = pd.to_numeric(out[col], errors="coerce").round().astype("Int64")
+    return out.rename(columns={c: COLUMN_NAMES[c] for c in out.columns if c in COLUMN_NAMES})
+
+
 def show_table(frame: Any, digits: int = 3, index: bool = False, text: bool = False,
                missing: str = "") -> None:
-    """Display a DataFrame rounded for reading; ``text`` left-aligns every column; ``missing``
-    is shown for empty cells (e.g. "no data" where a measurement is missing, never zero)."""
+    """Display a DataFrame rounded for reading, with human column names (``readable``);
+    ``text`` left-aligns every column; ``missing`` is shown for empty cells (e.g. "no data"
+    where a measurement is missing, never zero)."""
     from IPython.display import HTML, display
 
-    shown = frame.round(digits) if hasattr(frame, "round") else frame
+    shown = readable(frame)
+    shown = shown.round(digits) if hasattr(shown, "round") else shown
     classes = ["kv-table", "text"] if text else "kv-table"
     display(HTML(shown.to_html(index=index, border=0, classes=classes, na_rep=missing)))
 
@@ -188,3 +224,62 @@ class LineProgress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def legend_outside(ax: Any) -> None:
+    """The legend right of the plot, where it covers no data."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def time_series_panel(timeline: Any, preemptions: Any, window: dict[str, Any],
+                      max_num_seqs: Any = None) -> Any:
+    """Running, waiting by reason, KV usage and preemptions on one shared time axis (the
+    Grafana view of a vLLM server), with the level's window and its steady part marked."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(4, 1, sharex=True, figsize=(FIGSIZE[0], 7.6),
+                             gridspec_kw={"height_ratios": [1.2, 1.2, 1.0, 0.8]})
+    run_ax, wait_ax, kv_ax, pre_ax = axes
+
+    def line(ax: Any, metric: str, label: str, color: str) -> None:
+        part = timeline[timeline["metric"] == metric]
+        if len(part):
+            ax.step(part["t"], part["value"], where="post", label=label, color=color, lw=1.4)
+
+    line(run_ax, "running", "running", "tab:blue")
+    if max_num_seqs:
+        top = max(float(timeline.loc[timeline["metric"] == "running", "value"].max() or 0), 1.0)
+        if max_num_seqs <= 3 * top:
+            run_ax.axhline(max_num_seqs, color="0.3", ls="--", lw=1, label="max_num_seqs")
+        else:  # keep the running count readable; say where the setting is
+            run_ax.annotate(f"max_num_seqs = {max_num_seqs} (off the chart)", (0.01, 0.85),
+                            xycoords="axes fraction", color="0.3")
+    run_ax.set(ylabel="sequences", title="Running, waiting, KV usage and preemptions over time"
+               + (f" (concurrency {window['concurrency']})" if window.get("concurrency") else ""))
+    line(wait_ax, "waiting: capacity", "waiting for KV space (capacity)", "tab:red")
+    line(wait_ax, "waiting: deferred", "waiting, deferred", "tab:orange")
+    if not len(timeline[timeline["metric"].isin(["waiting: capacity", "waiting: deferred"])]):
+        line(wait_ax, "waiting", "waiting", "tab:red")
+    wait_ax.set(ylabel="requests")
+    line(kv_ax, "kv_cache_usage_perc", "KV cache usage", "tab:purple")
+    kv_ax.axhline(0.95, color="0.3", ls=":", lw=1, label="near full (95%)")
+    kv_ax.set(ylabel="KV usage", ylim=(0, 1.05))
+    if preemptions is not None and len(preemptions):
+        width = float(preemptions["t"].diff().median() or 1.0) * 0.9
+        pre_ax.bar(preemptions["t"], preemptions["preemptions"], width=width, color="tab:brown",
+                   label="preemptions per scrape interval")
+    pre_ax.set(ylabel="preemptions", xlabel="time (s)")
+    t0, t1 = window.get("t0"), window.get("t1")
+    g0, g1 = window.get("gauge_t0", t0), window.get("gauge_t1", t1)
+    for ax in axes:
+        if t0 is not None and t1 is not None:
+            ax.axvspan(t0, t1, color="0.93", zorder=0,
+                       label="the level's window" if ax is run_ax else None)
+        if g0 is not None and g1 is not None and (g0, g1) != (t0, t1):
+            ax.axvspan(g0, g1, color="tab:green", alpha=0.06, zorder=0,
+                       label="steady part (gauges)" if ax is run_ax else None)
+        legend_outside(ax)
+    fig.align_ylabels(axes)
+    return fig

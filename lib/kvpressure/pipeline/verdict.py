@@ -86,12 +86,11 @@ def symptom_sentence(symptom: dict[str, Any], max_num_seqs: Any = None) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {_short(v)}" for k, v in list(shown.items())[:4])
 
 
-def symptoms_frame(checklist: Any) -> pd.DataFrame:
-    rows = []
-    for s in checklist.symptoms:
-        ev = {k: v for k, v in s.evidence.items() if not isinstance(v, dict | list)}
-        rows.append({"symptom": s.name, "verdict": s.verdict,
-                     "evidence": ", ".join(f"{k}={_short(v)}" for k, v in list(ev.items())[:4])})
+def symptoms_frame(checklist: Any, max_num_seqs: Any = None) -> pd.DataFrame:
+    """The checklist as a reader's table: the symptom, whether it holds, what was seen."""
+    rows = [{"symptom": s["name"], "holds": {"present": "yes", "absent": "no"}.get(
+                s["verdict"], s["verdict"]), "what was seen": symptom_sentence(s, max_num_seqs)}
+            for s in checklist.to_dict()["symptoms"]]
     return pd.DataFrame(rows)
 
 
@@ -294,7 +293,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         "status": status_d,
         "remedies": remedies,
     }
-    frames = {"symptoms": symptoms_frame(checklist),
+    frames = {"symptoms": symptoms_frame(checklist, settings.get("max_num_seqs")),
               "remedies": pd.DataFrame(remedies["rows"],
                                        columns=["parameter", "change", "effect", "cost"])}
     return StageOutput(result, frames)

@@ -1,0 +1,129 @@
+"""Per-request latencies by level, as ``vllm bench serve``, GuideLLM and AIPerf users read them:
+distributions of TTFT, TPOT (each request's mean inter-token latency) and end-to-end latency per
+concurrency level, requests/s, and goodput (requests/s meeting latency limits, the
+``vllm bench serve --goodput`` idea).
+
+Requests come from the simulation's kept points (``points/<variant>/c<level>/requests.csv``,
+the experiment's own seed) or from ``vllm bench serve --save-detailed`` results among the
+ingested inputs (their ``ttfts``, ``itls`` and ``latencies`` arrays). Data without per-request
+values gives an empty table: the per-level percentiles of stage 03 are then all there is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ["concurrency", "ttft_s", "tpot_s", "e2e_s"]
+
+
+def _simulated(run_dir: Path, info: dict[str, Any]) -> pd.DataFrame:
+    variant = info.get("baseline_variant") or "baseline"
+    frames = []
+    for level in info.get("concurrency_levels") or []:
+        path = run_dir / "points" / variant / f"c{level}" / "requests.csv"
+        if not path.is_file():
+            continue
+        req = pd.read_csv(path)
+        if not {"ttft_s", "itl_mean_s", "arrival_time_s", "finish_time_s"} <= set(req.columns):
+            continue
+        frames.append(pd.DataFrame({
+            "concurrency": int(level), "ttft_s": req["ttft_s"], "tpot_s": req["itl_mean_s"],
+            "e2e_s": req["finish_time_s"] - req["arrival_time_s"]}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+
+
+def _bench(info: dict[str, Any]) -> pd.DataFrame:
+    from kvpressure.errors import InputError
+    from kvpressure.ingestion.bench import load_results
+    from kvpressure.paths import REPO_ROOT
+
+    frames = []
+    for item in info.get("inputs") or []:
+        path = Path(item["path"])
+        path = path if path.is_absolute() else REPO_ROOT / path
+        if path.suffix != ".json" or not path.is_file():
+            continue
+        try:
+            results = load_results(path)
+        except (InputError, OSError, ValueError):
+            continue
+        for _, res in results:
+            if not isinstance(res, dict) or not isinstance(res.get("ttfts"), list):
+                continue
+            ttfts = res["ttfts"]
+            n = len(ttfts)
+            errors = res.get("errors") if isinstance(res.get("errors"), list) else [""] * n
+            itls = res.get("itls") if isinstance(res.get("itls"), list) else [[]] * n
+            e2e = res.get("latencies") if isinstance(res.get("latencies"), list) else [None] * n
+            if not (len(errors) == len(itls) == len(e2e) == n):
+                continue
+            ok = [not e for e in errors]
+            level = res.get("max_concurrency")
+            frames.append(pd.DataFrame({
+                "concurrency": level,
+                "ttft_s": [t for t, k in zip(ttfts, ok, strict=True) if k],
+                "tpot_s": [float(np.mean(r)) if r else np.nan
+                           for r, k in zip(itls, ok, strict=True) if k],
+                "e2e_s": [x for x, k in zip(e2e, ok, strict=True) if k],
+            }))
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    return out.dropna(subset=["concurrency"])
+
+
+def level_requests(run_dir: str | os.PathLike[str], info: dict[str, Any]) -> pd.DataFrame:
+    """One row per completed request: its level, TTFT, TPOT and end-to-end latency (s)."""
+    if info.get("mode") == "simulation":
+        return _simulated(Path(run_dir), info)
+    return _bench(info)
+
+
+def goodput(requests: pd.DataFrame, runs: pd.DataFrame, ttft_limit_s: float,
+            tpot_limit_s: float) -> pd.DataFrame:
+    """Per level: requests/s, the share of requests within both limits, and goodput (that share
+    of requests/s); ``runs`` gives each level's request throughput (its first repeat)."""
+    rows = []
+    rate = (runs.sort_values([c for c in ("repeat",) if c in runs])
+            .drop_duplicates("concurrency").set_index("concurrency")["request_throughput"]
+            if "request_throughput" in runs else pd.Series(dtype=float))
+    for level, part in requests.groupby("concurrency"):
+        good = ((part["ttft_s"] <= ttft_limit_s) & (part["tpot_s"] <= tpot_limit_s)).mean()
+        rps = float(rate.get(level, np.nan))
+        rows.append({"concurrency": int(level), "requests": int(len(part)),
+                     "requests/s": rps, "within limits": float(good),
+                     "goodput (requests/s)": rps * float(good)})
+    return pd.DataFrame(rows)
+
+
+def latency_figure(requests: pd.DataFrame, ttft_limit_s: float | None = None,
+                   tpot_limit_s: float | None = None) -> Any:
+    """TTFT, TPOT and E2E as empirical CDFs, one line per level, with the limits marked."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
+    data = requests.copy()
+    data["level"] = data["concurrency"].astype(int).astype(str)
+    order = [str(c) for c in sorted(data["concurrency"].astype(int).unique())]
+    palette = sns.color_palette("viridis", n_colors=len(order))
+    for ax, col, title, limit in ((axes[0], "ttft_s", "Time to first token", ttft_limit_s),
+                                  (axes[1], "tpot_s", "Time per output token", tpot_limit_s),
+                                  (axes[2], "e2e_s", "End-to-end latency", None)):
+        part = data.dropna(subset=[col])
+        if len(part):
+            sns.ecdfplot(data=part, x=col, hue="level", hue_order=order, palette=palette, ax=ax,
+                         legend=ax is axes[2])
+        if limit is not None:
+            ax.axvline(limit, color="0.2", ls="--", lw=1)
+        ax.set(title=title, xlabel="seconds", ylabel="share of requests")
+        if col != "tpot_s":
+            ax.set_xscale("log")
+    legend = axes[2].get_legend()
+    if legend is not None:
+        legend.set_title("concurrency")
+        sns.move_legend(axes[2], "upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return fig
