@@ -34,8 +34,11 @@ from __future__ import annotations
 import json
 import math
 from bisect import bisect_left, bisect_right
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
+from itertools import accumulate, repeat
+from operator import attrgetter, sub
 from pathlib import Path
 from typing import Any
 
@@ -120,23 +123,32 @@ class _Histogram:
         if times <= 0:
             return
         self.counts[bisect_left(self.bounds, value)] += times
-        total = self.total
-        for _ in range(times):
-            total += value
-        self.total = total
+        # The sum is accumulated value by value (in C): float addition is not associative,
+        # and the exporter's _sum is the running sum.
+        self.total = deque(accumulate(repeat(value, times), initial=self.total), maxlen=1)[0]
         self.n += times
 
     def observe_many(self, values: Iterable[float]) -> None:
+        """Each value in order; the buckets by distinct value, the running sum as a server
+        adds them one by one."""
+        values = values if isinstance(values, list) else list(values)
+        if not values:
+            return
         bounds, counts = self.bounds, self.counts
-        total, n = self.total, self.n
-        for v in values:
-            counts[bisect_left(bounds, v)] += 1
-            total += v
-            n += 1
-        self.total, self.n = total, n
+        for v, c in Counter(values).items():
+            counts[bisect_left(bounds, v)] += c
+        self.total = deque(accumulate(values, initial=self.total), maxlen=1)[0]
+        self.n += len(values)
 
 
 def format_value(value: float) -> str:
+    """A sample value or ``le`` bound written as vLLM's exporter (prometheus_client) writes it:
+    see ``_format_value``. Memoised (bucket counts and bounds repeat from scrape to scrape),
+    except for zeros, whose sign the cache would merge."""
+    return _format_value(value) if value == 0 else _format_value_cached(value)
+
+
+def _format_value(value: float) -> str:
     """A sample value or ``le`` bound written as vLLM's exporter (prometheus_client) writes it:
     Python's shortest repr, ``+Inf``/``-Inf``/``NaN``, and the exponent form Go uses once a
     positive number has seven or more integer digits (``1.234567e+06``). Written here rather
@@ -153,6 +165,9 @@ def format_value(value: float) -> str:
         mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
         return f"{mantissa}e+{point - 1:02d}"
     return text
+
+
+_format_value_cached = lru_cache(maxsize=1 << 16)(_format_value)
 
 
 def _floats(values: Sequence[float]) -> list[float]:
@@ -193,6 +208,9 @@ class _RequestStats:
         self.num_preemptions += n
         self.pending_preemptions = 0
         return n
+
+
+_LAST_TOKEN_TS = attrgetter("last_token_ts")
 
 
 def _req_id(req: Any) -> str:
@@ -309,6 +327,8 @@ class PromRecorder:
         self._base = {"engine": self.engine, "model_name": self.model_name}
         self._base_str = _labels(self._base)
         self._bucket_label_cache: dict[tuple[float, ...], list[str]] = {}
+        self._family_cache: dict[str, tuple[Any, str, str]] = {}
+        self._histogram_frames: dict[str, tuple[str, list[str], str, str, str]] = {}
         self._itl_buf: list[float] = []
 
     @classmethod
@@ -362,7 +382,7 @@ class PromRecorder:
             return
         last = self._last_due(t, inclusive)
         count = last - self._next_scrape_k + 1
-        text = self.render()
+        text = self._render_escaped()
         self._check_size(count, self.time_origin_s + last * self.scrape_interval_s, len(text))
         self.scrapes.add_periodic(self._next_scrape_k, count, text)
         self._next_scrape_k = last
@@ -388,7 +408,7 @@ class PromRecorder:
         t = self._last_t if t is None else t
         self.maybe_scrape(t)
         if not self.scrapes or self.scrapes[-1]["t"] < t - self.time_origin_s:
-            text = self.render()
+            text = self._render_escaped()
             self._check_size(1, t, len(text))
             self.scrapes.add_final(float(t) - self.time_origin_s, text)
         self._closed = True
@@ -464,16 +484,18 @@ class PromRecorder:
         stamped ``t`` within one step: the bulk form of the hottest path of a run."""
         if t > self._boundary or self._pending_leap is not None:
             self._flush_before(t)
-        states, buf = self._reqs, self._itl_buf
-        n = 0
-        for req in reqs:
-            st = states[_req_id(req)]
+        states = self._reqs
+        try:
+            sts = [states[r.request_id] for r in reqs]
+        except AttributeError:
+            sts = [states[_req_id(r)] for r in reqs]
+        n = len(sts)
+        self._itl_buf.extend(map(sub, repeat(t), map(_LAST_TOKEN_TS, sts)))
+        for st in sts:
             if st.pending_preemptions:
                 self.num_preemptions += st.take_preemptions()
-            buf.append(t - st.last_token_ts)
             st.last_token_ts = t
             st.num_generation_tokens += 1
-            n += 1
         if n:
             self._iter_has_output = True
             self.generation_tokens += n
@@ -534,10 +556,10 @@ class PromRecorder:
         self.generation_tokens += k * m
         self.h_iteration.observe_repeated(float(k), m)
         first, last = times[0], times[-1]
+        self.h_itl.observe_many(list(map(sub, repeat(first), map(_LAST_TOKEN_TS, states))))
         for st in states:
             if st.pending_preemptions:
                 self.num_preemptions += st.take_preemptions()
-            self.h_itl.observe(first - st.last_token_ts)
             st.last_token_ts = last
             st.num_generation_tokens += m
         # each step of the leap: k requests see the same gap, in step order as a server would
@@ -619,51 +641,98 @@ class PromRecorder:
 
     def render(self) -> str:
         """The current state in the Prometheus text format."""
+        return "".join(part[1] for part in self._render_parts())
+
+    def _render_escaped(self) -> str:
+        """``render()`` escaped as the inside of a JSON string (escaping is per character,
+        so each family's escaped text is kept with it)."""
+        return "".join(part[2] for part in self._render_parts())
+
+    def _render_parts(self) -> list[tuple[Any, str, str]]:
+        """Each family as (its values, text, JSON-escaped text). A family whose values did
+        not change since the last rendering is reused as is: between two scrapes most
+        families (every per-request histogram until a request finishes) stay the same."""
         if self._itl_buf:
             self.h_itl.observe_many(self._itl_buf)
             self._itl_buf = []
-        out: list[str] = []
+        out: list[tuple[Any, str, str]] = []
+        cache = self._family_cache
         base = self._base_str
         created = format_value(self.epoch_s + self.time_origin_s)
 
+        def reuse(name: str, key: Any) -> bool:
+            hit = cache.get(name)
+            if hit is not None and hit[0] == key:
+                out.append(hit)
+                return True
+            return False
+
         def family(name: str, kind: str, help_text: str, samples: list[tuple[str, str, float]],
-                   created_labels: list[str] | None = None) -> None:
-            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+                   created_labels: list[str] | None = None, key: Any = None) -> None:
+            if key is None:
+                key = tuple((labels, v) for _, labels, v in samples)
+                if reuse(name, key):
+                    return
+            text = [f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"]
             for sname, labels, value in samples:
-                out.append(f"{sname}{labels} {format_value(value)}\n")
+                text.append(f"{sname}{labels} {format_value(value)}\n")
             if created_labels is not None:
                 stem = name.removesuffix("_total") if kind == "counter" else name
                 cname = f"{stem}_created"
-                out.append(f"# HELP {cname} {help_text}\n# TYPE {cname} gauge\n")
+                text.append(f"# HELP {cname} {help_text}\n# TYPE {cname} gauge\n")
                 for labels in created_labels:
-                    out.append(f"{cname}{labels} {created}\n")
+                    text.append(f"{cname}{labels} {created}\n")
+            joined = "".join(text)
+            entry = (key, joined, json.dumps(joined)[1:-1])
+            cache[name] = entry
+            out.append(entry)
 
         def counter(name: str, help_text: str, values: Mapping[str, float] | float,
                     label: str | None = None, base_labels: Mapping[str, str] | None = None
                     ) -> None:
+            fam = f"{name}_total"
+            key = (float(values),) if label is None else tuple(values.items())
+            if reuse(fam, key):
+                return
             b = self._base if base_labels is None else base_labels
             if label is None:
                 labels = [_labels(b)]
-                samples = [(f"{name}_total", labels[0], float(values))]
+                samples = [(fam, labels[0], float(values))]
             else:
                 labels = [_labels({**b, label: k}) for k in values]
-                samples = [(f"{name}_total", lab, float(v))
+                samples = [(fam, lab, float(v))
                            for lab, v in zip(labels, values.values(), strict=True)]
-            family(f"{name}_total", "counter", help_text, samples, labels)
+            family(fam, "counter", help_text, samples, labels, key=key)
 
         def gauge(name: str, help_text: str, value: float) -> None:
             family(name, "gauge", help_text, [(name, base, float(value))])
 
         def histogram(name: str, help_text: str, h: _Histogram) -> None:
-            samples = []
-            running = 0
-            bucket = f"{name}_bucket"
-            for labels, c in zip(self._bucket_labels(h.bounds), h.counts, strict=True):
-                running += c
-                samples.append((bucket, labels, running))
-            samples.append((f"{name}_count", base, h.n))
-            samples.append((f"{name}_sum", base, h.total))
-            family(name, "histogram", help_text, samples, [base])
+            key = (h.n, h.total)
+            if reuse(name, key):
+                return
+            frame = self._histogram_frames.get(name)
+            if frame is None:
+                # The fixed text around the numbers: header, one "name_bucket{le} " prefix per
+                # bucket (each after the previous line's newline), count/sum/_created lines.
+                bucket = f"{name}_bucket"
+                prefixes = [("\n" if i else "") + f"{bucket}{labels} "
+                            for i, labels in enumerate(self._bucket_labels(h.bounds))]
+                frame = (f"# HELP {name} {help_text}\n# TYPE {name} histogram\n", prefixes,
+                         f"\n{name}_count{base} ", f"\n{name}_sum{base} ",
+                         f"\n# HELP {name}_created {help_text}\n# TYPE {name}_created gauge\n"
+                         f"{name}_created{base} {created}\n")
+                self._histogram_frames[name] = frame
+            header, prefixes, count_pre, sum_pre, tail = frame
+            # Cumulative counts are non-negative ints: the memoised formatter is exact for
+            # them (no negative zero to tell apart).
+            buckets = "".join(map(str.__add__, prefixes,
+                                  map(_format_value_cached, accumulate(h.counts))))
+            joined = (f"{header}{buckets}{count_pre}{format_value(h.n)}"
+                      f"{sum_pre}{format_value(h.total)}{tail}")
+            entry = (key, joined, json.dumps(joined)[1:-1])
+            cache[name] = entry
+            out.append(entry)
 
         zero = 0.0
         counter("vllm:estimated_flops_per_gpu", "Estimated floating-point operations per GPU "
@@ -755,7 +824,7 @@ class PromRecorder:
         info["engine"] = self.engine
         family("vllm:cache_config_info", "gauge", "KV-cache configuration of the engine.",
                [("vllm:cache_config_info", _labels(info), 1.0)])
-        return "".join(out)
+        return out
 
     # --- output ----------------------------------------------------------------------------
     def to_jsonl(self) -> str:
@@ -769,16 +838,10 @@ class PromRecorder:
             path = path / "metrics.prom.jsonl"
         if not self._closed:
             self.finish()
-        with path.open("w", encoding="utf-8") as fh:
-            buf: list[str] = []
-            size = 0
-            for line in self.scrapes.jsonl_lines():
-                buf.append(line)
-                size += len(line)
-                if size > 1 << 22:
-                    fh.write("".join(buf))
-                    buf, size = [], 0
-            fh.write("".join(buf))
+        with path.open("wb", buffering=1 << 20) as fh:
+            for head, body in self.scrapes.jsonl_parts():
+                fh.write(head)
+                fh.write(body)
         return path
 
 
@@ -786,7 +849,8 @@ class ScrapeLog(Sequence):
     """The scrapes of a run as a sequence of ``{"t", "text"}`` dicts, stored as runs: each
     periodic run is (first index ``k``, count, text) with ``t = (origin + k * interval) -
     origin`` (the boundary's own expression, so times are those of scrapes taken one by one),
-    and the final scrape has its own ``t``. A run of a million idle scrapes is one entry."""
+    and the final scrape has its own ``t``. A run of a million idle scrapes is one entry. The
+    text is kept as written in the file (JSON-escaped) and unescaped when read here."""
 
     def __init__(self, origin: float, interval: float) -> None:
         self.origin = origin
@@ -814,7 +878,8 @@ class ScrapeLog(Sequence):
         return float(self.origin + k * self.interval) - self.origin
 
     def _run_items(self, run: tuple[int | None, int, float, str], lo: int, hi: int):
-        k, _count, t, text = run
+        k, _count, t, escaped = run
+        text = json.loads('"' + escaped + '"')
         if k is None:
             yield {"t": t, "text": text}
             return
@@ -838,14 +903,20 @@ class ScrapeLog(Sequence):
 
     def jsonl_lines(self) -> Iterable[str]:
         """The lines of ``metrics.prom.jsonl``, as ``json.dumps(scrape, separators=(", ",
-        ": "))`` writes them; a run's text is escaped once."""
-        for k, count, t, text in self.runs:
-            body = ', "text": ' + json.dumps(text) + "}\n"
+        ": "))`` writes them."""
+        for head, body in self.jsonl_parts():
+            yield (head + body).decode("ascii")
+
+    def jsonl_parts(self) -> Iterable[tuple[bytes, bytes]]:
+        """Each line as its ``{"t": ...`` head and its text part (escaped once per run and
+        shared by the run's lines; JSON escaping leaves only ASCII)."""
+        for k, count, t, escaped in self.runs:
+            body = (', "text": "' + escaped + '"}\n').encode("ascii")
             if k is None:
-                yield '{"t": ' + json.dumps(t) + body
+                yield ('{"t": ' + json.dumps(t)).encode("ascii"), body
             else:
                 for j in range(count):
-                    yield '{"t": ' + json.dumps(self._t(k + j)) + body
+                    yield ('{"t": ' + json.dumps(self._t(k + j))).encode("ascii"), body
 
 
 def _info_value(value: Any) -> str:

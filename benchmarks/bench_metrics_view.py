@@ -1,0 +1,114 @@
+"""What the Prometheus view (``metrics.prom.jsonl``) costs on top of the simulation.
+
+Busy runs: the heavy reference workload, the large closed loop of ``bench_simulation.py`` and a
+few kinds of ``bench_kinds.py``, each simulated with ``--no-metrics`` (no recorder) and with the
+view (recorder, then ``metrics.prom.jsonl`` written), interleaved and repeated; the ratio of
+their median CPU times is the view's cost (target: at most 2, the view costing no more than the
+simulation). Idle runs: one request, an idle gap of G steps, one request, scraped every 50
+steps (G = 10^4, 10^5, 10^6) and every 10^6 steps (G = 10^9): wall time, peak memory
+(tracemalloc) and file size, which grow with the number of scrapes only.
+
+    .venv/bin/python benchmarks/bench_metrics_view.py [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(1, str(ROOT / "benchmarks"))
+
+from bench_kinds import scenario_dict  # noqa: E402
+from bench_simulation import HEAVY, large_closed_scenario  # noqa: E402
+
+from kvpressure.simulation.engine import simulate  # noqa: E402
+from kvpressure.simulation.prom_view import PromRecorder  # noqa: E402
+from kvpressure.simulation.scenario import load_scenario  # noqa: E402
+
+
+def busy_cases() -> list[tuple[str, object]]:
+    cases = [("heavy_closed_c64_fcfs", load_scenario(HEAVY)),
+             ("large_closed_c256", load_scenario(large_closed_scenario()))]
+    for kind in ("open_fcfs_heavy", "prefix_pressure", "first_chunk_admission",
+                 "prefix_groups_open"):
+        cases.append((kind, load_scenario(scenario_dict(kind, 1000))))
+    return cases
+
+
+def with_view(sc, out: Path) -> None:
+    rec = PromRecorder.for_step_clock(sc)
+    simulate(sc, recorder=rec)
+    rec.write(out)
+
+
+def gap_scenario(gap: int):
+    return load_scenario({
+        "name": "gap", "mode": {"type": "open"},
+        "settings": {"num_gpu_blocks": 64, "block_size": 16, "enable_prefix_caching": True},
+        "requests": [{"id": "a", "prompt_len": 40, "output_len": 5},
+                     {"id": "b", "prompt_len": 40, "output_len": 5, "arrival_step": gap}]})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    cases = busy_cases()
+    plain: dict[str, list[float]] = {n: [] for n, _ in cases}
+    view: dict[str, list[float]] = {n: [] for n, _ in cases}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "metrics.prom.jsonl"
+        for _ in range(args.repeat):
+            for name, sc in cases:
+                c = time.process_time()
+                simulate(sc)
+                plain[name].append(time.process_time() - c)
+                c = time.process_time()
+                with_view(sc, out)
+                view[name].append(time.process_time() - c)
+        print("busy runs: CPU time of simulate (median), without and with the view written")
+        print(f"{'workload':24s} {'steps':>7s} {'--no-metrics':>12s} {'with view':>10s} "
+              f"{'ratio':>6s}")
+        worst = 0.0
+        for name, sc in cases:
+            a, b = statistics.median(plain[name]), statistics.median(view[name])
+            worst = max(worst, b / a)
+            steps = len(simulate(sc).steps)
+            print(f"{name:24s} {steps:7d} {a * 1000:10.1f}ms {b * 1000:8.1f}ms {b / a:6.2f}")
+        print(f"largest ratio: {worst:.2f} (target <= 2)")
+        print("idle gaps: one request, G idle steps, one request")
+        for gap, every in ((10**4, 50), (10**5, 50), (10**6, 50), (10**9, 10**6)):
+            sc = gap_scenario(gap)
+            rec = PromRecorder.for_step_clock(sc, scrape_every_steps=every)
+            tracemalloc.start()
+            t = time.perf_counter()
+            simulate(sc, recorder=rec)
+            rec.write(out)
+            wall = time.perf_counter() - t
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            size = out.stat().st_size
+            print(f"  G={gap:>13,d} every {every:>9,d} steps: {len(rec.scrapes):>7,d} scrapes "
+                  f"{wall:7.2f} s  peak {peak / 2**20:7.1f} MiB  file {size / 1e6:8.1f} MB")
+        sc = gap_scenario(10**9)
+        t = time.perf_counter()
+        try:
+            simulate(sc, recorder=PromRecorder.for_step_clock(sc))
+            print("  G=10^9 every 50 steps: ran (unexpected)")
+        except Exception as exc:  # the refusal is the expected outcome
+            print(f"  G=10^9 every 50 steps: refused in {time.perf_counter() - t:.3f} s: "
+                  f"{json.dumps(str(exc))[:160]}")
+
+
+if __name__ == "__main__":
+    main()
