@@ -89,4 +89,4 @@ def test_unreachable_scheduler_is_an_input_error(tmp_path):
 
     with pytest.raises(InputError, match="cannot reach the Dask scheduler"):
         run_tune(str(CI_SMALL), tmp_path, configs=[{"max_num_seqs": 8}],
-                 executor=f"dask://127.0.0.1:{free_port()}")
+                 executor=f"dask://127.0.0.1:{free_port()}", connect_timeout_s=2)

@@ -69,6 +69,7 @@ def run_tune(
     batch: int | None = None,
     progress: Callable[[str], None] | None = None,
     on_batch: Callable[[int], None] | None = None,
+    connect_timeout_s: float = 30.0,
 ) -> TuneResult:
     """Simulate every configuration of the grid (``parameters``' cartesian product, or
     ``configs``) on ``source`` (an experiment path or name, a run folder for its twin, or a
@@ -77,6 +78,7 @@ def run_tune(
     ``executor``: ``local``, ``processes[:N]`` or ``dask://HOST:PORT``. ``batch``:
     configurations per task (default: sized from the grid and the workers). ``progress``
     receives progress lines with the ETA; ``on_batch`` the count finished so far.
+    ``connect_timeout_s``: how long to wait for a Dask scheduler and its first worker.
     """
     from kvpressure.tune.targets import load_target
 
@@ -106,7 +108,7 @@ def run_tune(
     t_run = time.perf_counter()
     try:
         if todo:
-            with open_executor(executor, workers) as opened:
+            with open_executor(executor, workers, connect_timeout_s) as opened:
                 description = opened.description
                 size = batch_size(len(todo), opened.slots, batch)
                 batches = [todo[i:i + size] for i in range(0, len(todo), size)]
