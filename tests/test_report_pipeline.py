@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -166,7 +167,7 @@ def test_bad_parameters_are_refused(tmp_path):
     other = tmp_path / "mine"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
-    with pytest.raises(InputError, match="not a kvpressure run folder"):
+    with pytest.raises(InputError, match="holds files kvpressure did not write"):
         make_report(other, experiment=EXPERIMENT)
     assert (other / "notes.txt").read_text() == "keep me"
     assert sys.modules  # the refusals above ran no notebook
@@ -276,3 +277,48 @@ def test_analyse_without_jupyter_writes_what_the_notebooks_wrote(simulated, tmp_
         b = (copy / "analysis" / f"{name}.json").read_bytes()
         assert a == b, name
     assert (copy / "record.yaml").read_bytes() == simulated.record_path.read_bytes()
+
+
+def test_terminal_closes_with_the_verdict_and_the_recommendation(simulated):
+    from kvpressure.pipeline.verdict import closing_lines
+
+    lines = closing_lines(simulated.run_dir)
+    record = load_record(simulated.record_path)
+    rec = read_stage(simulated.run_dir, "record")["remedies"]["recommendation"]
+    assert lines[0] == f"status: {record.status}"
+    assert f"peaks at {record.perf.knee.peak_y:,.0f} tok/s" in lines[1]
+    assert "The operating limit is concurrency" in lines[1]
+    assert lines[2] == rec["text"]
+    # The recommendation is the remedy with the largest gain among those within the limits.
+    best = max(rec["ranked"], key=lambda r: r["gain_pct"])
+    assert rec["text"].startswith(f"Do this: set {best['parameter']} to {best['value']}")
+    assert all(not r["breaks"] for r in rec["ranked"])
+
+
+@pytest.mark.browser
+def test_top_screen_shows_the_recommendation_above_the_first_figure(simulated, tmp_path):
+    from kvpressure.pipeline.screenshot import (
+        check_screenshot,
+        find_chromedriver,
+        find_chromium,
+        page_layout,
+    )
+
+    if find_chromium() is None or find_chromedriver() is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            raise RuntimeError("CI is set but chromium/chromium-driver are not installed")
+        pytest.skip("chromium or chromium-driver not installed (scripts/system-deps.sh)")
+    png = tmp_path / "top.png"
+    layout = page_layout(simulated.index_path, {
+        "status": ".status", "do": "#recommendation p.do", "figure": "img"},
+        width=1280, height=800, png_path=png)
+    rec = read_stage(simulated.run_dir, "record")["remedies"]["recommendation"]
+    assert layout["do"]["text"] == rec["text"] and rec["text"].startswith("Do this: set ")
+    # Status, then the recommendation, then the first figure; all of it on the first screen.
+    assert layout["status"]["bottom"] <= layout["do"]["top"]
+    assert layout["do"]["bottom"] <= layout["figure"]["top"]
+    assert layout["do"]["bottom"] <= 800
+    assert check_screenshot(png).problems() == []
+    # Every figure says what it shows.
+    page = simulated.index_path.read_text()
+    assert 'alt="figure"' not in page and len(re.findall(r'<img alt="[^"]{20,}"', page)) >= 8
