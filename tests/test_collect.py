@@ -206,3 +206,56 @@ def test_an_engine_argument_typo_is_refused_before_the_sweep(
                      "--engine-args", "{max_num_seq: 8}", *FAST])
         assert code == 2 and state.completions == 0
     assert "did you mean 'max_num_seqs'" in capsys.readouterr().err
+
+
+FAKE_VLLM = """#!{python}
+import json, os, sys, time
+args = sys.argv[1:]
+opt = lambda name: args[args.index(name) + 1]
+with open(os.environ["FAKE_VLLM_PIDS"], "a") as fh:
+    fh.write(f"{{os.getpid()}}\\n")
+time.sleep(float(os.environ.get("FAKE_VLLM_SLEEP", "0")))
+result = {{"date": "20260101-000000", "backend": "vllm", "duration": 0.5, "completed": 4,
+          "failed": 0, "max_concurrency": int(opt("--max-concurrency")),
+          "num_prompts": int(opt("--num-prompts")), "total_input_tokens": 32,
+          "total_output_tokens": 80, "output_throughput": 160.0, "mean_ttft_ms": 5.0}}
+with open(os.path.join(opt("--result-dir"), opt("--result-filename")), "w") as fh:
+    json.dump(result, fh)
+"""
+
+
+def test_vllm_bench_serve_runs_each_level_and_is_stopped_with_its_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    fake = tmp_path / "vllm"
+    fake.write_text(FAKE_VLLM.format(python=sys.executable))
+    fake.chmod(0o755)
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_VLLM_PIDS", str(pids))
+    with fake_vllm() as (url, _):
+        code = main(["collect", url, "--levels", "2,4", "--out", str(tmp_path / "a"),
+                     "--vllm", str(fake), "--prompts-per-level", "4", *FAST,
+                     "--load-engine", "auto"])
+        doc = _levels(tmp_path / "a")
+        assert code == 0 and doc["load_engine"] == "vllm-bench"
+        result = json.loads((tmp_path / "a" / "bench" / "c4.json").read_text())
+        assert result["max_concurrency"] == 4 and result["num_prompts"] == 4
+        window = result["kvpressure_window"]
+        assert window["start"] < window["end"] and doc["levels"][1]["start"] == window["start"]
+        # A child still running at the level timeout is stopped, and the level is incomplete.
+        monkeypatch.setenv("FAKE_VLLM_SLEEP", "60")
+        started = time.monotonic()
+        code = main(["collect", url, "--levels", "2", "--out", str(tmp_path / "b"),
+                     "--vllm", str(fake), "--level-timeout", "1", *FAST,
+                     "--load-engine", "vllm-bench"])
+        assert code == 3 and time.monotonic() - started < 20
+        level = _levels(tmp_path / "b")["levels"][0]
+        assert level["status"] == "incomplete" and "level timeout (1 s)" in level["reason"]
+        # Duration-bound levels are the built-in client's: vllm bench runs a number of prompts.
+        capsys.readouterr()
+        assert main(["collect", url, "--levels", "2", "--out", str(tmp_path / "c"), "--vllm",
+                     str(fake), "--duration-per-level", "5", "--load-engine", "vllm-bench"]) == 2
+        assert "give --prompts-per-level" in capsys.readouterr().err
+    last = int(pids.read_text().split()[-1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(last, 0)

@@ -567,8 +567,8 @@ def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
     :func:`report_on`)."""
     stream = stream or sys.stderr
     opts.check()
-    server = probe(opts.url, model=opts.model)
     engine = choose_engine(opts)
+    server = probe(opts.url, model=opts.model)
     out = prepare_out(opts.out)
     args, origin, notes = server.engine_args(opts.engine_args)
     _write_json(out / ENGINE_JSON, {
