@@ -144,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     params = parse_params(args.param)
     outcome = run_collect(opts)
     _summary(outcome, sys.stderr)
+    for note in outcome.notes:
+        print(f"note: {note}", file=sys.stderr)
     code = 130 if outcome.interrupted else 0 if outcome.all_complete else 3
     if outcome.stopped:
         print(f"stopped: {outcome.stopped}", file=sys.stderr)

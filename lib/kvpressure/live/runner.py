@@ -614,13 +614,14 @@ def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
         sweep.doc["scrape_gaps"] = len(scraper.log.failures)
         sweep.save()
     t_last = time.time()
-    if failure and isinstance(failure[0], InputError):
-        notes.append(f"the scraper stopped: {failure[0]}")
+    late: list[str] = []
+    if failure:
+        late.append(f"the scraper stopped: {failure[0]}")
     if opts.prometheus and not sweep.interrupted:
         sweep.doc["prometheus"] = _fetch_prometheus(sweep, t_first, t_last)
         sweep.save()
     return CollectOutcome(out, sweep.doc["levels"], sweep.stopped, sweep.interrupted,
-                          notes=notes)
+                          notes=late)
 
 
 def report_on(outcome: CollectOutcome, *, jobs: int = 2,
@@ -635,7 +636,11 @@ def report_on(outcome: CollectOutcome, *, jobs: int = 2,
     doc = json.loads((out / LEVELS_JSON).read_text(encoding="utf-8"))
     report_args = dict(engine["engine_args"])
     merged = {"engine_args": report_args, "model_name": doc["model"], **(params or {})}
-    result = make_report(out / REPORT_DIR, sources=[out / BENCH_DIR, out / SCRAPE_LOG],
-                         params=merged, jobs=jobs)
+    log = out / SCRAPE_LOG
+    # A server whose /metrics never answered leaves an empty log: the curve alone, then.
+    with open(log, encoding="utf-8", errors="replace") as fh:
+        has_scrapes = any('"text"' in line for line in fh)
+    sources = [out / BENCH_DIR, log] if has_scrapes else [out / BENCH_DIR]
+    result = make_report(out / REPORT_DIR, sources=sources, params=merged, jobs=jobs)
     outcome.report = result.index_path
     return result.index_path
