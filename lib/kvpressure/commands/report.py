@@ -36,9 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpressure.pipeline.notebooks import NotebookFailed
+    from kvpressure.pipeline.notebooks import NOTEBOOKS, NotebookFailed, TerminalProgress
     from kvpressure.pipeline.report import make_report, parse_params
 
+    # A bar in a terminal; plain lines in a log or a pipe.
+    bar = TerminalProgress(len(NOTEBOOKS) + 1) if sys.stderr.isatty() else None
     try:
         result = make_report(
             args.out,
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
             params=parse_params(args.param),
             jobs=args.jobs,
             force=args.force,
+            **({"progress": bar, "stream": bar} if bar else {}),
         )
     except NotebookFailed as exc:
         if exc.ename == "InputError":
@@ -56,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"kvpressure report: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if bar:
+            bar.close()
     if args.screenshot:
         from kvpressure.pipeline.screenshot import check_screenshot, take_screenshot
 
@@ -64,5 +70,9 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             print(f"kvpressure report: screenshot {png}: {'; '.join(problems)}", file=sys.stderr)
             return 1
+    from kvpressure.pipeline.verdict import closing_lines
+
+    for line in closing_lines(result.run_dir):
+        print(line)
     print(result.index_path)
     return 0

@@ -340,3 +340,48 @@ def run_notebooks(
             # A killed kernel's client may take long to notice; its thread is a daemon.
             worker.join(timeout=2 if stopped else 30)
     return done
+
+
+class TerminalProgress:
+    """``kvpressure report``'s progress in a terminal: one tqdm bar over the notebooks and the
+    page, the running notebook's own progress lines (the sweep's points) as its postfix, other
+    messages printed above it. ``progress`` and ``stream`` for :func:`run_notebooks`."""
+
+    def __init__(self, total: int, file: TextIO = sys.stderr) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, file=file, unit="step", dynamic_ncols=True,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}] {postfix}")
+        self._partial = ""
+
+    def __call__(self, message: str) -> None:
+        import re
+
+        m = re.match(r"^\[(\d+)/(\d+)\] (\S+) (\.\.\.|done in .*)$", message)
+        if m and m.group(4) == "...":
+            self.bar.set_description(m.group(3))
+        elif m:
+            self.bar.update(1)
+        elif message == "index.html ...":
+            self.bar.set_description("index.html")
+        elif message.startswith("done in"):
+            self.bar.update(self.bar.total - self.bar.n)
+            self.close()
+            print(message, file=sys.stderr)
+        else:
+            self.bar.write(message, file=sys.stderr)
+
+    # A text stream: the kernels' stderr lines become the bar's postfix.
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.strip():
+                self.bar.set_postfix_str(line.strip()[:70])
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.bar.close()

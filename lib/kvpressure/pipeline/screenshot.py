@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_FLAGS = (
@@ -111,3 +112,56 @@ def check_screenshot(png_path: str | os.PathLike[str]) -> ScreenshotCheck:
     distinct = int(np.unique(packed).size)
     non_white = float(np.mean(np.any(rgb < 245, axis=-1)))
     return ScreenshotCheck(width, height, distinct, non_white)
+
+
+def find_chromedriver() -> str | None:
+    """Path of the driver for Chromium (``$CHROMEDRIVER`` first; Debian's ``chromium-driver``)."""
+    env = os.environ.get("CHROMEDRIVER")
+    if env and Path(env).is_file():
+        return env
+    found = shutil.which("chromedriver")
+    if found:
+        return found
+    debian = Path("/usr/lib/chromium/chromedriver")
+    return str(debian) if debian.is_file() else None
+
+
+def chromium_driver(width: int = 1280, height: int = 900) -> Any:
+    """A Selenium driver for headless Chromium with a ``width`` x ``height`` viewport (the
+    local binary and driver: nothing is downloaded)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver = find_chromium(), find_chromedriver()
+    if binary is None or driver is None:
+        raise FileNotFoundError("chromium or chromedriver not found (install Debian's "
+                                "`chromium` and `chromium-driver`)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--window-size={width},{height}")
+    return webdriver.Chrome(options=options, service=Service(executable_path=driver))
+
+
+def page_layout(html_path: str | os.PathLike[str], selectors: dict[str, str], *,
+                width: int = 1280, height: int = 900,
+                png_path: str | os.PathLike[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Where the first element of each CSS selector sits on the page drawn at ``width`` px:
+    ``top``/``bottom``/``left``/``right`` in page pixels and its ``text`` (None when absent);
+    the first screen is also saved to ``png_path`` when given."""
+    driver = chromium_driver(width, height)
+    try:
+        driver.get(Path(html_path).resolve().as_uri())
+        out: dict[str, dict[str, Any]] = {}
+        for name, selector in selectors.items():
+            out[name] = driver.execute_script(
+                "const e = document.querySelector(arguments[0]); if (!e) return null;"
+                "const r = e.getBoundingClientRect();"
+                "return {top: r.top + window.scrollY, bottom: r.bottom + window.scrollY,"
+                " left: r.left, right: r.right, text: e.innerText};", selector)
+        if png_path is not None:
+            driver.save_screenshot(str(png_path))
+        return out
+    finally:
+        driver.quit()

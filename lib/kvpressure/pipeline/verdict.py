@@ -297,3 +297,27 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
               "remedies": pd.DataFrame(remedies["rows"],
                                        columns=["parameter", "change", "effect", "cost"])}
     return StageOutput(result, frames)
+
+
+def closing_lines(run_dir: str | os.PathLike[str]) -> list[str]:
+    """What ``kvpressure report`` prints when done: the status, the curve in one sentence,
+    and the recommendation (plain text, for a terminal)."""
+    import re
+
+    from kvpressure.pipeline.html import knee_sentence
+    from kvpressure.record.io import load_record
+
+    record = load_record(Path(run_dir) / "record.yaml")
+    lines = [f"status: {record.status}"]
+    knee = record.perf.knee
+    if knee is not None:
+        last = max(record.workload.concurrency_levels or [knee.peak_x])
+        lines.append(re.sub(r"<[^>]+>", "", knee_sentence(knee, last)))
+    rec = (read_stage(run_dir, "record").get("remedies") or {}).get("recommendation") or {}
+    if rec.get("text"):
+        lines.append(rec["text"])
+        if rec.get("runner_up"):
+            r = rec["runner_up"]
+            lines.append(f"runner-up: {r['parameter']} {r['from']} -> {r['value']} "
+                         f"({r['gain_pct']:+.0f}% at concurrency {rec['concurrency']:g})")
+    return lines
