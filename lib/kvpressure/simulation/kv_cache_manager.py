@@ -4,7 +4,7 @@ with ``FullAttentionManager``): prefix-cache lookup, ``allocate_slots``, ``free`
 from __future__ import annotations
 
 from kvpressure.simulation.block_pool import BlockPool, StackBlockPool
-from kvpressure.simulation.request import PREEMPTED, WAITING, Request
+from kvpressure.simulation.request import NO_BLOCKS, PREEMPTED, WAITING, Request
 
 
 class KVCacheManager:
@@ -142,7 +142,7 @@ class KVCacheManager:
         if blocks:
             blocks.reverse()
             self.pool.free_blocks(blocks)
-        req.blocks = []
+        req.blocks = NO_BLOCKS
         req.num_cached_blocks = 0
 
     def record_prefix_cache_stats(self, req: Request, num_hit_tokens: int) -> None:

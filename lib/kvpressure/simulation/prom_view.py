@@ -37,7 +37,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from itertools import accumulate, repeat
+from itertools import accumulate, chain, repeat
 from operator import attrgetter, sub
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,17 @@ class _Histogram:
         # and the exporter's _sum is the running sum.
         self.total = deque(accumulate(repeat(value, times), initial=self.total), maxlen=1)[0]
         self.n += times
+
+    def observe_each_repeated(self, values: list[float], times: int) -> None:
+        """``observe_repeated(v, times)`` for each ``v`` of ``values`` in order."""
+        if not values or times <= 0:
+            return
+        bounds, counts = self.bounds, self.counts
+        for v, c in Counter(values).items():
+            counts[bisect_left(bounds, v)] += c * times
+        seq = chain.from_iterable(map(repeat, values, repeat(times)))
+        self.total = deque(accumulate(seq, initial=self.total), maxlen=1)[0]
+        self.n += times * len(values)
 
     def observe_many(self, values: Iterable[float]) -> None:
         """Each value in order; the buckets by distinct value, the running sum as a server
@@ -491,15 +502,19 @@ class PromRecorder:
             sts = [states[_req_id(r)] for r in reqs]
         n = len(sts)
         self._itl_buf.extend(map(sub, repeat(t), map(_LAST_TOKEN_TS, sts)))
-        for st in sts:
-            if st.pending_preemptions:
-                self.num_preemptions += st.take_preemptions()
-            st.last_token_ts = t
-            st.num_generation_tokens += 1
+        self._emitted(sts, t, 1)
         if n:
             self._iter_has_output = True
             self.generation_tokens += n
             self._iter_tokens += n
+
+    def _emitted(self, states: list[_RequestStats], t: float, m: int) -> None:
+        """Each of ``states`` emitted ``m`` tokens, the last at ``t``."""
+        for st in states:
+            if st.pending_preemptions:
+                self.num_preemptions += st.take_preemptions()
+            st.last_token_ts = t
+            st.num_generation_tokens += m
 
     def on_decode_leap(self, reqs: Iterable[Any], times: Sequence[float]) -> None:
         """Each request in ``reqs`` emitted one token at each of ``times`` (consecutive pure
@@ -557,14 +572,9 @@ class PromRecorder:
         self.h_iteration.observe_repeated(float(k), m)
         first, last = times[0], times[-1]
         self.h_itl.observe_many(list(map(sub, repeat(first), map(_LAST_TOKEN_TS, states))))
-        for st in states:
-            if st.pending_preemptions:
-                self.num_preemptions += st.take_preemptions()
-            st.last_token_ts = last
-            st.num_generation_tokens += m
+        self._emitted(states, last, m)
         # each step of the leap: k requests see the same gap, in step order as a server would
-        for a, b in zip(times[:-1], times[1:], strict=True):
-            self.h_itl.observe_repeated(b - a, k)
+        self.h_itl.observe_each_repeated(list(map(sub, times[1:], times[:-1])), k)
 
     def on_step_end(
         self,

@@ -39,6 +39,12 @@ FINISHED_LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
 _KEY_SHIFT = 32
 
 
+# Shared by every request that holds no block / has no such time yet: a million-request run
+# keeps every request, so one object each for these would cost ~150 bytes a request.
+NO_BLOCKS: tuple[int, ...] = ()
+_NAN = float("nan")
+
+
 class Request:
     """A request: vLLM's scheduling state plus what the outputs report about it.
 
@@ -99,7 +105,8 @@ class Request:
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
         self.num_preemptions = 0
-        self.blocks: list[int] = []
+        # A list while the request holds blocks (admission makes a new one).
+        self.blocks: list[int] | tuple[int, ...] = NO_BLOCKS
         self.num_cached_blocks = 0
         self.is_prefill_chunk = True
         self.hwm = 0
@@ -110,10 +117,10 @@ class Request:
         self.recomputed_tokens = 0
         self.scheduled_tokens = 0
         self.prefix_hit_tokens_at_admission = 0
-        self.submit_time_s = float("nan")
-        self.first_token_time_s = float("nan")
-        self.finish_time_s = float("nan")
-        self.last_token_time_s = float("nan")
+        self.submit_time_s = _NAN
+        self.first_token_time_s = _NAN
+        self.finish_time_s = _NAN
+        self.last_token_time_s = _NAN
         self.itl_max_s = 0.0
         self.num_itl = 0
         # Clock of the last update while decode progress is kept lazily (lazy_decode.py);
