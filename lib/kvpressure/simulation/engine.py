@@ -461,8 +461,17 @@ class _Engine:
             # that the scrape sees exactly what the step-by-step path shows it.
             if ends is None:
                 dt, t0c = self.clock.dt, self.clock.t0
-                k_s = 0
-                while k_s < K - 1 and t0c + (self.step + k_s + 1) * dt < scrape_at:
+                # The first step k whose end reaches the scrape (at most K - 1): estimated,
+                # then settled by the clock's own expression, so no walk over the leap.
+                step0 = self.step
+
+                def before(k: int) -> bool:
+                    return t0c + (step0 + k + 1) * dt < scrape_at
+
+                k_s = min(max(int((scrape_at - t0c) / dt) - step0 - 1, 0), K - 1)
+                while k_s > 0 and not before(k_s - 1):
+                    k_s -= 1
+                while k_s < K - 1 and before(k_s):
                     k_s += 1
             else:
                 k_s = int(self.np.searchsorted(ends, scrape_at, side="left"))
