@@ -254,10 +254,12 @@ def time_series_panel(timeline: Any, preemptions: Any, window: dict[str, Any],
         if max_num_seqs <= 3 * top:
             run_ax.axhline(max_num_seqs, color="0.3", ls="--", lw=1, label="max_num_seqs")
         else:  # keep the running count readable; say where the setting is
-            run_ax.annotate(f"max_num_seqs = {max_num_seqs} (off the chart)", (0.01, 0.85),
-                            xycoords="axes fraction", color="0.3")
-    run_ax.set(ylabel="sequences", title="Running, waiting, KV usage and preemptions over time"
-               + (f" (concurrency {window['concurrency']})" if window.get("concurrency") else ""))
+            run_ax.set_title(f"max_num_seqs = {max_num_seqs}, off the chart", loc="right",
+                             fontsize="small", color="0.3")
+    run_ax.set_title("Running, waiting, KV usage and preemptions over time"
+                     + (f" (concurrency {window['concurrency']})" if window.get("concurrency")
+                        else ""), loc="left")
+    run_ax.set(ylabel="sequences")
     line(wait_ax, "waiting: capacity", "waiting for KV space (capacity)", "tab:red")
     line(wait_ax, "waiting: deferred", "waiting, deferred", "tab:orange")
     if not len(timeline[timeline["metric"].isin(["waiting: capacity", "waiting: deferred"])]):
