@@ -438,7 +438,7 @@ def _pool(record: Record) -> str:
 
 
 def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str,
-               verdict: dict[str, Any] | None = None) -> str:
+               verdict: dict[str, Any] | None = None, run_folder: str = "") -> str:
     """The whole page from a record, the executed notebooks (name, NotebookNode) and stage
     06's result (the recommendation, the symptoms' evidence)."""
     from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
@@ -460,7 +460,8 @@ def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str,
         f"<h1>{_e(title)}</h1>"
         f'<p class="subtitle">{_e(record.workload.model_name)} · policy '
         f"{_e(_or(record.scheduler.policy, str, 'unknown'))} · {_pool(record)} · "
-        f"{_e(prov.mode)} data</p>"
+        f"{_e(prov.mode)} data" + (f" · run folder {_e(run_folder)}" if run_folder else "")
+        + "</p>"
         f"{verdict_html(record, headline_figure(notebooks), verdict)}"
         f'<nav class="toc">Stages: {toc}</nav>\n{sections}'
         f"<footer>kvpressure {_e(__version__)} (vLLM {_e(VLLM_BEHAVIOUR_VERSION)} behaviour) · "
@@ -469,7 +470,8 @@ def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str,
     )
 
 
-def render_report(run_dir: str | os.PathLike[str], title: str | None = None) -> Path:
+def render_report(run_dir: str | os.PathLike[str], title: str | None = None,
+                  run_folder: str | None = None) -> Path:
     """Write ``run_dir/index.html`` from ``record.yaml`` and ``notebooks/*.ipynb``."""
     import nbformat
 
@@ -489,7 +491,10 @@ def render_report(run_dir: str | os.PathLike[str], title: str | None = None) -> 
         name = (read_stage(run_dir, "collect").get("name") if has_stage(run_dir, "collect")
                 else None) or run_dir.resolve().name
         title = f"{name}: where throughput stops growing, and why"
-    page = build_html(record, notebooks, title, verdict)
+    from kvpressure.pipeline.run_folder import display_path
+
+    page = build_html(record, notebooks, title, verdict,
+                      display_path(run_dir) if run_folder is None else run_folder)
     out = run_dir / INDEX_HTML
     out.write_text(page, encoding="utf-8")
     return out

@@ -27,7 +27,7 @@ from kvpressure.pipeline.notebooks import (
     run_notebooks,
 )
 from kvpressure.pipeline.output_folder import check_replaceable, output_folder, point_paths_at
-from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
+from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML, display_path
 
 # Set by the command itself; a --param may not override them.
 RESERVED = frozenset({"run_dir", "experiment", "source"})
@@ -164,7 +164,8 @@ def make_report(
         notebook_record(work)
         for note in _load_notes(work):
             say(f"note: {note}")
-        render_report(work)
+        # Named as it will be: the page is drawn in the hidden sibling that replaces run_dir.
+        render_report(work, run_folder=display_path(run_dir))
     record_path, index_path = run_dir / RECORD_YAML, run_dir / INDEX_HTML
     runs = [NotebookRun(r.notebook, run_dir / r.output_path.relative_to(work), r.seconds)
             for r in runs]
