@@ -259,6 +259,9 @@ def links_html() -> str:
 def _reason(text: str) -> str:
     """A status rule as a sentence: without its rule number."""
     text = re.sub(r"^\s*\d+\s*:\s*", "", text)
+    finding = re.match(r"^([a-z ]+): (.+)$", text)
+    if finding and "interference" in finding.group(1):  # a finding beside the status
+        return f"Also present: {finding.group(1)} ({finding.group(2)})."
     return text[:1].upper() + text[1:]
 
 
