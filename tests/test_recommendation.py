@@ -74,3 +74,23 @@ def test_ingested_without_twin_says_what_to_try_first_from_the_symptoms():
     assert rec["parameter"] == "max_model_len"
     rec = recommend_from_symptoms(_symptoms("not established"), SETTINGS, "x")
     assert rec["remedy"] is None
+
+
+def test_ingested_data_with_a_twin_folder_uses_the_twins_what_if(tmp_path):
+    import json
+
+    from kvpressure.pipeline.verdict import _twin_recommendation
+
+    assert _twin_recommendation(tmp_path) is None
+    (tmp_path / "twin").mkdir()
+    doc = {"remedies": {"recommendation": {
+        "setting": "max_num_seqs=48", "overrides": {"max_num_seqs": 48}, "trusted": True,
+        "text": "max_num_seqs=48: output throughput at concurrency 64 +31.0%"}}}
+    (tmp_path / "twin" / "twin.json").write_text(json.dumps(doc))
+    rec = _twin_recommendation(tmp_path)
+    assert rec["source"] == "twin" and rec["text"] == (
+        "Do this (the fitted twin's what-if): max_num_seqs=48: output throughput at "
+        "concurrency 64 +31.0%.")
+    doc["remedies"]["recommendation"]["trusted"] = False
+    (tmp_path / "twin" / "twin.json").write_text(json.dumps(doc))
+    assert _twin_recommendation(tmp_path)["text"].startswith("Twin's what-if, not trusted: ")
