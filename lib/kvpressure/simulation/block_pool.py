@@ -15,6 +15,8 @@ at or above ``lo`` has reference 0 and no key).
 
 from __future__ import annotations
 
+from kvpressure.simulation.request import KEY_SHIFT
+
 # Sentinels and the node of never-used ids, in the link dicts (block ids are >= 0).
 HEAD = -2
 TAIL = -3
@@ -25,7 +27,7 @@ class BlockPool:
     """Blocks ``0..N-1``; block 0 is the null block, never allocated nor counted."""
 
     __slots__ = ("num_gpu_blocks", "enable_caching", "prev", "next", "lo", "num_free_blocks",
-                 "ref_cnt", "block_hash", "cached", "usage_denominator", "version")
+                 "ref_cnt", "block_hash", "cached", "usage_denominator", "version", "watch")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
         n = num_gpu_blocks
@@ -46,9 +48,12 @@ class BlockPool:
         # the first one stored is the one a lookup returns.
         self.cached: dict[int, int | dict[int, None]] = {}
         self.usage_denominator = n - 1
-        # Moves whenever a lookup by a waiting request could answer differently: an eviction,
-        # or a shared prefix-group key cached (request.py: other keys belong to one request).
+        # Moves whenever the lookup of the watched request (``watch``: its key owner, see
+        # request.py) could answer differently: a shared prefix-group key (negative) cached or
+        # evicted, or one of its own keys evicted. Other keys belong to other requests; its own
+        # are cached only while it runs.
         self.version = 0
+        self.watch = 0
 
     # -- free queue -----------------------------------------------------------------------
     def free_queue(self) -> list[int]:
@@ -156,7 +161,8 @@ class BlockPool:
     def _evict(self, b: int) -> None:
         key = self.block_hash[b]
         self.block_hash[b] = None
-        self.version += 1
+        if key < 0 or key >> KEY_SHIFT == self.watch:
+            self.version += 1
         entry = self.cached.get(key)
         if entry is None:
             return
@@ -262,6 +268,7 @@ class StackBlockPool(BlockPool):
         self.cached = {}
         self.usage_denominator = n - 1
         self.version = 0
+        self.watch = 0
 
     def free_queue(self) -> list[int]:
         return self.stack[::-1] + list(range(self.lo, self.num_gpu_blocks))

@@ -116,7 +116,7 @@ class _Engine:
                     prefix_group=r.prefix_group, prefix_len=r.prefix_len,
                     group_index=groups.get(r.prefix_group, -1) if r.prefix_group else -1,
                     block_size=s.block_size, arrival_step=r.arrival_step,
-                    arrival_time_s=r.arrival_time_s)
+                    arrival_time_s=r.arrival_time_s, keyed=s.enable_prefix_caching)
             for i, r in enumerate(scenario.requests)]
         rec = recorder
         # Lazy decode progress (lazy_decode.py) on the event-driven path.
@@ -536,27 +536,33 @@ class _Engine:
         usage = [1.0 - fa / denom for fa in free_after]
         cols = steps.columns
         cols["step"].extend(range(step0, step0 + K))
-        # One array per distinct value, shared by the columns that repeat it.
+        # One array per distinct value and width (outputs.py: request counts in 32 bits,
+        # token counts in 64), shared by the columns that repeat it.
         zeros = array("q", (0,)) * K
+        zeros32 = array("i", (0,)) * K
         rK = array("q", (R,)) * K
-        wK = array("q", (W,)) * K if W else zeros
+        rK32 = array("i", (R,)) * K
+        wK32 = array("i", (W,)) * K if W else zeros32
         cols["arrivals"].append(arrivals)
-        cols["arrivals"].extend(zeros[1:])
-        for name in ("num_running", "num_scheduled_reqs", "num_scheduled_tokens",
-                     "num_decode_tokens"):
-            cols[name].extend(rK)
-        cols["num_waiting"].extend(wK)
-        cols["num_waiting_after"].extend(wK)
-        cols["num_waiting_new"].extend(array("q", (W - Wp,)) * K if Wp else wK)
-        cols["num_waiting_preempted"].extend(array("q", (Wp,)) * K if Wp else zeros)
-        cols["num_waiting_deferred"].extend(array("q", (D,)) * K if D else zeros)
-        for name in ("num_prefill_tokens", "admitted_new", "resumed", "recomputed_tokens",
-                     "preemptions", "prefix_cache_queries", "prefix_cache_hits"):
+        cols["arrivals"].extend(zeros32[1:])
+        cols["num_running"].extend(rK32)
+        cols["num_scheduled_reqs"].extend(rK32)
+        cols["num_scheduled_tokens"].extend(rK)
+        cols["num_decode_tokens"].extend(rK)
+        cols["num_waiting"].extend(wK32)
+        cols["num_waiting_after"].extend(wK32)
+        cols["num_waiting_new"].extend(array("i", (W - Wp,)) * K if Wp else wK32)
+        cols["num_waiting_preempted"].extend(array("i", (Wp,)) * K if Wp else zeros32)
+        cols["num_waiting_deferred"].extend(array("i", (D,)) * K if D else zeros32)
+        for name in ("num_prefill_tokens", "recomputed_tokens", "prefix_cache_queries",
+                     "prefix_cache_hits"):
             cols[name].extend(zeros)
+        for name in ("admitted_new", "resumed", "preemptions"):
+            cols[name].extend(zeros32)
         F = len(finished)
-        cols["finished"].extend(zeros[1:])
+        cols["finished"].extend(zeros32[1:])
         cols["finished"].append(F)
-        cols["num_running_after"].extend(rK[1:])
+        cols["num_running_after"].extend(rK32[1:])
         cols["num_running_after"].append(R - F)
         cols["kv_usage"].extend(usage)
         usage_last = pool.get_usage() if F else usage[-1]

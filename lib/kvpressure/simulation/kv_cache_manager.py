@@ -4,7 +4,7 @@ with ``FullAttentionManager``): prefix-cache lookup, ``allocate_slots``, ``free`
 from __future__ import annotations
 
 from kvpressure.simulation.block_pool import BlockPool, StackBlockPool
-from kvpressure.simulation.request import NO_BLOCKS, PREEMPTED, WAITING, Request
+from kvpressure.simulation.request import KEY_SHIFT, NO_BLOCKS, PREEMPTED, WAITING, Request
 
 
 class KVCacheManager:
@@ -40,8 +40,9 @@ class KVCacheManager:
             return [], 0
         pool = self.pool
         memo = self._hit_memo
-        # Still valid: nothing was evicted and no shared key cached since, and the request
-        # was not admitted (the memo is dropped then: its own blocks get cached after).
+        # Still valid: none of its keys changed in the cache (block_pool.py ``watch``), and
+        # the request was not admitted since (the memo is dropped then: its own blocks get
+        # cached while it runs).
         if memo is not None and memo[0] is req and memo[1] == pool.version \
                 and memo[2] == req.num_tokens:
             return memo[3], memo[4]
@@ -53,6 +54,7 @@ class KVCacheManager:
                 break
             hit.append(entry if not isinstance(entry, dict) else next(iter(entry)))
         h = len(hit) * self.block_size
+        pool.watch = req.key_base >> KEY_SHIFT
         self._hit_memo = (req, pool.version, req.num_tokens, hit, h)
         return hit, h
 

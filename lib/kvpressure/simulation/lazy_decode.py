@@ -93,6 +93,7 @@ class LazyDecode:
         self.sum_off -= r.num_computed_tokens - r.lz_d0
         self.n -= 1
         r.lz_d0 = -1
+        r.lz_seq = 0  # its heap entries are stale by lz_d0 already; the int need not live on
 
     def computed(self, r: Request, D: int) -> int:
         """A member's ``num_computed_tokens`` at clock ``D``."""
@@ -126,6 +127,7 @@ class LazyDecode:
         for r in running[:self.n]:
             self.sync(r)
             r.lz_d0 = -1
+            r.lz_seq = 0
         for b in self.buckets:
             b.clear()
         self.heap.clear()

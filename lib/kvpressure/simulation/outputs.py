@@ -17,6 +17,12 @@ STEP_COLUMNS = (
 )
 TIME_STEP_COLUMNS = ("time_s", "step_duration_s")
 _FLOAT_COLUMNS = {"kv_usage", "kv_usage_after", "time_s", "step_duration_s"}
+# Counts of requests fit 32 bits (a run cannot hold 2^31 requests); steps and token counts
+# keep 64. Half the bytes of most columns of a long run.
+_INT32_COLUMNS = {"arrivals", "num_running", "num_scheduled_reqs", "num_waiting",
+                  "num_waiting_new", "num_waiting_preempted", "num_waiting_deferred",
+                  "admitted_new", "resumed", "preemptions", "finished", "num_running_after",
+                  "num_waiting_after"}
 
 REQUEST_COLUMNS = (
     "id", "prompt_len", "output_len", "priority", "prefix_group", "submit_step",
@@ -40,7 +46,8 @@ class StepsTable:
         self.timed = timed
         names = STEP_COLUMNS + (TIME_STEP_COLUMNS if timed else ())
         self._columns: dict[str, array] = {
-            n: array("d" if n in _FLOAT_COLUMNS else "q") for n in names}
+            n: array("d" if n in _FLOAT_COLUMNS else "i" if n in _INT32_COLUMNS else "q")
+            for n in names}
         self._rows: list[tuple] = []
 
     def _flush(self) -> None:

@@ -36,7 +36,7 @@ FINISHED_LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
 # blocks that lie wholly inside a prefix group's shared prefix get the group's key for that block
 # index (negative), every other block gets a key unique to (request, block index) (positive). Two
 # blocks share a key exactly when vLLM's chained sha256 hashes would be equal.
-_KEY_SHIFT = 32
+KEY_SHIFT = 32
 
 
 # Shared by every request that holds no block / has no such time yet: a million-request run
@@ -78,7 +78,10 @@ class Request:
         block_size: int = 16,
         arrival_step: int = 0,
         arrival_time_s: float | None = None,
+        keyed: bool = True,
     ) -> None:
+        """``keyed=False``: the run has no prefix cache, so no block key is ever asked for
+        (``key_base`` then takes no memory of its own)."""
         self.request_id = request_id
         self.position = position
         self.num_prompt_tokens = prompt_len
@@ -88,9 +91,9 @@ class Request:
         self.prefix_len = prefix_len if prefix_group is not None else 0
         self.arrival_step = arrival_step
         self.arrival_time_s = arrival_time_s
-        self.key_base = (position + 1) << _KEY_SHIFT
+        self.key_base = (position + 1) << KEY_SHIFT if keyed else 0
         if prefix_group is not None and group_index >= 0:
-            self.group_key_base = -((group_index + 1) << _KEY_SHIFT)
+            self.group_key_base = -((group_index + 1) << KEY_SHIFT)
             self.num_shared_blocks = self.prefix_len // block_size
         else:
             self.group_key_base = 0
