@@ -314,8 +314,12 @@ class _Engine:
             if self.r_tokens is not None:
                 # The bulk hook takes the plain decode tokens (its contract needs only the
                 # requests' identity); a member that finished still gets its own output.
-                self.r_tokens([r for r in members if r.status <= PREEMPTED], t1)
-                members = [r for r in members if r.status > PREEMPTED]
+                if finished:
+                    self.r_tokens([r for r in members if r.status <= PREEMPTED], t1)
+                    members = [r for r in members if r.status > PREEMPTED]
+                else:
+                    self.r_tokens(members, t1)
+                    members = ()
             for r in members:
                 if r.lz_d0 >= 0:
                     lz.sync(r)

@@ -341,6 +341,8 @@ class PromRecorder:
         self._family_cache: dict[str, tuple[Any, str, str]] = {}
         self._histogram_frames: dict[str, tuple[str, list[str], str, str, str]] = {}
         self._itl_buf: list[float] = []
+        # (requests, their states) of the last bulk hook: see _states_of.
+        self._last_batch: tuple[list[Any], list[_RequestStats]] | None = None
 
     @classmethod
     def for_step_clock(cls, scenario: Any, t0: float = 1.0, dt: float = 0.015625,
@@ -495,11 +497,7 @@ class PromRecorder:
         stamped ``t`` within one step: the bulk form of the hottest path of a run."""
         if t > self._boundary or self._pending_leap is not None:
             self._flush_before(t)
-        states = self._reqs
-        try:
-            sts = [states[r.request_id] for r in reqs]
-        except AttributeError:
-            sts = [states[_req_id(r)] for r in reqs]
+        sts = self._states_of(reqs)
         n = len(sts)
         self._itl_buf.extend(map(sub, repeat(t), map(_LAST_TOKEN_TS, sts)))
         self._emitted(sts, t, 1)
@@ -507,6 +505,21 @@ class PromRecorder:
             self._iter_has_output = True
             self.generation_tokens += n
             self._iter_tokens += n
+
+    def _states_of(self, reqs: Iterable[Any]) -> list[_RequestStats]:
+        """The frontend states of ``reqs``; the batch of one step is usually the batch of the
+        step before (the same requests decoding on), so the last answer is kept."""
+        reqs = reqs if isinstance(reqs, list) else list(reqs)
+        last = self._last_batch
+        if last is not None and last[0] == reqs:  # identity compare of each request, in C
+            return last[1]
+        states = self._reqs
+        try:
+            sts = [states[r.request_id] for r in reqs]
+        except AttributeError:
+            sts = [states[_req_id(r)] for r in reqs]
+        self._last_batch = (reqs, sts)
+        return sts
 
     def _emitted(self, states: list[_RequestStats], t: float, m: int) -> None:
         """Each of ``states`` emitted ``m`` tokens, the last at ``t``."""
@@ -525,7 +538,7 @@ class PromRecorder:
         self._apply_pending_leap()
         times = _floats(times)
         if times:
-            self._pending_leap = ([self._reqs[_req_id(r)] for r in reqs], times)
+            self._pending_leap = (self._states_of(reqs), times)
 
     def on_steps_end(self, times: Sequence[float], num_running: Sequence[int],
                      num_waiting: Sequence[int], num_waiting_deferred: Sequence[int],
@@ -627,6 +640,7 @@ class PromRecorder:
         if st.max_tokens:
             self.h_max_tokens.observe(st.max_tokens)
         del self._reqs[_req_id(req)]
+        self._last_batch = None
 
     # --- exposition ----------------------------------------------------------------------------
     def _bucket_labels(self, bounds: tuple[float, ...]) -> list[str]:
