@@ -20,6 +20,13 @@ def test_make_lab_starts_lab_through_the_module_that_drops_agg():
                             capture_output=True, text=True, check=True).stdout
     assert "-m kvpressure.pipeline.lab" in recipe and "--start" in recipe
     assert "jupyter lab" not in recipe  # no other way in that would keep MPLBACKEND
+    # The save hook is named by its import path (the module runs as __main__ under make lab).
+    from traitlets.utils.importstring import import_item
+
+    from kvpressure.pipeline.lab import lab_command, strip_before_save
+
+    hook = next(a.split("=", 1)[1] for a in lab_command("nb") if "pre_save_hook" in a)
+    assert import_item(hook) is strip_before_save
 
 
 def _kernel_backend(env: dict[str, str]) -> str:

@@ -71,7 +71,7 @@ def strip_before_save(model: dict, path: str, contents_manager: Any, **_: Any) -
 def lab_command(notebook_dir: str | os.PathLike[str], extra: Sequence[str] = ()) -> list[str]:
     """The command line that starts JupyterLab on ``notebook_dir``."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={os.fspath(notebook_dir)}",
-           f"--FileContentsManager.pre_save_hook={__name__}.strip_before_save"]
+           "--FileContentsManager.pre_save_hook=kvpressure.pipeline.lab.strip_before_save"]
     if hasattr(os, "getuid") and os.getuid() == 0:
         cmd.append("--allow-root")  # containers and CI machines run as root
     return cmd + list(extra)
