@@ -38,7 +38,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from itertools import accumulate, chain, repeat
-from operator import attrgetter, sub
+from operator import sub
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +194,7 @@ class _RequestStats:
     __slots__ = (
         "arrival", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts",
         "num_generation_tokens", "num_preemptions", "pending_preemptions", "prompt_len",
-        "max_tokens", "cached_at_first_admission", "is_prefilling", "admitted",
+        "max_tokens", "cached_at_first_admission", "is_prefilling", "admitted", "stream_join",
     )
 
     def __init__(self, arrival: float, queued: float, prompt_len: int, max_tokens: int):
@@ -211,6 +211,9 @@ class _RequestStats:
         self.cached_at_first_admission = 0
         self.is_prefilling = True
         self.admitted = False
+        # The recorder's stream count when it joined the decode stream (PromRecorder._stream),
+        # -1 outside it: inside, last_token_ts and num_generation_tokens lag (see there).
+        self.stream_join = -1
 
     def take_preemptions(self) -> int:
         """The preemptions not yet reported: vLLM ships a PREEMPTED event with the request's
@@ -219,9 +222,6 @@ class _RequestStats:
         self.num_preemptions += n
         self.pending_preemptions = 0
         return n
-
-
-_LAST_TOKEN_TS = attrgetter("last_token_ts")
 
 
 def _req_id(req: Any) -> str:
@@ -341,8 +341,18 @@ class PromRecorder:
         self._family_cache: dict[str, tuple[Any, str, str]] = {}
         self._histogram_frames: dict[str, tuple[str, list[str], str, str, str]] = {}
         self._itl_buf: list[float] = []
-        # (requests, their states) of the last bulk hook: see _states_of.
-        self._last_batch: tuple[list[Any], list[_RequestStats]] | None = None
+        # The decode stream: the states that emitted one token in every bulk step (plain
+        # decode tokens, leapt steps) since they joined it. Their last_token_ts is _stream_t
+        # and their num_generation_tokens lags by _stream_count - stream_join: a busy step
+        # then costs set operations in C, not a line of Python per request. A state leaves
+        # (its fields brought up to date) when it misses a bulk step or any other hook
+        # touches it.
+        self._stream: set[_RequestStats] = set()
+        self._stream_batch: list[_RequestStats] | None = None
+        self._stream_count = 0
+        self._stream_t = 0.0
+        # (requests, their states) of the last bulk hooks: see _states_of.
+        self._last_batches: list[tuple[list[Any], list[_RequestStats]]] = []
 
     @classmethod
     def for_step_clock(cls, scenario: Any, t0: float = 1.0, dt: float = 0.015625,
@@ -462,13 +472,18 @@ class PromRecorder:
             self._step_hits += hit
 
     def on_preempted(self, req: Any, t: float) -> None:
-        self._reqs[_req_id(req)].pending_preemptions += 1
+        st = self._reqs[_req_id(req)]
+        if st.stream_join >= 0:
+            self._leave_stream(st)
+        st.pending_preemptions += 1
 
     def on_output(self, req: Any, t: float, new_tokens: int = 1, finished: bool = False) -> None:
         """One output of one request, stamped ``t`` (the end of its step)."""
         if t > self._boundary or self._pending_leap is not None:
             self._flush_before(t)
         st = self._reqs[_req_id(req)]
+        if st.stream_join >= 0:
+            self._leave_stream(st)
         self._iter_has_output = True
         self.generation_tokens += new_tokens
         self._iter_tokens += new_tokens
@@ -499,35 +514,70 @@ class PromRecorder:
             self._flush_before(t)
         sts = self._states_of(reqs)
         n = len(sts)
-        self._itl_buf.extend(map(sub, repeat(t), map(_LAST_TOKEN_TS, sts)))
-        self._emitted(sts, t, 1)
+        if n:
+            self._stream_step(sts, t, 1, self._itl_buf.extend)
         if n:
             self._iter_has_output = True
             self.generation_tokens += n
             self._iter_tokens += n
 
     def _states_of(self, reqs: Iterable[Any]) -> list[_RequestStats]:
-        """The frontend states of ``reqs``; the batch of one step is usually the batch of the
-        step before (the same requests decoding on), so the last answer is kept."""
+        """The frontend states of ``reqs``; the batch of one step is usually the batch of an
+        earlier one (the same requests decoding on), so the last answers are kept."""
         reqs = reqs if isinstance(reqs, list) else list(reqs)
-        last = self._last_batch
-        if last is not None and last[0] == reqs:  # identity compare of each request, in C
-            return last[1]
+        batches = self._last_batches
+        for batch, sts in batches:
+            if len(batch) == len(reqs) and batch == reqs:  # identity of each request, in C
+                return sts
         states = self._reqs
         try:
             sts = [states[r.request_id] for r in reqs]
         except AttributeError:
             sts = [states[_req_id(r)] for r in reqs]
-        self._last_batch = (reqs, sts)
+        # Two batches: a plain step's decoding head of ``running`` and a leap's whole batch
+        # alternate.
+        batches.insert(0, (reqs, sts))
+        del batches[2:]
         return sts
 
-    def _emitted(self, states: list[_RequestStats], t: float, m: int) -> None:
-        """Each of ``states`` emitted ``m`` tokens, the last at ``t``."""
-        for st in states:
-            if st.pending_preemptions:
-                self.num_preemptions += st.take_preemptions()
-            st.last_token_ts = t
-            st.num_generation_tokens += m
+    def _leave_stream(self, st: _RequestStats) -> None:
+        """Bring a stream member's fields up to date and take it out of the stream."""
+        st.num_generation_tokens += self._stream_count - st.stream_join
+        st.last_token_ts = self._stream_t
+        st.stream_join = -1
+        self._stream.discard(st)
+        self._stream_batch = None
+
+    def _stream_step(self, sts: list[_RequestStats], t: float, m: int, observe) -> None:
+        """Every state of ``sts`` emits a token at ``t`` (the first of a run of steps): their
+        inter-token gaps go to ``observe`` in ``sts`` order, members that missed the step
+        leave the stream, newcomers join it. Advances the stream by ``m`` steps ending at
+        ``t`` (a leap advances it itself, by its number of steps)."""
+        stream = self._stream
+        if sts is self._stream_batch:
+            # The same batch as the stream's: one gap for all, added one by one in C.
+            observe(repeat(t - self._stream_t, len(sts)))
+        else:
+            cur = set(sts)
+            for st in stream - cur:
+                self._leave_stream(st)
+            newcomers = cur - stream
+            if newcomers:
+                st_t = self._stream_t
+                observe([t - (st.last_token_ts if st.stream_join < 0 else st_t) for st in sts])
+                count = self._stream_count
+                for st in newcomers:
+                    if st.pending_preemptions:
+                        self.num_preemptions += st.take_preemptions()
+                    # Its fields are current up to this step; from here on they lag.
+                    st.stream_join = count
+                stream |= newcomers
+            else:
+                observe(repeat(t - self._stream_t, len(sts)))
+            self._stream_batch = sts
+        if m:
+            self._stream_count += m
+            self._stream_t = t
 
     def on_decode_leap(self, reqs: Iterable[Any], times: Sequence[float]) -> None:
         """Each request in ``reqs`` emitted one token at each of ``times`` (consecutive pure
@@ -584,8 +634,9 @@ class PromRecorder:
         self.generation_tokens += k * m
         self.h_iteration.observe_repeated(float(k), m)
         first, last = times[0], times[-1]
-        self.h_itl.observe_many(list(map(sub, repeat(first), map(_LAST_TOKEN_TS, states))))
-        self._emitted(states, last, m)
+        self._stream_step(states, first, 0, self.h_itl.observe_many)
+        self._stream_count += m
+        self._stream_t = last
         # each step of the leap: k requests see the same gap, in step order as a server would
         self.h_itl.observe_each_repeated(list(map(sub, times[1:], times[:-1])), k)
 
@@ -640,7 +691,7 @@ class PromRecorder:
         if st.max_tokens:
             self.h_max_tokens.observe(st.max_tokens)
         del self._reqs[_req_id(req)]
-        self._last_batch = None
+        self._last_batches.clear()
 
     # --- exposition ----------------------------------------------------------------------------
     def _bucket_labels(self, bounds: tuple[float, ...]) -> list[str]:
