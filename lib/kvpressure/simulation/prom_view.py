@@ -139,6 +139,15 @@ class _Histogram:
         self.total = deque(accumulate(seq, initial=self.total), maxlen=1)[0]
         self.n += times * len(values)
 
+    def observe_runs(self, values: list[float], times: list[int]) -> None:
+        """``times[i]`` observations of ``values[i]``, in order."""
+        bounds, counts = self.bounds, self.counts
+        for v, c in zip(values, times):  # noqa: B905 (parallel lists)
+            counts[bisect_left(bounds, v)] += c
+        seq = chain.from_iterable(map(repeat, values, times))
+        self.total = deque(accumulate(seq, initial=self.total), maxlen=1)[0]
+        self.n += sum(times)
+
     def observe_many(self, values: Iterable[float]) -> None:
         """Each value in order; the buckets by distinct value, the running sum as a server
         adds them one by one."""
@@ -294,8 +303,10 @@ class PromRecorder:
         self._closed = False
         self._pending_leap: tuple[list[_RequestStats], list[float]] | None = None
 
-        # per-request frontend state
+        # per-request frontend state, by request id and by the request object itself (the
+        # engine hands the same objects to every hook: a lookup without Python per request)
         self._reqs: dict[str, _RequestStats] = {}
+        self._by_req: dict[Any, _RequestStats] = {}
         # the step being assembled
         self._iter_has_output = False
         self._iter_tokens = 0
@@ -340,7 +351,9 @@ class PromRecorder:
         self._bucket_label_cache: dict[tuple[float, ...], list[str]] = {}
         self._family_cache: dict[str, tuple[Any, str, str]] = {}
         self._histogram_frames: dict[str, tuple[str, list[str], str, str, str]] = {}
-        self._itl_buf: list[float] = []
+        # Inter-token gaps of the step being assembled, as runs (gap, how many requests).
+        self._itl_vals: list[float] = []
+        self._itl_counts: list[int] = []
         # The decode stream: the states that emitted one token in every bulk step (plain
         # decode tokens, leapt steps) since they joined it. Their last_token_ts is _stream_t
         # and their num_generation_tokens lags by _stream_count - stream_join: a busy step
@@ -446,7 +459,12 @@ class PromRecorder:
             else float(arrival)
         prompt = int(getattr(req, "num_prompt_tokens", None) or req.prompt_len)
         max_tokens = int(getattr(req, "max_tokens", None) or req.output_len)
-        self._reqs[_req_id(req)] = _RequestStats(min(arrival, t), t, prompt, max_tokens)
+        st = _RequestStats(min(arrival, t), t, prompt, max_tokens)
+        self._reqs[_req_id(req)] = st
+        try:
+            self._by_req[req] = st
+        except TypeError:  # not hashable: found by id instead
+            pass
 
     def on_scheduled(
         self, req: Any, t: float, num_tokens: int | None = None, hit_tokens: int | None = None,
@@ -501,7 +519,8 @@ class PromRecorder:
             st.is_prefilling = False
         else:
             # the hottest line of a run: buffered, bucketed in bulk before the next scrape
-            self._itl_buf.append(t - st.last_token_ts)
+            self._itl_vals.append(t - st.last_token_ts)
+            self._itl_counts.append(1)
         st.last_token_ts = t
         st.num_generation_tokens += new_tokens
         if finished:
@@ -515,7 +534,7 @@ class PromRecorder:
         sts = self._states_of(reqs)
         n = len(sts)
         if n:
-            self._stream_step(sts, t, 1, self._itl_buf.extend)
+            self._stream_step(sts, t, 1, self._buffer_gaps, self._buffer_gap)
         if n:
             self._iter_has_output = True
             self.generation_tokens += n
@@ -529,10 +548,10 @@ class PromRecorder:
         for batch, sts in batches:
             if len(batch) == len(reqs) and batch == reqs:  # identity of each request, in C
                 return sts
-        states = self._reqs
         try:
-            sts = [states[r.request_id] for r in reqs]
-        except AttributeError:
+            sts = list(map(self._by_req.__getitem__, reqs))
+        except (KeyError, TypeError):  # requests that are not hashable (test doubles)
+            states = self._reqs
             sts = [states[_req_id(r)] for r in reqs]
         # Two batches: a plain step's decoding head of ``running`` and a leap's whole batch
         # alternate.
@@ -548,15 +567,25 @@ class PromRecorder:
         self._stream.discard(st)
         self._stream_batch = None
 
-    def _stream_step(self, sts: list[_RequestStats], t: float, m: int, observe) -> None:
+    def _buffer_gaps(self, values: list[float]) -> None:
+        self._itl_vals.extend(values)
+        self._itl_counts.extend(repeat(1, len(values)))
+
+    def _buffer_gap(self, value: float, times: int) -> None:
+        self._itl_vals.append(value)
+        self._itl_counts.append(times)
+
+    def _stream_step(self, sts: list[_RequestStats], t: float, m: int, observe,
+                     observe_repeated) -> None:
         """Every state of ``sts`` emits a token at ``t`` (the first of a run of steps): their
-        inter-token gaps go to ``observe`` in ``sts`` order, members that missed the step
+        inter-token gaps go to ``observe`` (a list) or ``observe_repeated`` (one gap for
+        all), in ``sts`` order; members that missed the step
         leave the stream, newcomers join it. Advances the stream by ``m`` steps ending at
         ``t`` (a leap advances it itself, by its number of steps)."""
         stream = self._stream
         if sts is self._stream_batch:
             # The same batch as the stream's: one gap for all, added one by one in C.
-            observe(repeat(t - self._stream_t, len(sts)))
+            observe_repeated(t - self._stream_t, len(sts))
         else:
             cur = set(sts)
             for st in stream - cur:
@@ -573,7 +602,7 @@ class PromRecorder:
                     st.stream_join = count
                 stream |= newcomers
             else:
-                observe(repeat(t - self._stream_t, len(sts)))
+                observe_repeated(t - self._stream_t, len(sts))
             self._stream_batch = sts
         if m:
             self._stream_count += m
@@ -634,7 +663,7 @@ class PromRecorder:
         self.generation_tokens += k * m
         self.h_iteration.observe_repeated(float(k), m)
         first, last = times[0], times[-1]
-        self._stream_step(states, first, 0, self.h_itl.observe_many)
+        self._stream_step(states, first, 0, self.h_itl.observe_many, self.h_itl.observe_repeated)
         self._stream_count += m
         self._stream_t = last
         # each step of the leap: k requests see the same gap, in step order as a server would
@@ -655,9 +684,10 @@ class PromRecorder:
         totals over new *and* resumed admissions; the exporter counts only first admissions,
         which the recorder tracks itself from ``on_scheduled``."""
         self._flush_before(t)
-        if self._itl_buf:
-            self.h_itl.observe_many(self._itl_buf)
-            self._itl_buf = []
+        if self._itl_vals:
+            self.h_itl.observe_runs(self._itl_vals, self._itl_counts)
+            self._itl_vals = []
+            self._itl_counts = []
         if self._iter_has_output:
             self.h_iteration.observe(self._iter_tokens)
         self._iter_has_output = False
@@ -691,6 +721,10 @@ class PromRecorder:
         if st.max_tokens:
             self.h_max_tokens.observe(st.max_tokens)
         del self._reqs[_req_id(req)]
+        try:
+            self._by_req.pop(req, None)
+        except TypeError:
+            pass
         self._last_batches.clear()
 
     # --- exposition ----------------------------------------------------------------------------
@@ -727,9 +761,10 @@ class PromRecorder:
         """Each family as (its values, text, JSON-escaped text). A family whose values did
         not change since the last rendering is reused as is: between two scrapes most
         families (every per-request histogram until a request finishes) stay the same."""
-        if self._itl_buf:
-            self.h_itl.observe_many(self._itl_buf)
-            self._itl_buf = []
+        if self._itl_vals:
+            self.h_itl.observe_runs(self._itl_vals, self._itl_counts)
+            self._itl_vals = []
+            self._itl_counts = []
         out: list[tuple[Any, str, str]] = []
         cache = self._family_cache
         base = self._base_str
