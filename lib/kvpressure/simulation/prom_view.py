@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from bisect import bisect_left, bisect_right
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from itertools import accumulate, chain, repeat
@@ -128,17 +128,6 @@ class _Histogram:
         self.total = deque(accumulate(repeat(value, times), initial=self.total), maxlen=1)[0]
         self.n += times
 
-    def observe_each_repeated(self, values: list[float], times: int) -> None:
-        """``observe_repeated(v, times)`` for each ``v`` of ``values`` in order."""
-        if not values or times <= 0:
-            return
-        bounds, counts = self.bounds, self.counts
-        for v, c in Counter(values).items():
-            counts[bisect_left(bounds, v)] += c * times
-        seq = chain.from_iterable(map(repeat, values, repeat(times)))
-        self.total = deque(accumulate(seq, initial=self.total), maxlen=1)[0]
-        self.n += times * len(values)
-
     def observe_runs(self, values: list[float], times: list[int]) -> None:
         """``times[i]`` observations of ``values[i]``, in order."""
         bounds, counts = self.bounds, self.counts
@@ -147,18 +136,6 @@ class _Histogram:
         seq = chain.from_iterable(map(repeat, values, times))
         self.total = deque(accumulate(seq, initial=self.total), maxlen=1)[0]
         self.n += sum(times)
-
-    def observe_many(self, values: Iterable[float]) -> None:
-        """Each value in order; the buckets by distinct value, the running sum as a server
-        adds them one by one."""
-        values = values if isinstance(values, list) else list(values)
-        if not values:
-            return
-        bounds, counts = self.bounds, self.counts
-        for v, c in Counter(values).items():
-            counts[bisect_left(bounds, v)] += c
-        self.total = deque(accumulate(values, initial=self.total), maxlen=1)[0]
-        self.n += len(values)
 
 
 def format_value(value: float) -> str:
@@ -336,7 +313,7 @@ class PromRecorder:
         self.h_n = _Histogram(REQUEST_PARAMS_N_BUCKETS)
         self.h_max_tokens = _Histogram(tok)
         self.h_ttft = _Histogram(TIME_TO_FIRST_TOKEN_BUCKETS)
-        self.h_itl = _Histogram(INTER_TOKEN_LATENCY_BUCKETS)
+        self._h_itl = _Histogram(INTER_TOKEN_LATENCY_BUCKETS)
         self.h_tpot = _Histogram(INTER_TOKEN_LATENCY_BUCKETS)
         self.h_e2e = _Histogram(REQUEST_LATENCY_BUCKETS)
         self.h_queue = _Histogram(REQUEST_LATENCY_BUCKETS)
@@ -351,7 +328,7 @@ class PromRecorder:
         self._bucket_label_cache: dict[tuple[float, ...], list[str]] = {}
         self._family_cache: dict[str, tuple[Any, str, str]] = {}
         self._histogram_frames: dict[str, tuple[str, list[str], str, str, str]] = {}
-        # Inter-token gaps of the step being assembled, as runs (gap, how many requests).
+        # Inter-token gaps not yet in h_itl, in order, as runs (gap, how many requests).
         self._itl_vals: list[float] = []
         self._itl_counts: list[int] = []
         # The decode stream: the states that emitted one token in every bulk step (plain
@@ -366,6 +343,18 @@ class PromRecorder:
         self._stream_t = 0.0
         # (requests, their states) of the last bulk hooks: see _states_of.
         self._last_batches: list[tuple[list[Any], list[_RequestStats]]] = []
+
+    @property
+    def h_itl(self) -> _Histogram:
+        """The inter-token latency histogram, with every buffered gap observed."""
+        self._observe_buffered_gaps()
+        return self._h_itl
+
+    def _observe_buffered_gaps(self) -> None:
+        if self._itl_vals:
+            self._h_itl.observe_runs(self._itl_vals, self._itl_counts)
+            self._itl_vals = []
+            self._itl_counts = []
 
     @classmethod
     def for_step_clock(cls, scenario: Any, t0: float = 1.0, dt: float = 0.015625,
@@ -663,11 +652,13 @@ class PromRecorder:
         self.generation_tokens += k * m
         self.h_iteration.observe_repeated(float(k), m)
         first, last = times[0], times[-1]
-        self._stream_step(states, first, 0, self.h_itl.observe_many, self.h_itl.observe_repeated)
+        self._stream_step(states, first, 0, self._buffer_gaps, self._buffer_gap)
         self._stream_count += m
         self._stream_t = last
         # each step of the leap: k requests see the same gap, in step order as a server would
-        self.h_itl.observe_each_repeated(list(map(sub, times[1:], times[:-1])), k)
+        gaps = list(map(sub, times[1:], times[:-1]))
+        self._itl_vals.extend(gaps)
+        self._itl_counts.extend(repeat(k, len(gaps)))
 
     def on_step_end(
         self,
@@ -684,10 +675,8 @@ class PromRecorder:
         totals over new *and* resumed admissions; the exporter counts only first admissions,
         which the recorder tracks itself from ``on_scheduled``."""
         self._flush_before(t)
-        if self._itl_vals:
-            self.h_itl.observe_runs(self._itl_vals, self._itl_counts)
-            self._itl_vals = []
-            self._itl_counts = []
+        # The step's inter-token gaps stay buffered (in order, with the leaps' ones) until the
+        # next rendering: one bulk observation per scrape instead of one per step.
         if self._iter_has_output:
             self.h_iteration.observe(self._iter_tokens)
         self._iter_has_output = False
@@ -761,10 +750,7 @@ class PromRecorder:
         """Each family as (its values, text, JSON-escaped text). A family whose values did
         not change since the last rendering is reused as is: between two scrapes most
         families (every per-request histogram until a request finishes) stay the same."""
-        if self._itl_vals:
-            self.h_itl.observe_runs(self._itl_vals, self._itl_counts)
-            self._itl_vals = []
-            self._itl_counts = []
+        self._observe_buffered_gaps()
         out: list[tuple[Any, str, str]] = []
         cache = self._family_cache
         base = self._base_str
