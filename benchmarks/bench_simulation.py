@@ -4,7 +4,8 @@ Runs the heavy reference workload and a generated large closed-loop workload (2,
 requests, concurrency 256, 12,000 blocks), each step by step and event-driven, and prints
 simulated steps/s, scheduled tokens/s, loop wall, the event-driven / step-by-step ratio, the
 ratio to vLLM 0.33.0's own scheduler loop, the wall time of a whole ``kvpressure simulate``
-process, and the peak RSS of a 100,000-request open-loop run (in a subprocess). On a shared
+process, the peak RSS of a 100,000-request open-loop run and of a 1,000,000-request closed
+loop (in subprocesses), and the memory of 256 requests in a pool of 10^9 blocks. On a shared
 machine the loop's CPU time (``time.process_time``) is printed too: it moves much less with
 the load of other processes than the wall time.
 
@@ -83,6 +84,24 @@ def closed_loop_1m(seed: int = 11) -> dict:
             "settings": {"num_gpu_blocks": 20000, "block_size": 16, "max_num_seqs": 256,
                          "max_num_batched_tokens": 8192, "enable_prefix_caching": False},
             "requests": requests}
+
+
+def big_pool(num_gpu_blocks: int, caching: bool) -> tuple[float, int]:
+    """Wall time and peak traced memory of 256 short requests in a huge pool."""
+    import tracemalloc
+
+    reqs = [{"id": f"r{i}", "prompt_len": 30, "output_len": 10 + i % 7} for i in range(256)]
+    sc = load_scenario({"name": "big_pool", "mode": {"type": "closed", "concurrency": 256},
+                        "settings": {"num_gpu_blocks": num_gpu_blocks, "block_size": 16,
+                                     "max_num_seqs": 256, "enable_prefix_caching": caching},
+                        "requests": reqs})
+    tracemalloc.start()
+    t = time.perf_counter()
+    simulate(sc)
+    wall = time.perf_counter() - t
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return wall, peak
 
 
 def best_run(scenario, event_driven: bool, repeat: int):
@@ -167,6 +186,11 @@ def main() -> None:
             print(f"== open loop, 100,000 requests: {m['steps']} steps, loop "
                   f"{m['loop_wall_s']:.1f} s, peak RSS {m['peak_rss_mib']:.0f} MiB "
                   f"(limit 2048 MiB)")
+            for caching in (False, True):
+                wall, peak = big_pool(10**9, caching)
+                print(f"== 256 requests in a pool of 10^9 blocks (prefix caching "
+                      f"{'on' if caching else 'off'}): {wall:.2f} s, peak traced memory "
+                      f"{peak / 2**20:.1f} MiB")
             p = Path(tmp) / "closed_1m.json"
             p.write_text(json.dumps(closed_loop_1m()))
             out = subprocess.run([sys.executable, __file__, "--memory-child", str(p)],
