@@ -37,7 +37,7 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain, groupby, repeat
 from operator import sub
 from pathlib import Path
 from typing import Any
@@ -561,8 +561,13 @@ class PromRecorder:
         self._itl_counts.extend(repeat(1, len(values)))
 
     def _buffer_gap(self, value: float, times: int) -> None:
-        self._itl_vals.append(value)
-        self._itl_counts.append(times)
+        vals = self._itl_vals
+        if vals and vals[-1] == value:
+            # the same gap as the run before it (consecutive steps of a fixed clock): one run
+            self._itl_counts[-1] += times
+        else:
+            vals.append(value)
+            self._itl_counts.append(times)
 
     def _stream_step(self, sts: list[_RequestStats], t: float, m: int, observe,
                      observe_repeated) -> None:
@@ -656,9 +661,8 @@ class PromRecorder:
         self._stream_count += m
         self._stream_t = last
         # each step of the leap: k requests see the same gap, in step order as a server would
-        gaps = list(map(sub, times[1:], times[:-1]))
-        self._itl_vals.extend(gaps)
-        self._itl_counts.extend(repeat(k, len(gaps)))
+        for gap, same in groupby(map(sub, times[1:], times[:-1])):
+            self._buffer_gap(gap, k * sum(1 for _ in same))
 
     def on_step_end(
         self,
