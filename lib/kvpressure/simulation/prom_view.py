@@ -577,9 +577,11 @@ class PromRecorder:
         leave the stream, newcomers join it. Advances the stream by ``m`` steps ending at
         ``t`` (a leap advances it itself, by its number of steps)."""
         stream = self._stream
-        if sts is self._stream_batch:
-            # The same batch as the stream's: one gap for all, added one by one in C.
+        if sts is self._stream_batch or (len(sts) == len(stream) and stream.issuperset(sts)):
+            # The batch is the stream (a batch holds each request once): one gap for all,
+            # added one by one in C.
             observe_repeated(t - self._stream_t, len(sts))
+            self._stream_batch = sts
         else:
             cur = set(sts)
             for st in stream - cur:
