@@ -557,8 +557,8 @@ class PromRecorder:
         self._stream_batch = None
 
     def _buffer_gaps(self, values: list[float]) -> None:
-        self._itl_vals.extend(values)
-        self._itl_counts.extend(repeat(1, len(values)))
+        for gap, same in groupby(values):  # mostly one gap shared by most of the batch
+            self._buffer_gap(gap, len(list(same)))
 
     def _buffer_gap(self, value: float, times: int) -> None:
         vals = self._itl_vals
@@ -664,7 +664,7 @@ class PromRecorder:
         self._stream_t = last
         # each step of the leap: k requests see the same gap, in step order as a server would
         for gap, same in groupby(map(sub, times[1:], times[:-1])):
-            self._buffer_gap(gap, k * sum(1 for _ in same))
+            self._buffer_gap(gap, k * len(list(same)))
 
     def on_step_end(
         self,
