@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import yaml
 
 from kvpressure.cli import main
 from kvpressure.paths import data_dir
+from kvpressure.pipeline.point_marker import POINT_MARKER
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -49,16 +51,19 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def _kill_at_random(argv: list[str], delay: float, tmp: Path, children: int = 1) -> set[int]:
-    """Start the command, wait for it to start ``children`` processes (its workers), kill -9 it
-    ``delay`` seconds later; return every descendant seen."""
+def _kill_at_random(argv: list[str], delay: float, tmp: Path, children: int = 1,
+                    after: Callable[[], bool] | None = None) -> set[int]:
+    """Start the command, wait for it to start ``children`` processes (its workers) and for
+    ``after()`` to hold (some output written), kill -9 it ``delay`` seconds later; return every
+    descendant seen."""
     proc = subprocess.Popen([sys.executable, "-m", "kvpressure.cli", *argv], cwd=tmp,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: set[int] = set()
     end = time.monotonic() + 120
-    while time.monotonic() < end and proc.poll() is None and len(seen) < children:
+    while time.monotonic() < end and proc.poll() is None and (
+            len(seen) < children or (after is not None and not after())):
         seen |= _descendants(proc.pid)
-        time.sleep(0.02)
+        time.sleep(0.005)
     end = time.monotonic() + delay
     while time.monotonic() < end and proc.poll() is None:
         seen |= _descendants(proc.pid)
@@ -99,10 +104,16 @@ def test_sweep_killed_at_random_moments_then_rerun(tmp_path):
     rng = random.Random(11)
     out = tmp_path / "killed"
     partial = tmp_path / ".killed.kvpressure-partial"
+
+    def first_point_done() -> bool:
+        # The kill lands mid-run whatever this machine's speed: once a point is complete.
+        return partial.is_dir() and any(partial.rglob(POINT_MARKER))
+
     left_partial = False
     for _ in range(2):
         seen = _kill_at_random(["sweep", str(CI_SMALL), "--out", str(out), *SWEEP, "--force"],
-                               rng.uniform(0.2, 1.5), tmp_path, children=2)
+                               rng.uniform(0.0, 0.05), tmp_path, children=2,
+                               after=first_point_done)
         assert len(seen) >= 2, "killed before the pool started: nothing was tested"
         assert not _left_alive(seen), "workers outlived the killed sweep"
         left_partial |= partial.exists()
