@@ -132,10 +132,13 @@ def test_a_stopped_sweep_exits_130_with_one_line_and_no_folder(tmp_path, signum)
         [sys.executable, "-m", "kvpressure.cli", "sweep", str(CI_SMALL), "--out", str(out),
          *SWEEP], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen: set[int] = set()
-    end = time.monotonic() + 2.0
-    while time.monotonic() < end and proc.poll() is None:
+    partial = tmp_path / ".out.kvpressure-partial"
+    end = time.monotonic() + 120
+    # Signalled mid-run: once the first point is complete.
+    while time.monotonic() < end and proc.poll() is None and not (
+            partial.is_dir() and any(partial.rglob(POINT_MARKER))):
         seen |= _descendants(proc.pid)
-        time.sleep(0.05)
+        time.sleep(0.005)
     if proc.poll() is not None:
         pytest.skip("the sweep finished before the signal")
     proc.send_signal(signum)
