@@ -17,11 +17,12 @@ export MPLBACKEND := Agg
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 unexport JUPYTER_PATH
 
-.PHONY: report test e2e lab bench lock lint clean help
+.PHONY: report test test-fast e2e lab bench lock lint clean help
 
 help:
 	@echo "make report   run the investigation on the built-in seed case -> reports/$(NAME)/"
-	@echo "make test     every test: pytest on tests/ and nbval on notebooks/"
+	@echo "make test     every test: make test-fast, then make e2e"
+	@echo "make test-fast  lint, pytest on tests/, nbval on notebooks/ (no real vLLM)"
 	@echo "make e2e      kvpressure collect against a real vLLM server (CPU build, own venv);"
 	@echo "              kvpressure verify-vllm against that vLLM's scheduler"
 	@echo "make lab      open the notebooks in JupyterLab"
@@ -39,7 +40,11 @@ $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
 report: $(VENV)/.synced
 	$(BIN)/kvpressure report --experiment $(EXPERIMENT) --out reports/$(NAME)
 
-test: $(VENV)/.synced
+# Every test: the fast lane, then the end-to-end suite against a real vLLM server.
+test: test-fast e2e
+
+# The inner loop: lint, pytest on tests/ (without tests/e2e) and nbval on notebooks/.
+test-fast: $(VENV)/.synced
 	scripts/system-deps.sh
 	$(BIN)/ruff check lib tests benchmarks
 	$(BIN)/python -m kvpressure.pipeline.lab --install-filter --verify
