@@ -384,7 +384,7 @@ def recompute_range(
         if ctx is not None and ctx > victim:
             # A resumed request goes back to the tail of the running list and is the next
             # victim, now with output tokens too: a share of the victims may hold the mean
-            # resident context, never above D4's high end.
+            # resident context, never above the held-context high end.
             high = max(high, min(p * ctx, high + RESUMED_VICTIM_SHARE * p * (ctx - victim)))
             assumptions.append(
                 f"high: {RESUMED_VICTIM_SHARE:.0%} of the victims may be resumed requests "
@@ -394,7 +394,7 @@ def recompute_range(
             unknown = " and ".join(name for name, v in (("policy", policy), (
                 "scheduler_reserve_full_isl", scheduler_reserve_full_isl)) if v is None)
             assumptions.append(f"{unknown} unknown: the FCFS point with full-sequence admission "
-                               "(vLLM's defaults), the range spanning the D4 range too (give "
+                               "(vLLM's defaults), the range spanning the held-context range too (give "
                                "the engine arguments to narrow it)")
             assumptions.extend(_d4_assumptions(caching, hit_rate, d4["fallbacks"],
                                                with_point=False))
@@ -407,7 +407,7 @@ def recompute_range(
                 "rate")
     elif d4_ok:
         low, point, high, victim = d4["low"], d4["point"], d4["high"], d4["context"]
-        method = "mean context held per running request (spec D4)"
+        method = "mean context held per running request (docs/scheduler.md, REC-ESTIMATE)"
         assumptions.extend(_d4_assumptions(caching, hit_rate, d4["fallbacks"]))
     else:
         missing = [name for name, v in (("num_gpu_blocks", n_blocks), ("block_size", b_size))
