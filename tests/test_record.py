@@ -178,7 +178,7 @@ def test_throughput_curve_must_be_ordered():
 def test_load_record_names_yaml_line(tmp_path):
     bad = tmp_path / "record.yaml"
     bad.write_text("scheduler:\n  policy: [unclosed\n")
-    with pytest.raises(InputError, match=r"record.yaml, line \d+"):
+    with pytest.raises(InputError, match=r"record.yaml line \d+"):
         load_record(bad)
 
 

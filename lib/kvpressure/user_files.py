@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from kvpressure.errors import InputError
 
@@ -33,3 +34,15 @@ def read_user_text(path: str | os.PathLike[str], what: str = "file") -> str:
         raise InputError(f"{p}, line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at "
                          f"offset {exc.start}); save the {what} as UTF-8") from None
     return text.removeprefix("\ufeff")
+
+
+def parse_user_yaml(text: str, where: str | os.PathLike[str]) -> Any:
+    """``text`` parsed as YAML; InputError naming ``where`` and the line when it is not YAML."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{os.fspath(where)}{line}: not valid YAML: {exc}") from None

@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from kvpressure.errors import InputError
+from kvpressure.ingestion.prom_api import check_url
 
 # The plain text format keeps vLLM's colons in metric names (OpenMetrics negotiation escapes them).
 ACCEPT = "text/plain; version=0.0.4"
@@ -76,17 +77,6 @@ class ScrapeLog:
     def to_dict(self) -> dict:
         return {"path": str(self.path), "scrapes": self.scrapes, "failures": self.failures,
                 "gave_up": self.gave_up}
-
-
-def check_url(url: str, option: str = "URL") -> str:
-    """``url`` when it is an http(s) URL with a host; InputError naming it otherwise."""
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError, ValueError) as exc:
-        raise InputError(f"{option} {url!r}: not a URL ({exc})") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise InputError(f"{option} {url!r}: give an http:// or https:// URL with a host")
-    return url
 
 
 def _positive(value: float | None, option: str, unit: str = " seconds") -> None:

@@ -146,14 +146,16 @@ def _windows(start: float, end: float, span: float) -> list[tuple[float, float]]
     return out or [(start, end)]
 
 
-def check_url(url: str) -> str:
-    """``url`` if it is a usable http(s) URL; InputError naming it otherwise."""
+def check_url(url: str, option: str = "") -> str:
+    """``url`` if it is a usable http(s) URL; InputError naming it (and the option that gave
+    it) otherwise."""
+    where = f"{option} {url!r}" if option else url
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError, ValueError) as exc:
-        raise InputError(f"{url}: not a valid URL ({exc})") from None
+        raise InputError(f"{where}: not a valid URL ({exc})") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise InputError(f"{url}: not an http(s) URL with a host")
+        raise InputError(f"{where}: not an http(s) URL with a host")
     return url
 
 

@@ -130,7 +130,7 @@ def read_yaml_with_lines(path: Path) -> tuple[Any, dict[str, int]]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{path}{line}: not valid YAML: {exc}") from exc
+        raise InputError(f"{path}{line}: not valid YAML: {exc}") from None
     lines: dict[str, int] = {}
     if isinstance(node, yaml.MappingNode):
         for key_node, _ in node.value:

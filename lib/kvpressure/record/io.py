@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from kvpressure.errors import InputError
 from kvpressure.record.schema import Record
-from kvpressure.user_files import read_user_text
+from kvpressure.user_files import parse_user_yaml, read_user_text
 
 HEADER = (
     "# kvpressure investigation record (fields as in the workflow's record form).\n"
@@ -80,10 +80,5 @@ def write_record(record: Record | dict[str, Any], path: str | os.PathLike[str]) 
 def load_record(path: str | os.PathLike[str]) -> Record:
     """Read and validate a ``record.yaml``."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(read_user_text(path, "record"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f", line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{path}{line}: not valid YAML: {exc}") from None
+    data = parse_user_yaml(read_user_text(path, "record"), path)
     return validate_record(data, where=str(path))

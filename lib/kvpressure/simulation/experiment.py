@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvpressure.errors import InputError
@@ -56,7 +55,7 @@ from kvpressure.simulation.workload import (
     format_validation_error,
     generate_requests,
 )
-from kvpressure.user_files import read_user_text
+from kvpressure.user_files import parse_user_yaml, read_user_text
 
 # Engine arguments an experiment (or an override) may set, with the scenario setting each maps
 # to (None: used only to size the KV pool).
@@ -557,13 +556,7 @@ def load_experiment(path: str | Path) -> Experiment:
     if not p.is_file():
         raise InputError(f"{path}: experiment file not found")
     text = read_user_text(p, "experiment file")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{p}{line}: not valid YAML: {exc}") from None
-    return experiment_from_dict(data, p, text)
+    return experiment_from_dict(parse_user_yaml(text, p), p, text)
 
 
 def experiment_from_dict(data: Any, path: Path | None = None, text: str | None = None

@@ -29,11 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kvpressure.errors import InputError
 from kvpressure.simulation.experiment import ALIASES, ENGINE_ARGS
-from kvpressure.user_files import read_user_text
+from kvpressure.user_files import parse_user_yaml, read_user_text
 
 # tensor_parallel_size is not an engine argument of the scheduler but changes the pool, the
 # step time and whether vLLM starts at all (heads must divide across the ranks).
@@ -152,13 +150,7 @@ def load_grid_file(path: str | Path) -> tuple[dict[str, list[Any]], str | None]:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{path}: grid file not found")
-    text = read_user_text(p, "grid file")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{p}{line}: not valid YAML: {exc}") from None
+    data = parse_user_yaml(read_user_text(p, "grid file"), p)
     if not isinstance(data, dict) or not isinstance(data.get("parameters"), dict):
         raise InputError(f"{p}: expected a mapping with a 'parameters' mapping "
                          "(parameter: values)")
