@@ -72,6 +72,23 @@ def test_same_dump_without_max_num_seqs_says_what_is_missing(tmp_path):
     assert "num_preemptions_total" in rec.evidence.reasons[0]
 
 
+def test_real_vllm_dumps_idle_and_loaded(tmp_path):
+    """``/metrics`` exactly as a real vLLM 0.32.0 server served it (tests/data/real/README.md)."""
+    idle = load_record(analyse(tmp_path / "i", source=str(REAL / "vllm_0.32_cpu_idle.prom"),
+                               engine_args={"max_num_seqs": 32}))
+    assert idle.status == NOT_ESTABLISHED and "no load in the data" in idle.evidence.reasons[0]
+    assert idle.counters.num_preemptions_total == 0
+    rec = load_record(analyse(tmp_path / "l", source=str(REAL / "vllm_0.32_cpu_loaded.prom"),
+                              engine_args={"max_num_seqs": 32}))
+    c = rec.counters
+    assert c.window.snapshot
+    # The values on the wire, and the pool from vllm:cache_config_info.
+    assert (c.num_requests_running, c.waiting_capacity, c.kv_cache_usage_perc) == (6, 19, 1.0)
+    assert c.num_preemptions_total == 20  # since the server started
+    assert (rec.scheduler.num_gpu_blocks, rec.scheduler.block_size) == (24, 32)
+    assert rec.status == KV_BOUND
+
+
 def test_dump_of_declared_families_only_is_refused_naming_it(tmp_path):
     with pytest.raises(InputError, match=r"declared_only\.prom.*declared.*without a single "):
         analyse(tmp_path / "r", source=str(REAL / "declared_only.prom"))
