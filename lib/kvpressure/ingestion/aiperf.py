@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.ingestion.sources import open_text
+from kvpressure.ingestion.sources import open_text, parse_json
 
 FORMAT = "aiperf"
 NaN = math.nan
@@ -105,10 +104,7 @@ def read(path: Path, run: str, notes: list[str]) -> list[dict[str, Any]]:
     with open_text(path) as fh:
         text = fh.read()
     if text.lstrip().startswith("{"):
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: JSON that does not parse ({exc.msg})") from None
+        obj = parse_json(text, path)
         if not isinstance(obj, dict):
             raise InputError(f"{path}: not an AIPerf export (a JSON object of metrics)")
         config = obj.get("input_config") if isinstance(obj.get("input_config"), dict) else {}

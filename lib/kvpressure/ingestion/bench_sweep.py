@@ -26,7 +26,7 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.bench import bench_row
-from kvpressure.ingestion.sources import open_text
+from kvpressure.ingestion.sources import open_text, parse_json
 
 FORMAT = "vllm_sweep"
 # Fields of a vllm bench serve result (the rest of a sweep row is the combination's settings).
@@ -67,10 +67,7 @@ def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
     with open_text(path) as fh:
         text = fh.read()
     if text.lstrip().startswith("["):
-        try:
-            objs = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: JSON that does not parse ({exc.msg})") from None
+        objs = parse_json(text, path)
         return [(f"{path}: item {k + 1}", o) for k, o in enumerate(objs)]
     reader = csv.DictReader(io.StringIO(text))
     out = []

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.ingestion.sources import open_text
+from kvpressure.ingestion.sources import open_text, parse_json
 
 FORMAT = "guidellm"
 NaN = math.nan
@@ -76,10 +76,7 @@ def _load(path: Path) -> Any:
     with open_text(path) as fh:
         text = fh.read()
     if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: JSON that does not parse ({exc.msg})") from None
+        return parse_json(text, path)
     import yaml
 
     try:

@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.log_lines import (
@@ -67,6 +68,14 @@ def open_text(path: Path) -> io.TextIOBase:
     if magic == _GZIP_MAGIC:
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
     return open(path, encoding="utf-8", errors="replace")
+
+
+def parse_json(text: str, path: Path) -> Any:
+    """``text`` (the content of ``path``) as JSON; InputError naming the file otherwise."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: JSON that does not parse ({exc.msg})") from None
 
 
 def _head(path: Path, size: int = 65536) -> str:
