@@ -22,30 +22,7 @@ preemptions) rather than to the number of running requests. A request handed to 
 hook is always up to date (with a per-token recorder, that costs one update per member and
 step); the counters of other running requests may lag until they are next touched.
 
-Recorder protocol (all optional methods; times in seconds)
-----------------------------------------------------------
-* ``on_arrival(req, t)``: submission (open loop in time: ``t`` = the request's
-  ``arrival_time_s``; otherwise the start of the step it is submitted before).
-* ``on_scheduled(req, t)``: each admission (new or resumed), ``t`` = start of the step.
-* ``on_preempted(req, t)``: each preemption, ``t`` = start of the step.
-* ``on_output(req, t, new_tokens, finished)``: one output of one request, ``t`` = end of the
-  step (the next step's start).
-* ``on_decode_tokens(reqs, t)`` (optional): in one step, every request of ``reqs`` emitted
-  one decode token (not its first, not its last) stamped ``t``; part of that step's
-  iteration like its ``on_output`` calls, which it replaces for those requests. Only the
-  requests' identity may be read (their counters may lag). Without it, ``on_output``.
-* ``on_decode_leap(reqs, times)``: event-driven path: every request of ``reqs`` emitted one
-  token at each time of ``times`` (a sequence, one per step); none finished in these steps.
-  Only the requests' identity may be read (their counters may lag).
-* ``on_step_end(t, num_running, num_waiting, num_waiting_deferred, kv_usage,
-  prefix_queries, prefix_hits)``: after ``update_from_output`` of a step; ``t`` = end of the
-  step; ``prefix_*`` are that step's prefix-cache query/hit tokens (successful admissions).
-* ``on_steps_end(times, num_running, num_waiting, num_waiting_deferred, kv_usage,
-  prefix_queries, prefix_hits)``: the vectorised form for a run of leapt steps; every
-  argument is a sequence with one entry per step (numpy arrays in time mode, lists
-  otherwise). When the recorder lacks it, ``on_step_end`` is called once per step instead.
-* ``maybe_scrape(t)``: after each step's ``on_step_end`` and after each leap's
-  ``on_steps_end`` (with the last step's end time).
+Recorder: the calls it receives, and when, are the ``Recorder`` protocol (``recorder.py``).
 
 Clock: without a cost model, step ``k`` starts at ``clock.t0 + k * clock.dt`` (the reference
 harness: 1.0 + k * 0.015625 s) and its outputs are stamped one step later. With a cost model,
@@ -63,6 +40,7 @@ from typing import Any
 from kvpressure.errors import InputError
 from kvpressure.simulation.lazy_decode import LazyDecode
 from kvpressure.simulation.outputs import SimResult, StepsTable, percentile
+from kvpressure.simulation.recorder import RecorderHooks
 from kvpressure.simulation.request import FINISHED_LENGTH_CAPPED, PREEMPTED, RUNNING, Request
 from kvpressure.simulation.scenario import Scenario
 from kvpressure.simulation.scheduler import Scheduler, SchedulerOutput
@@ -145,15 +123,17 @@ class _Engine:
         self.itl_values: list[float] = []
         self.itl_weights: list[int] = []
         self.recompute_time_s = 0.0
-        self.r_arrival = getattr(rec, "on_arrival", None)
-        self.r_scheduled = getattr(rec, "on_scheduled", None)
-        self.r_preempted = getattr(rec, "on_preempted", None)
-        self.r_output = getattr(rec, "on_output", None)
-        self.r_leap = getattr(rec, "on_decode_leap", None)
-        self.r_tokens = getattr(rec, "on_decode_tokens", None)
-        self.r_step_end = getattr(rec, "on_step_end", None)
-        self.r_steps_end = getattr(rec, "on_steps_end", None)
-        self.r_scrape = getattr(rec, "maybe_scrape", None)
+        # Looked up once (recorder.py): a recorder may implement only part of the contract.
+        hooks = self.hooks = RecorderHooks(rec)
+        self.r_arrival = hooks.on_arrival
+        self.r_scheduled = hooks.on_scheduled
+        self.r_preempted = hooks.on_preempted
+        self.r_output = hooks.on_output
+        self.r_leap = hooks.on_decode_leap
+        self.r_tokens = hooks.on_decode_tokens
+        self.r_step_end = hooks.on_step_end
+        self.r_steps_end = hooks.on_steps_end
+        self.r_scrape = hooks.maybe_scrape
         if self.timed:
             import numpy as np
 
@@ -261,7 +241,7 @@ class _Engine:
             else:
                 idle_steps = 0
         loop_wall = _time.perf_counter() - t_wall
-        finish = getattr(self.recorder, "finish", None)
+        finish = self.hooks.finish
         if finish is not None and len(self.steps):
             finish(self.t if self.timed
                    else self.clock.t0 + self.step * self.clock.dt)
@@ -459,7 +439,7 @@ class _Engine:
                     free_after = free_after[:K]
         else:
             ends = None
-        scrape_at = getattr(self.recorder, "next_scrape_time", None)
+        scrape_at = self.hooks.next_scrape_time()
         if scrape_at is not None:
             # End the leap with the step whose outputs reach the recorder's next scrape, so
             # that the scrape sees exactly what the step-by-step path shows it.
