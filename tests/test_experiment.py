@@ -11,7 +11,6 @@ from kvpressure.errors import InputError
 from kvpressure.paths import data_dir
 from kvpressure.profiles.kvpool import size_kv_pool
 from kvpressure.simulation.experiment import (
-    build_point,
     experiment_from_dict,
     list_experiments,
     load_experiment,
@@ -82,9 +81,9 @@ def test_overrides_resize_the_pool_or_replace_it(tmp_path):
         exp.build_point(concurrency=2, overrides={"gpu_memory_utilization": 1.5})
 
 
-def test_module_level_build_point_gives_a_recorder(tmp_path):
+def test_point_gives_a_recorder(tmp_path):
     exp = load_experiment(_write(tmp_path, SMALL))
-    point = build_point(exp, overrides={"max_num_seqs": 4})
+    point = exp.point(overrides={"max_num_seqs": 4})
     assert point.scenario.settings.max_num_seqs == 4
     assert point.recorder.cache_config["num_gpu_blocks"] == point.settings["num_gpu_blocks"]
     assert point.variant == "max_num_seqs=4"

@@ -106,11 +106,6 @@ class HardwareProfile:
     def nameplate_memory_bytes(self) -> int:
         return self.memory_bytes
 
-    @property
-    def ridge_point(self) -> float:
-        """FLOPs per byte above which a kernel is compute-bound (peak_flops / hbm_bandwidth)."""
-        return self.peak_flops / self.hbm_bandwidth
-
     def allreduce_bandwidth(self, tp: int) -> float:
         """Effective all-reduce bandwidth (B/s) of a ``tp``-card group for the ring formula.
 

@@ -13,12 +13,6 @@ from kvpressure.record.io import validate_record
 from kvpressure.record.schema import Record, check_path, null_fields
 
 
-def _required(value: Any, what: str) -> Any:
-    if value is None:
-        raise InputError(f"record: {what} is not known (no stage measured it)")
-    return value
-
-
 def _length(d: dict[str, Any], what: str) -> dict[str, Any]:
     if not d.get("description"):
         raise InputError(f"record: workload.{what}: no description of where it comes from")

@@ -571,13 +571,5 @@ def experiment_from_dict(data: Any, path: Path | None = None, text: str | None =
     return Experiment(config, path, text)
 
 
-def build_point(experiment: Experiment, concurrency: int | None = None,
-                request_rate: float | None = None, overrides: dict[str, Any] | None = None
-                ) -> Point:
-    """Module-level form: the focus variant's point unless ``overrides`` say otherwise."""
-    return experiment.point(concurrency=concurrency, request_rate=request_rate,
-                            overrides=overrides)
-
-
 def list_experiments() -> list[str]:
     return sorted(p.stem for p in (data_dir() / "experiments").glob("*.yaml"))

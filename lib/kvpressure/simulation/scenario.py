@@ -101,14 +101,6 @@ class Scenario:
     annotations: dict[str, Any] = field(default_factory=dict)
     source: str = "<dict>"
 
-    def with_settings(self, **overrides: Any) -> Scenario:
-        """A copy with some settings replaced (validated like ``--set``)."""
-        raw = {k: v for k, v in self.settings.to_dict().items()}
-        raw.update(overrides)
-        return _build(self.name, self.description, self.seed, self.mode, self.concurrency,
-                      raw, self.prefix_groups, self.requests, self.annotations, self.source,
-                      explicit=set(raw))
-
 
 def _where(source: str) -> str:
     return f"{source}: " if source else ""
