@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_twin.py                 # (a) and (b), simulated, ~1 min
     .venv/bin/python benchmarks/bench_twin.py --real          # plus (c), real vLLM, ~30 min
+    .venv/bin/python benchmarks/bench_twin.py --real --no-sim --reuse   # refit on kept sweeps
 
 (a) **The simulation itself.** Sweeps simulated with known step-time coefficients (two sets:
     per-step dominated, as a CPU server, and per-token dominated), times multiplied by seeded
@@ -179,6 +180,7 @@ INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 256, 128, 0.25
 # twin replays exactly that closed loop, so a short level is compared like a long one.
 PROMPTS_PER_LEVEL = 48
 REAL_LEVELS = (2, 3, 4, 6, 8, 12, 16, 24)
+REUSE = False  # --reuse
 
 
 def _uptime() -> str:
@@ -261,7 +263,12 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _measure(venv: Path, model: Path, blocks: int, engine: dict, folder: Path, port: int,
              levels: tuple[int, ...]) -> dict:
-    """Start a server, collect a sweep, ingest it; returns timings."""
+    """Start a server, collect a sweep, ingest it; returns timings. With ``--reuse``, a folder
+    already measured and ingested is kept (the twin is refitted on it, nothing is measured)."""
+    stamp = folder / "timing.json"
+    if REUSE and stamp.is_file() and (folder / "report" / "runs.csv").is_file():
+        print(f"    reusing the sweep in {folder}", flush=True)
+        return json.loads(stamp.read_text())
     folder.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
     log = folder.parent / f"{folder.name}.server.log"
@@ -284,7 +291,9 @@ def _measure(venv: Path, model: Path, blocks: int, engine: dict, folder: Path, p
     subprocess.run([KVP, "ingest", str(folder / "bench"), str(folder / "metrics.prom.jsonl"),
                     "--run", "load", "--out", str(folder / "report"),
                     "--scheduler-reserve-full-isl", isl], check=True, capture_output=True)
-    return {"startup_s": round(startup, 1), "sweep_s": round(sweep, 1)}
+    timing = {"startup_s": round(startup, 1), "sweep_s": round(sweep, 1), "uptime": _uptime()}
+    stamp.write_text(json.dumps(timing) + "\n")
+    return timing
 
 
 def _curve(runs_dir: Path) -> pd.DataFrame:
@@ -436,7 +445,11 @@ def main() -> int:
                     help="where the real sweeps and models go")
     ap.add_argument("--port", type=int, default=18471)
     ap.add_argument("--setups", help="comma-separated names of the real setups to run")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep sweeps already measured in --work; refit the twins on them")
     args = ap.parse_args()
+    global REUSE
+    REUSE = args.reuse
     result: dict = {"uptime": _uptime()}
     if not args.no_sim:
         result["simulated"] = simulated()
