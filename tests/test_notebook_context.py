@@ -94,7 +94,7 @@ def test_stale_run_folder_is_refused(chosen, tmp_path):
     info["inputs"][0]["path"] = str(experiment)  # the same bytes, at a path this test owns
     info_path.write_text(json.dumps(info))
     assert changed_inputs(run) == []
-    assert open_run(run).info["name"] == info["name"]
+    assert open_run(run).info.name == info["name"]
     experiment.write_text(experiment.read_text() + "\n# edited after 01 ran\n")
     assert changed_inputs(run) == [f"{experiment} (edited)"]
     with pytest.raises(InputError, match=r"inputs changed.*rerun notebooks/01_collect"):

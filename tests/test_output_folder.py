@@ -124,13 +124,15 @@ def test_a_whole_point_is_reused_not_recomputed(tmp_path):
 def test_a_folder_the_notebooks_wrote_in_place_is_the_reports_to_replace(tmp_path):
     from kvpressure.pipeline.output_folder import check_replaceable
     from kvpressure.pipeline.run_folder import write_stage
+    from kvpressure.stages.results import CollectInfo, KneeResult
 
     run = tmp_path / "ci_small"
     (run / "points" / "baseline" / "c8").mkdir(parents=True)
     (run / "runs.csv").write_text("run\n")
-    write_stage(run, "collect", {"mode": "simulation"})
+    # Only whether a stage was written matters here, not what it holds.
+    write_stage(run, CollectInfo.model_construct(mode="simulation"))
     # written after the first stage, as the later notebooks do
-    write_stage(run, "knee", {})
+    write_stage(run, KneeResult.model_construct())
     (run / "record.yaml").write_text("status: x\n")
     (run / "points" / "baseline" / "c8" / "steps.csv").write_text("step\n")
     assert read_marker(run)["command"] == "notebooks"

@@ -17,8 +17,9 @@ from kvpressure.paths import REPO_ROOT
 from kvpressure.pipeline.html import embedded_images
 from kvpressure.pipeline.notebooks import NOTEBOOKS, NotebookFailed, run_notebooks
 from kvpressure.pipeline.report import make_report, parse_params
-from kvpressure.pipeline.run_folder import read_stage
 from kvpressure.record.io import load_record
+from kvpressure.stages.files import read_stage
+from kvpressure.stages.results import CollectInfo, ComparisonResult, KneeResult, VerdictResult
 from report_helpers import empty_fields
 
 EXPERIMENT = REPO_ROOT / "data" / "experiments" / "ci_small.yaml"
@@ -40,15 +41,15 @@ def test_record_is_complete_and_agrees_with_the_stages(simulated):
     allowed = [] if data["status"] == KV_BOUND else [["remedies"], []]
     assert list(empty_fields(data)) in (allowed or [[]])
     record = load_record(simulated.record_path)
-    verdict = read_stage(simulated.run_dir, "record")
-    knee = read_stage(simulated.run_dir, "knee")
-    assert record.status == verdict["status"]["status"]
+    verdict = read_stage(simulated.run_dir, VerdictResult)
+    knee = read_stage(simulated.run_dir, KneeResult)
+    assert record.status == verdict.status.status
     assert record.scheduler.preemption_mode == "recompute"
     # The curve in the record is the baseline's runs.csv rows, level by level (means over seeds).
     assert [p.concurrency for p in record.perf.throughput_by_concurrency] == [4, 8, 16, 24, 32, 48]
     assert record.perf.knee.peak_y == max(
         p.output_throughput for p in record.perf.throughput_by_concurrency)
-    assert record.perf.knee.knee_x == knee["knee"]["knee_x"]
+    assert record.perf.knee.knee_x == knee.knee["knee_x"]
     # Simulation counts recompute exactly: the range collapses to the value.
     c = record.counters
     assert c.recompute_exact and c.recompute_ratio_range == (c.recompute_ratio, c.recompute_ratio)
@@ -89,7 +90,7 @@ def test_index_html_verdict_first_with_embedded_figures(simulated):
 
 
 def test_ingested_sweep_gives_the_same_status(simulated, tmp_path):
-    settings = read_stage(simulated.run_dir, "collect")["settings"]
+    settings = read_stage(simulated.run_dir, CollectInfo).settings
     engine = {k: settings[k] for k in ("max_num_seqs", "max_num_batched_tokens",
                                        "scheduling_policy", "max_model_len")}
     source = tmp_path / "scrapes"
@@ -188,6 +189,7 @@ def _tables_with_steps(t0, t1):
     import pandas as pd
 
     from kvpressure.pipeline.collect import Tables
+    from kvpressure.stages.results import Focus
 
     # Steps of 0.1 s from t = 0: step k starts at 0.1 k, its outputs land at 0.1 (k + 1).
     n = 30
@@ -196,7 +198,9 @@ def _tables_with_steps(t0, t1):
         "num_prefill_tokens": [0] * n, "num_decode_tokens": [8] * n, "kv_usage": [0.5] * n,
         "preemptions": [0] * n, "recomputed_tokens": [0] * n, "num_scheduled_tokens": [8] * n,
     })
-    info = {"focus": {"run": "p", "concurrency": 8, "t0": t0, "t1": t1}}
+    # Only the focus window is read: a CollectInfo without the rest of stage 01.
+    info = CollectInfo.model_construct(focus=Focus(variant="baseline", concurrency=8, run="p",
+                                                   why="a test window", t0=t0, t1=t1))
     return Tables(info, pd.DataFrame(), pd.DataFrame(), steps, None)
 
 
@@ -226,17 +230,17 @@ def test_comparison_words_say_what_moved():
 def test_comparison_summary_agrees_with_the_knees(simulated):
     from kvpressure.analysis.compare import moved_right_by
 
-    compare = read_stage(simulated.run_dir, "compare")
+    compare = read_stage(simulated.run_dir, ComparisonResult)
     record = load_record(simulated.record_path)
-    by = moved_right_by(compare["shifts"])
-    assert by and record.evidence.comparison.summary == compare["summary"]
+    by = moved_right_by(compare.shifts)
+    assert by and record.evidence.comparison.summary == compare.summary
     sustained_only = "the end of the sustained range moves right beyond noise (the knee itself"
     if "knee" in by:
-        assert "The knee moves right beyond noise (knee" in compare["summary"]
+        assert "The knee moves right beyond noise (knee" in compare.summary
     else:  # every knee is "within noise": the summary must not say the knee moves
-        assert all(not s["knee_beyond_noise"] for s in compare["shifts"])
-        assert "The knee moves right" not in compare["summary"]
-        assert sustained_only.capitalize() in compare["summary"]
+        assert all(not s["knee_beyond_noise"] for s in compare.shifts)
+        assert "The knee moves right" not in compare.summary
+        assert sustained_only.capitalize() in compare.summary
         assert "the knee itself did not move beyond noise" in record.evidence.reasons[0]
 
 
@@ -284,7 +288,7 @@ def test_terminal_closes_with_the_verdict_and_the_recommendation(simulated):
 
     lines = closing_lines(simulated.run_dir)
     record = load_record(simulated.record_path)
-    rec = read_stage(simulated.run_dir, "record")["remedies"]["recommendation"]
+    rec = read_stage(simulated.run_dir, VerdictResult).remedies.recommendation
     assert lines[0] == f"status: {record.status}"
     assert f"peaks at {record.perf.knee.peak_y:,.0f} tok/s" in lines[1]
     assert "The operating limit is concurrency" in lines[1]
@@ -312,7 +316,7 @@ def test_top_screen_shows_the_recommendation_above_the_first_figure(simulated, t
     layout = page_layout(simulated.index_path, {
         "status": ".status", "do": "#recommendation p.do", "figure": "img"},
         width=1280, height=800, png_path=png)
-    rec = read_stage(simulated.run_dir, "record")["remedies"]["recommendation"]
+    rec = read_stage(simulated.run_dir, VerdictResult).remedies.recommendation
     assert layout["do"]["text"] == rec["text"] and rec["text"].startswith("Do this: set ")
     # Status, then the recommendation, then the first figure; all of it on the first screen.
     assert layout["status"]["bottom"] <= layout["do"]["top"]

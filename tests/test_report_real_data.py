@@ -22,12 +22,14 @@ from kvpressure.analysis.symptoms import check_symptoms
 from kvpressure.errors import InputError
 from kvpressure.ingestion.api import bench_tzinfo, ingest
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.collect import collect, focus_level
+from kvpressure.pipeline.collect import collect
+from kvpressure.pipeline.focus import focus_level
 from kvpressure.pipeline.replay import replay_sweep
 from kvpressure.pipeline.report import make_report
-from kvpressure.pipeline.run_folder import read_stage
 from kvpressure.pipeline.sweep import run_sweep
 from kvpressure.record.io import load_record
+from kvpressure.stages.files import read_stage
+from kvpressure.stages.results import ComparisonResult, RecomputeResult, VerdictResult
 from report_helpers import empty_fields
 
 pytestmark = pytest.mark.slow
@@ -105,15 +107,15 @@ def test_automatic_focus_is_the_simulations(sweep, replay, tmp_path):
     _, runs = sweep
     info = collect(tmp_path / "c", source=[str(replay.log.parent / "bench"), str(replay.log)],
                    bench_timezone=ZONE, progress=None)
-    assert info["engine_metrics"] and info["bench_results"] and info["scrapes"]
-    assert info["focus"]["concurrency"] == focus_level(runs)[0]
+    assert info.engine_metrics and info.bench_results and info.scrapes
+    assert info.focus.concurrency == focus_level(runs)[0]
 
 
 def test_log_of_unknown_concurrency_reads_without_a_level(tmp_path):
     info = collect(tmp_path / "u", source=[str(REFERENCE)], progress=None)
-    assert info["focus"]["concurrency"] is None and info["concurrency_levels"] == []
-    assert "not known" in info["focus"]["why"]
-    assert info["model_name"] == "llama-reference"  # the label ingestion dropped as constant
+    assert info.focus.concurrency is None and info.concurrency_levels == []
+    assert "not known" in info.focus.why
+    assert info.model_name == "llama-reference"  # the label ingestion dropped as constant
 
 
 # --------------------------------------------------------------------------- 1. bench + log
@@ -180,8 +182,8 @@ def test_bench_results_alone_give_the_curve_and_no_cause(bench_only, sweep):
         assert getattr(c, name) is None
         assert "no engine metrics" in rec.missing[f"counters.{name}"]
     assert all(p.preemptions is None for p in rec.perf.throughput_by_concurrency)
-    symptoms = read_stage(bench_only.run_dir, "record")["symptoms"]["symptoms"]
-    verdicts = {s["id"]: s["verdict"] for s in symptoms}
+    symptoms = read_stage(bench_only.run_dir, VerdictResult).symptoms.symptoms
+    verdicts = {s.id: s.verdict for s in symptoms}
     assert verdicts["kv_usage_near_full"] == verdicts["preemption_recompute"] == "no data"
     assert verdicts["curve_falls"] == "present" and rec.remedies == []
     page = bench_only.index_path.read_text()
@@ -190,17 +192,17 @@ def test_bench_results_alone_give_the_curve_and_no_cause(bench_only, sweep):
 
 def test_bench_results_alone_leave_engine_checks_unjudged_not_false(bench_only):
     rec = load_record(bench_only.record_path)
-    symptoms = read_stage(bench_only.run_dir, "record")["symptoms"]["symptoms"]
-    assert sum(s["verdict"] == "no data" for s in symptoms) >= 2
+    symptoms = read_stage(bench_only.run_dir, VerdictResult).symptoms.symptoms
+    assert sum(s.verdict == "no data" for s in symptoms) >= 2
     # A symptom without data is neither present nor absent: null, with the symptom's reason.
     for i, (s, check) in enumerate(zip(symptoms, rec.evidence.checks, strict=True)):
-        assert check.name == s["name"]
-        if s["verdict"] == "no data":
+        assert check.name == s.name
+        if s.verdict == "no data":
             assert check.holds is None
             why = rec.missing[f"evidence.checks[{i}].holds"]
-            assert s["evidence"]["missing"] in why and "no engine metrics" in why
+            assert s.evidence["missing"] in why and "no engine metrics" in why
         else:
-            assert check.holds == (s["verdict"] == "present")
+            assert check.holds == (s.verdict == "present")
             assert f"evidence.checks[{i}].holds" not in rec.missing
     page = bench_only.index_path.read_text()
     kv = next(c for c in rec.evidence.checks if c.metric == "vllm:kv_cache_usage_perc")
@@ -221,7 +223,7 @@ def test_one_scrape_log_of_one_level(one_level):
     # No curve: the stages say so instead of drawing a knee through one point.
     assert rec.perf.knee is None and "a knee needs at least 3" in rec.missing["perf.knee"]
     assert [p.concurrency for p in rec.perf.throughput_by_concurrency] == [64]
-    assert "one load level measured" in read_stage(one_level.run_dir, "compare")["summary"]
+    assert "one load level measured" in read_stage(one_level.run_dir, ComparisonResult).summary
     # vLLM's own counters of the reference run.
     c = rec.counters
     assert c.num_preemptions_total == 95 and rec.scheduler.max_num_seqs_effective == 23
@@ -244,39 +246,39 @@ def test_one_scrape_log_of_one_level(one_level):
 
 def _focus_runs_row(report) -> pd.Series:
     runs = pd.read_csv(report.run_dir / "runs.csv")
-    focus = read_stage(report.run_dir, "recompute")["window"]
-    return runs[runs["run"] == focus["run"]].iloc[0]
+    focus = read_stage(report.run_dir, RecomputeResult).window
+    return runs[runs["run"] == focus.run].iloc[0]
 
 
 def test_runs_table_and_record_give_one_recompute_ratio(one_level):
     """One estimator: runs.csv and the record (stage 02) say the same over the same window."""
     row = _focus_runs_row(one_level)
-    stage = read_stage(one_level.run_dir, "recompute")
+    stage = read_stage(one_level.run_dir, RecomputeResult)
     c = load_record(one_level.record_path).counters
-    assert (stage["window"]["t0"], stage["window"]["t1"]) == (row["t_start"], row["t_end"])
-    assert row["preemptions"] == stage["preemptions"] == c.num_preemptions_total == 95
+    assert stage.window.window == (row["t_start"], row["t_end"])
+    assert row["preemptions"] == stage.preemptions == c.num_preemptions_total == 95
     for col in ("recompute_ratio", "recompute_ratio_low", "recompute_ratio_high",
                 "recomputed_tokens"):
-        assert row[col] == pytest.approx(stage[col], rel=1e-12), col
+        assert row[col] == pytest.approx(getattr(stage, col), rel=1e-12), col
     assert c.recompute_ratio == pytest.approx(row["recompute_ratio"], rel=1e-12)
     # ... and so does the symptom checklist's evidence in stage 06
-    symptom = next(s for s in read_stage(one_level.run_dir, "record")["symptoms"]["symptoms"]
-                   if s["id"] == "preemption_recompute")
-    assert symptom["evidence"]["recompute_ratio"] == pytest.approx(c.recompute_ratio, rel=1e-12)
+    symptom = next(s for s in read_stage(one_level.run_dir, VerdictResult).symptoms.symptoms
+                   if s.id == "preemption_recompute")
+    assert symptom.evidence["recompute_ratio"] == pytest.approx(c.recompute_ratio, rel=1e-12)
     for low, high in ((row["recompute_ratio_low"], row["recompute_ratio_high"]),
                       c.recompute_ratio_range):
         assert low <= round(TRUE_RATIO, 4) <= high
     # The log starts with the process: both count the prompts before the first scrape, so the
     # processed tokens are the run's scheduled ones less its recompute (one token a request).
-    processed = stage["recompute"]["processed_without_recompute"]
+    processed = stage.recompute["processed_without_recompute"]
     assert abs(processed + 127_201 - 601_608) <= 256
 
 
 def test_bench_windows_of_one_log_give_one_recompute_ratio(full):
     row = _focus_runs_row(full)
-    stage = read_stage(full.run_dir, "recompute")
-    assert row["preemptions"] == stage["preemptions"]
+    stage = read_stage(full.run_dir, RecomputeResult)
+    assert row["preemptions"] == stage.preemptions
     for col in ("recompute_ratio", "recompute_ratio_low", "recompute_ratio_high"):
-        assert row[col] == pytest.approx(stage[col], rel=1e-12), col
+        assert row[col] == pytest.approx(getattr(stage, col), rel=1e-12), col
     # The engine arguments name the policy, and ingestion was told it as stage 02 was.
-    assert stage["recompute"]["inputs"]["policy"] == "fcfs"
+    assert stage.recompute["inputs"]["policy"] == "fcfs"

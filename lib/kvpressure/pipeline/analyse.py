@@ -15,7 +15,9 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.pipeline.collect import collect, load_tables
-from kvpressure.pipeline.run_folder import has_stage, write_stage
+from kvpressure.pipeline.run_folder import write_stage
+from kvpressure.stages.files import has_stage, read_stages
+from kvpressure.stages.results import CollectInfo
 
 
 def analyse(
@@ -48,14 +50,14 @@ def analyse(
         collect(run_dir, experiment, source, focus_concurrency=focus_concurrency,
                 engine_args=engine_args, model_name=model_name, bench_timezone=bench_timezone,
                 columns=columns, log_year=log_year, log_timezone=log_timezone, progress=None)
-    elif not has_stage(run_dir, "collect"):
+    elif not has_stage(run_dir, CollectInfo):
         raise InputError(f"{os.fspath(run_dir)}: not a run folder (no analysis/collect.json); "
                          "give --experiment or --source")
     tables = load_tables(run_dir)
-    write_stage(run_dir, "recompute", recompute_stage(tables).result)
-    write_stage(run_dir, "knee", knee_stage(tables).result)
-    write_stage(run_dir, "compare", compare_stage(tables).result)
-    write_stage(run_dir, "interference", interference_stage(tables).result)
-    write_stage(run_dir, "record",
-                record_stage(tables, run_dir, simulate_remedies=simulate_remedies).result)
-    return write_record(build_record(run_dir), f"{os.fspath(run_dir)}/record.yaml")
+    write_stage(run_dir, recompute_stage(tables).result)
+    write_stage(run_dir, knee_stage(tables).result)
+    write_stage(run_dir, compare_stage(tables).result)
+    write_stage(run_dir, interference_stage(tables).result)
+    write_stage(run_dir, record_stage(tables, run_dir, simulate_remedies=simulate_remedies).result)
+    path = f"{os.fspath(run_dir)}/record.yaml"
+    return write_record(build_record(read_stages(run_dir), where=path), path)

@@ -11,7 +11,8 @@ import io
 import os
 from typing import TYPE_CHECKING, Any
 
-from kvpressure.pipeline.run_folder import has_stage
+from kvpressure.stages.files import has_stage
+from kvpressure.stages.results import CollectInfo, Window
 
 if TYPE_CHECKING:
     from kvpressure.pipeline.collect import Tables
@@ -66,7 +67,7 @@ def open_run(run_dir: Any = "", experiment: Any = "", source: Any = "") -> Table
 
     ctx = run_dir if isinstance(run_dir, RunContext) else current_run(experiment, source, run_dir)
     setup_plots()
-    check = has_stage(ctx.run_dir, "collect")
+    check = has_stage(ctx.run_dir, CollectInfo)
     ensure_collected(ctx.run_dir, ctx.experiment, ctx.source)
     if check:
         check_fresh(ctx.run_dir)
@@ -233,7 +234,7 @@ def legend_outside(ax: Any) -> None:
         ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
-def time_series_panel(timeline: Any, preemptions: Any, window: dict[str, Any],
+def time_series_panel(timeline: Any, preemptions: Any, window: Window,
                       max_num_seqs: Any = None) -> Any:
     """Running, waiting by reason, KV usage and preemptions on one shared time axis (the
     Grafana view of a vLLM server), with the level's window and its steady part marked."""
@@ -257,7 +258,7 @@ def time_series_panel(timeline: Any, preemptions: Any, window: dict[str, Any],
             run_ax.set_title(f"max_num_seqs = {max_num_seqs}, off the chart", loc="right",
                              fontsize="small", color="0.3")
     run_ax.set_title("Running, waiting, KV usage and preemptions over time"
-                     + (f" (concurrency {window['concurrency']})" if window.get("concurrency")
+                     + (f" (concurrency {window.concurrency})" if window.concurrency
                         else ""), loc="left")
     run_ax.set(ylabel="sequences")
     line(wait_ax, "waiting: capacity", "waiting for KV space (capacity)", "tab:red")
@@ -273,8 +274,8 @@ def time_series_panel(timeline: Any, preemptions: Any, window: dict[str, Any],
         pre_ax.bar(preemptions["t"], preemptions["preemptions"], width=width, color="tab:brown",
                    label="preemptions per scrape interval")
     pre_ax.set(ylabel="preemptions", xlabel="time (s)")
-    t0, t1 = window.get("t0"), window.get("t1")
-    g0, g1 = window.get("gauge_t0", t0), window.get("gauge_t1", t1)
+    t0, t1 = window.window
+    g0, g1 = window.gauge_window
     for ax in axes:
         if t0 is not None and t1 is not None:
             ax.axvspan(t0, t1, color="0.93", zorder=0,

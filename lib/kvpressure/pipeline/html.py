@@ -19,6 +19,7 @@ from typing import Any
 from kvpressure.pipeline.notebooks import NOTEBOOKS
 from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
 from kvpressure.record.schema import STATUS_KV_BOUND, STATUS_NOT_ESTABLISHED, Record
+from kvpressure.stages.results import VerdictResult
 
 SKIP_TAGS = frozenset({"parameters", "injected-parameters", "report-skip",
                        "papermill-error-cell-tag"})
@@ -265,7 +266,7 @@ def _reason(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def verdict_html(record: Record, headline: str = "", verdict: dict[str, Any] | None = None
+def verdict_html(record: Record, headline: str = "", verdict: VerdictResult | None = None
                  ) -> str:
     """The first screen: status, the recommendation, the sentence that explains it, the
     headline figure (the curve with its knee), key numbers, evidence, remedies, and what the
@@ -323,7 +324,7 @@ def verdict_html(record: Record, headline: str = "", verdict: dict[str, Any] | N
         "measure them (a missing value is never read as zero).</p><div class='table-wrap'>"
         f"<table class='text'><tr><th>field</th><th>why</th></tr>{missing}</table></div>"
         if missing else "")
-    symptoms = (verdict or {}).get("symptoms", {}).get("symptoms") or []
+    symptoms = [x.model_dump() for x in verdict.symptoms.symptoms] if verdict else []
     seen = [symptom_sentence(symptoms[i], s.max_num_seqs) if i < len(symptoms) else ch.observed
             for i, ch in enumerate(record.evidence.checks)]
     checks = "".join(
@@ -350,7 +351,7 @@ def verdict_html(record: Record, headline: str = "", verdict: dict[str, Any] | N
     return (
         f'<section id="verdict" class="verdict {kind}">'
         f'<span class="status">{_e(record.status)}</span>'
-        f"{recommendation_html((verdict or {}).get('remedies', {}).get('recommendation'))}"
+        f"{recommendation_html(verdict.remedies.recommendation if verdict else None)}"
         f'<p class="lead">{lead}</p>{headline}{comp_html}<ul>{reasons}</ul>{links_html()}'
         "</section>"
         f"<h3>Key numbers</h3>{_rows(numbers)}"
@@ -441,7 +442,7 @@ def _pool(record: Record) -> str:
 
 
 def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str,
-               verdict: dict[str, Any] | None = None, run_folder: str = "") -> str:
+               verdict: VerdictResult | None = None, run_folder: str = "") -> str:
     """The whole page from a record, the executed notebooks (name, NotebookNode) and stage
     06's result (the recommendation, the symptoms' evidence)."""
     from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
@@ -487,11 +488,12 @@ def render_report(run_dir: str | os.PathLike[str], title: str | None = None,
         path = run_dir / NOTEBOOKS_DIR / f"{name}.ipynb"
         if path.is_file():
             notebooks.append((name, nbformat.read(path, as_version=4)))
-    from kvpressure.pipeline.run_folder import has_stage, read_stage
+    from kvpressure.stages.files import has_stage, read_stage
+    from kvpressure.stages.results import CollectInfo, VerdictResult
 
-    verdict = read_stage(run_dir, "record") if has_stage(run_dir, "record") else None
+    verdict = read_stage(run_dir, VerdictResult) if has_stage(run_dir, VerdictResult) else None
     if title is None:
-        name = (read_stage(run_dir, "collect").get("name") if has_stage(run_dir, "collect")
+        name = (read_stage(run_dir, CollectInfo).name if has_stage(run_dir, CollectInfo)
                 else None) or run_dir.resolve().name
         title = f"{name}: where throughput stops growing, and why"
     from kvpressure.pipeline.run_folder import display_path

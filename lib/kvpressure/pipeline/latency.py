@@ -18,13 +18,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvpressure.stages.results import CollectInfo
+
 COLUMNS = ["concurrency", "ttft_s", "tpot_s", "e2e_s"]
 
 
-def _simulated(run_dir: Path, info: dict[str, Any]) -> pd.DataFrame:
-    variant = info.get("baseline_variant") or "baseline"
+def _simulated(run_dir: Path, info: CollectInfo) -> pd.DataFrame:
+    variant = info.baseline_variant
     frames = []
-    for level in info.get("concurrency_levels") or []:
+    for level in info.concurrency_levels:
         path = run_dir / "points" / variant / f"c{level}" / "requests.csv"
         if not path.is_file():
             continue
@@ -37,14 +39,14 @@ def _simulated(run_dir: Path, info: dict[str, Any]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
 
 
-def _bench(info: dict[str, Any]) -> pd.DataFrame:
+def _bench(info: CollectInfo) -> pd.DataFrame:
     from kvpressure.errors import InputError
     from kvpressure.ingestion.bench import load_results
     from kvpressure.paths import REPO_ROOT
 
     frames = []
-    for item in info.get("inputs") or []:
-        path = Path(item["path"])
+    for item in info.inputs:
+        path = Path(item.path)
         path = path if path.is_absolute() else REPO_ROOT / path
         if path.suffix != ".json" or not path.is_file():
             continue
@@ -75,9 +77,9 @@ def _bench(info: dict[str, Any]) -> pd.DataFrame:
     return out.dropna(subset=["concurrency"])
 
 
-def level_requests(run_dir: str | os.PathLike[str], info: dict[str, Any]) -> pd.DataFrame:
+def level_requests(run_dir: str | os.PathLike[str], info: CollectInfo) -> pd.DataFrame:
     """One row per completed request: its level, TTFT, TPOT and end-to-end latency (s)."""
-    if info.get("mode") == "simulation":
+    if info.simulated:
         return _simulated(Path(run_dir), info)
     return _bench(info)
 

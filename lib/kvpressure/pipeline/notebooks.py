@@ -28,8 +28,9 @@ from typing import Any, TextIO
 
 from kvpressure.paths import REPO_ROOT
 from kvpressure.pipeline.run_context import BATCH_ENV
-from kvpressure.pipeline.run_folder import NOTEBOOKS_DIR, STAGES
+from kvpressure.pipeline.run_folder import NOTEBOOKS_DIR
 from kvpressure.pipeline.workers import die_with_parent
+from kvpressure.stages.files import STAGES
 
 NOTEBOOK_SOURCE_DIR = REPO_ROOT / "notebooks"
 NOTEBOOKS: tuple[str, ...] = tuple(STAGES.values())

@@ -105,14 +105,15 @@ def notebook_record(run_dir: str | os.PathLike[str]) -> Path:
 
 def _load_notes(run_dir: Path) -> list[str]:
     """What stage 01 found about the data's load and families, for the console."""
-    from kvpressure.pipeline.run_folder import has_stage, read_stage
+    from kvpressure.stages.files import has_stage, read_stage
+    from kvpressure.stages.results import CollectInfo
 
-    if not has_stage(run_dir, "collect"):
+    if not has_stage(run_dir, CollectInfo):
         return []
-    load = read_stage(run_dir, "collect").get("load") or {}
-    return list(load.get("notes", [])) + (
+    load = read_stage(run_dir, CollectInfo).load
+    return list(load.notes) + (
         ["no load in the data: nothing ran or waited while the server was scraped"]
-        if load.get("idle") else [])
+        if load.idle else [])
 
 
 def make_report(

@@ -29,10 +29,10 @@ from kvpressure.pipeline.run_folder import (
     default_experiment,
     default_run_dir,
     display_path,
-    has_stage,
-    read_stage,
     sha256_file,
 )
+from kvpressure.stages.files import has_stage, read_stage
+from kvpressure.stages.results import CollectInfo
 
 CONTEXT_ENV = "KVPRESSURE_RUN_CONTEXT"
 RUN_DIR_ENV = "KVPRESSURE_RUN_DIR"
@@ -125,10 +125,10 @@ def current_run(experiment: Any = "", source: Any = "", run_dir: Any = "") -> Ru
 
 def _from_folder(folder: Path, by: str) -> RunContext:
     """A context for a folder given by path: its experiment or sources from its stage 01."""
-    if has_stage(folder, "collect"):
-        info = read_stage(folder, "collect")
-        paths = [_repo_path(i["path"]) for i in info.get("inputs") or []]
-        if info.get("mode") == "simulation":
+    if has_stage(folder, CollectInfo):
+        info = read_stage(folder, CollectInfo)
+        paths = [_repo_path(i.path) for i in info.inputs]
+        if info.simulated:
             return RunContext(folder, paths[0] if paths else "", [], by)
         return RunContext(folder, "", paths, by)
     return RunContext(folder, _from_notebooks(default_experiment()), [], by)
@@ -142,14 +142,14 @@ def _repo_path(path: str) -> str:
 
 def changed_inputs(run_dir: str | os.PathLike[str]) -> list[str]:
     """The inputs of stage 01 whose bytes differ now (or that are gone), as text."""
-    info = read_stage(run_dir, "collect")
+    info = read_stage(run_dir, CollectInfo)
     out = []
-    for item in info.get("inputs") or []:
-        path = Path(_repo_path(item["path"]))
+    for item in info.inputs:
+        path = Path(_repo_path(item.path))
         if not path.exists():
-            out.append(f"{item['path']} (gone)")
-        elif path.is_file() and sha256_file(path) != item.get("sha256"):
-            out.append(f"{item['path']} (edited)")
+            out.append(f"{item.path} (gone)")
+        elif path.is_file() and sha256_file(path) != item.sha256:
+            out.append(f"{item.path} (edited)")
     return out
 
 

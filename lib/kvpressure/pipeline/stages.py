@@ -1,7 +1,8 @@
 """Stages 02-06: call the analysis on stage 01's tables and shape what each notebook shows.
 
-Each ``*_stage`` function returns a :class:`StageOutput`: ``result`` (the JSON the notebook
-writes to ``analysis/<stage>.json``) and ``frames`` (tidy tables for its figures). The notebooks
+Each ``*_stage`` function returns a :class:`StageOutput`: ``result`` (the stage's type of
+:mod:`kvpressure.stages.results`, which the notebook writes to ``analysis/<stage>.json``) and
+``frames`` (tidy tables for its figures). The notebooks
 only plot, print and assert; the judgement lives in :mod:`kvpressure.analysis`. Curves are the
 per-level means over the repeats (workload seeds) with their spread, as
 :mod:`kvpressure.pipeline.levels` lays down.
@@ -20,6 +21,14 @@ from kvpressure.ingestion.names import KV_USAGE, PREEMPTIONS, RUNNING, WAITING, 
 from kvpressure.jsonable import finite_or_none
 from kvpressure.pipeline.collect import Tables, recompute_args
 from kvpressure.pipeline.levels import level_means
+from kvpressure.stages.files import as_result
+from kvpressure.stages.results import (
+    ComparisonResult,
+    InterferenceResult,
+    KneeResult,
+    RecomputeResult,
+    StageResult,
+)
 
 CURVE_COLUMNS = ("concurrency", "output_throughput", "itl_mean_s", "itl_p95_s", "ttft_p95_s",
                  "preemptions", "recompute_ratio", "recompute_ratio_low", "recompute_ratio_high",
@@ -28,7 +37,7 @@ CURVE_COLUMNS = ("concurrency", "output_throughput", "itl_mean_s", "itl_p95_s", 
 
 @dataclass
 class StageOutput:
-    result: dict[str, Any]
+    result: StageResult
     frames: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
@@ -68,7 +77,7 @@ def level_windows(runs: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- 02 recompute
 def timeline(tables: Tables) -> pd.DataFrame:
     """Running, waiting (by reason) and KV usage at each scrape of the focus point (long form)."""
-    run = tables.info["focus"]["run"]
+    run = tables.info.focus.run
     s = tables.series
     cols = {
         "running": _gauge(s, RUNNING, run),
@@ -86,7 +95,7 @@ def preemption_intervals(tables: Tables) -> pd.DataFrame:
     """Preemptions in each scrape interval: differences of the cumulative counter."""
     from kvpressure.ingestion.counters import interval_increases, select
 
-    run = tables.info["focus"]["run"]
+    run = tables.info.focus.run
     parts = select(tables.series, PREEMPTIONS, None, run=run)
     if not parts:
         return pd.DataFrame(columns=["t", "preemptions"])
@@ -101,14 +110,14 @@ def focus_recompute_estimate(tables: Tables) -> Any:
     the data came with: the one estimate stage 02, the symptoms and the record all show."""
     from kvpressure.analysis.recompute import recompute_from_series
 
-    focus = tables.info["focus"]
+    focus = tables.info.focus
     t0, t1 = tables.window
-    args = recompute_args(tables.info["settings"])
+    args = recompute_args(tables.info.settings)
     # A window from the start of a log that starts with the process counts from zero, as the
     # runs table does over the same span.
-    zero = focus.get("counter_origin") == "zero"
+    zero = focus.counter_origin == "zero"
     return recompute_from_series(
-        tables.series, None if zero else t0, t1, run=focus["run"],
+        tables.series, None if zero else t0, t1, run=focus.run,
         num_gpu_blocks=args["num_gpu_blocks"], block_size=args["block_size"],
         enable_prefix_caching=args["prefix_caching"], policy=args["policy"],
         scheduler_reserve_full_isl=args["scheduler_reserve_full_isl"],
@@ -121,12 +130,10 @@ def recompute_stage(tables: Tables) -> StageOutput:
     from kvpressure.analysis.recompute import recompute_from_steps
     from kvpressure.analysis.waiting import waiting_from_series
 
-    info = tables.info
-    focus = info["focus"]
+    focus = tables.info.focus
     t0, t1 = tables.window
     g0, g1 = tables.gauge_window
-    settings = info["settings"]
-    mns = settings.get("max_num_seqs")
+    mns = tables.info.settings.get("max_num_seqs")
     if not has_engine_metrics(tables):
         return _no_engine_metrics(tables, mns)
     waiting = waiting_from_series(tables.series, g0, g1, max_num_seqs=mns)
@@ -150,7 +157,7 @@ def recompute_stage(tables: Tables) -> StageOutput:
         detail = est.to_dict()
     wr = waiting.to_dict()
     result = {
-        "window": {"run": focus["run"], "concurrency": focus["concurrency"], "t0": t0, "t1": t1,
+        "window": {"run": focus.run, "concurrency": focus.concurrency, "t0": t0, "t1": t1,
                    "gauge_t0": g0, "gauge_t1": g1},
         "max_num_seqs": mns,
         "running_mean": wr.get("mean_running"),
@@ -160,7 +167,7 @@ def recompute_stage(tables: Tables) -> StageOutput:
         "waiting_deferred_mean": wr.get("mean_deferred"),
         "frac_waiting": wr.get("frac_waiting"),
         "frac_silent": wr.get("frac_silent"),
-        "kv_usage_mean": _kv_mean(tables.series, focus["run"], g0, g1),
+        "kv_usage_mean": _kv_mean(tables.series, focus.run, g0, g1),
         "preemptions": preemptions,
         "recomputed_tokens": recomputed,
         "recomputed_tokens_low": low,
@@ -181,7 +188,7 @@ def recompute_stage(tables: Tables) -> StageOutput:
         by_level = by_level.drop(columns=["repeats"])
     frames = {"timeline": timeline(tables), "preemptions": preemption_intervals(tables),
               "by_concurrency": by_level}
-    return StageOutput(result, frames)
+    return StageOutput(as_result(RecomputeResult, result), frames)
 
 
 NO_ENGINE_METRICS = ("no engine metrics: only vllm bench results were given (no Prometheus "
@@ -195,7 +202,7 @@ def has_engine_metrics(tables: Tables) -> bool:
 
 def _no_engine_metrics(tables: Tables, mns: Any) -> StageOutput:
     """What stage 02 can say without engine metrics: every counter missing, never zero."""
-    focus = tables.info["focus"]
+    focus = tables.info.focus
     t0, t1 = tables.window
     keys = ("running_mean", "running_max", "waiting_mean", "waiting_capacity_mean",
             "waiting_deferred_mean", "frac_waiting", "frac_silent", "kv_usage_mean",
@@ -203,12 +210,12 @@ def _no_engine_metrics(tables: Tables, mns: Any) -> StageOutput:
             "recomputed_tokens_high", "recompute_ratio", "recompute_ratio_low",
             "recompute_ratio_high", "recompute_time_share")
     result = {
-        "window": {"run": focus["run"], "concurrency": focus["concurrency"], "t0": t0, "t1": t1},
+        "window": {"run": focus.run, "concurrency": focus.concurrency, "t0": t0, "t1": t1},
         "max_num_seqs": mns, "available": False, "missing": NO_ENGINE_METRICS, "exact": False,
         **dict.fromkeys(keys), "waiting": {}, "recompute": {},
     }
     empty = pd.DataFrame(columns=["t", "metric", "value"])
-    return StageOutput(result, {"timeline": empty,
+    return StageOutput(as_result(RecomputeResult, result), {"timeline": empty,
                                 "preemptions": pd.DataFrame(columns=["t", "preemptions"]),
                                 "by_concurrency": pd.DataFrame(columns=["concurrency"])})
 
@@ -234,28 +241,28 @@ def knee_stage(tables: Tables) -> StageOutput:
     from kvpressure.analysis.symptoms import ITL_P99_NOTE
 
     base = tables.baseline_runs
-    focus = tables.info["focus"]
+    focus = tables.info.focus
     # A level without a throughput is no point of the curve (knee_of_runs names it).
     points = curve(base.dropna(subset=["concurrency", "output_throughput"]))
     levels = len(points)
     enough = levels >= MIN_KNEE_LEVELS
     # The function `kvpressure knee` calls: the report's knee is the command's.
     knee = knee_of_runs(base, where="runs.csv") if enough else None
-    here = points[points["concurrency"] == focus["concurrency"]]
+    here = points[points["concurrency"] == focus.concurrency]
     at = here.iloc[0] if len(here) else base.iloc[0]
     why = None if enough else (
         "the concurrency of the one run is not known: no curve" if levels == 0 else
         f"{levels} concurrency level{'s' if levels > 1 else ''} measured; a knee needs at "
         f"least {MIN_KNEE_LEVELS} (a curve that rises, bends and flattens)")
     result = {
-        "variant": tables.info["baseline_variant"],
+        "variant": tables.info.baseline_variant,
         "repeats": tables.repeats,
         "available": enough,
         "why_not": why,
         "levels": levels,
         "knee": knee.to_dict() if knee is not None else None,
         "curve": points.drop(columns=["variant"], errors="ignore").to_dict(orient="records"),
-        "focus_concurrency": focus["concurrency"],
+        "focus_concurrency": focus.concurrency,
         "itl_mean_s": finite_or_none(at.get("itl_mean_s")),
         "itl_p95_s": finite_or_none(at.get("itl_p95_s")),
         "ttft_p95_s": finite_or_none(at.get("ttft_p95_s")),
@@ -263,7 +270,7 @@ def knee_stage(tables: Tables) -> StageOutput:
     if result["itl_p95_s"] is None and finite_or_none(at.get("itl_p99_s")) is not None:
         result["itl_p99_s"] = finite_or_none(at.get("itl_p99_s"))
         result["itl_tail_note"] = ITL_P99_NOTE
-    return StageOutput(result, {"curve": points})
+    return StageOutput(as_result(KneeResult, result), {"curve": points})
 
 
 # --------------------------------------------------------------------------- 04 compare
@@ -274,10 +281,10 @@ def comparison_runs(tables: Tables) -> tuple[pd.DataFrame, dict[str, dict]]:
     re-sizes the KV pool (vLLM profiles activations for it), which is part of that one change.
     """
     info = tables.info
-    param = info.get("comparison_parameter")
-    base = info["baseline_variant"]
-    settings = info["variant_settings"]
-    keep = [base, *[v for v in info.get("comparison_variants", []) if v in settings]]
+    param = info.comparison_parameter
+    base = info.baseline_variant
+    settings = info.variant_settings
+    keep = [base, *[v for v in info.comparison_variants if v in settings]]
     runs = tables.runs[tables.runs["variant"].astype(str).isin(keep)]
     chosen = {k: {param: settings[k].get(param)} for k in keep} if param else {}
     return runs.reset_index(drop=True), chosen
@@ -288,7 +295,7 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
     from kvpressure.analysis.compare import compare_variants, moved_right_by, moved_right_words
 
     runs, settings = comparison_runs(tables)
-    param = tables.info.get("comparison_parameter")
+    param = tables.info.comparison_parameter
     if param is None or len(settings) < 2:
         levels = int(pd.to_numeric(tables.baseline_runs["concurrency"], errors="coerce")
                      .nunique())
@@ -297,9 +304,9 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
                 "one engine configuration measured (one variant): no single-variable comparison "
                 "in the data")
         result = {"available": False, "parameter": param, "summary": what}
-        return StageOutput(result, {"curves": curve(runs)})
+        return StageOutput(as_result(ComparisonResult, result), {"curves": curve(runs)})
     cmp = compare_variants(runs, settings, parameter=param,
-                           baseline=tables.info["baseline_variant"], seed=seed)
+                           baseline=tables.info.baseline_variant, seed=seed)
     d = cmp.to_dict()
     last = max(float(p["x"]) for v in cmp.variants for p in v.points)
     phrases = []
@@ -322,13 +329,13 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
         f". The knee does not move right beyond noise when {param} changes.")
     d.update(available=True, summary=summary, moved_right_beyond_noise=moved,
              variant_names=[v.variant for v in cmp.variants if v.variant != cmp.baseline])
-    return StageOutput(d, {"curves": curve(runs)})
+    return StageOutput(as_result(ComparisonResult, d), {"curves": curve(runs)})
 
 
-def variant_table(result: dict[str, Any]) -> pd.DataFrame:
+def variant_table(result: ComparisonResult) -> pd.DataFrame:
     """One row per variant of compare.json: its knee and the end of its sustained range, each
     with its bootstrap range, the peak and the noise (empty without a comparison)."""
-    if not result.get("available"):
+    if not result.available:
         return pd.DataFrame()
 
     def span(r: Any) -> str | None:
@@ -339,19 +346,19 @@ def variant_table(result: dict[str, Any]) -> pd.DataFrame:
          "holds to": v["sustained_end"], "declines from": v["decline_onset"],
          "holds-to range": span(v["sustained_range"]), "peak_y": v["peak_y"],
          "noise_sd": v["noise_sd"], "repeats": v["repeats"]}
-        for v in result["variants"]])
+        for v in result.variants])
 
 
 SHIFT_COLUMNS = ("variant", "baseline_value", "value", "shift", "knee_beyond_noise",
                  "sustained_shift", "sustained_beyond_noise", "beyond_noise", "peak_gain_pct")
 
 
-def shift_table(result: dict[str, Any]) -> pd.DataFrame:
+def shift_table(result: ComparisonResult) -> pd.DataFrame:
     """One row per compared variant of compare.json: how far its knee and its sustained range
     moved from the baseline's, and whether beyond noise (empty without a comparison)."""
-    if not result.get("available"):
+    if not result.available:
         return pd.DataFrame(columns=list(SHIFT_COLUMNS))
-    return pd.DataFrame(result["shifts"])[list(SHIFT_COLUMNS)]
+    return pd.DataFrame(result.shifts)[list(SHIFT_COLUMNS)]
 
 
 def _at(x: float | None) -> str:
@@ -368,12 +375,13 @@ def _noise_word(beyond: bool) -> str:
     return "beyond noise" if beyond else "within noise"
 
 
-def comparison_from_dict(d: dict[str, Any]) -> Any:
-    """The analysis' Comparison back from compare.json (None when there was none)."""
+def comparison_of(result: ComparisonResult) -> Any:
+    """The analysis' Comparison back from stage 04's result (None when there was none)."""
     from kvpressure.analysis.compare import Comparison, VariantCurve
 
-    if not d.get("available"):
+    if not result.available:
         return None
+    d = result.model_dump()
     fields = set(Comparison.__dataclass_fields__)
     kw = {k: v for k, v in d.items() if k in fields}
     ranges = ("knee_range", "sustained_range")
@@ -414,21 +422,22 @@ def interference_stage(tables: Tables) -> StageOutput:
                   "notes": [NO_ENGINE_METRICS],
                   "summary": "prefill interference and preemption-driven slow steps not "
                              "measurable: " + NO_ENGINE_METRICS}
-        return StageOutput(result, {"steps": pd.DataFrame(
+        return StageOutput(as_result(InterferenceResult, result), {"steps": pd.DataFrame(
             columns=["t", "step_ms", "prefill_tokens", "kind"])})
     else:
-        rep = interference_from_series(tables.series, t0, t1, run=tables.info["focus"]["run"])
+        rep = interference_from_series(tables.series, t0, t1, run=tables.info.focus.run)
         view = pd.DataFrame(columns=["t", "step_ms", "prefill_tokens", "kind"])
     d = rep.to_dict()
     pi, pre = rep.prefill_interference, rep.preemption
     words = {True: "present", False: "absent", None: "not measurable"}
     d["summary"] = (f"prefill interference {words[pi]}; preemption-driven slow steps "
                     f"{words[pre]} (from {rep.source})")
-    return StageOutput(d, {"steps": view})
+    return StageOutput(as_result(InterferenceResult, d), {"steps": view})
 
 
-def interference_from_dict(d: dict[str, Any]) -> Any:
+def interference_of(result: InterferenceResult) -> Any:
+    """The analysis' InterferenceReport back from stage 05's result."""
     from kvpressure.analysis.interference import InterferenceReport
 
     fields = set(InterferenceReport.__dataclass_fields__)
-    return InterferenceReport(**{k: v for k, v in d.items() if k in fields})
+    return InterferenceReport(**{k: v for k, v in result.model_dump().items() if k in fields})

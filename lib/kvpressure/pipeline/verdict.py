@@ -17,11 +17,12 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.pipeline.collect import Tables
-from kvpressure.pipeline.run_folder import read_stage
-from kvpressure.pipeline.stages import (
-    StageOutput,
-    comparison_from_dict,
-    interference_from_dict,
+from kvpressure.pipeline.stages import StageOutput, comparison_of, interference_of
+from kvpressure.stages.files import as_result, read_stage
+from kvpressure.stages.results import (
+    ComparisonResult,
+    InterferenceResult,
+    VerdictResult,
 )
 
 # The workflow's remedy table (effect, cost), for data the kit cannot re-run.
@@ -224,18 +225,18 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     from kvpressure.pipeline.stages import focus_recompute_estimate
 
     info = tables.info
-    settings = info["settings"]
+    settings = info.settings
     t0, t1 = tables.gauge_window
     base = tables.baseline_runs  # every repeat: the symptoms' curve and the remedies average them
     series = tables.series if len(tables.series) else None  # missing, never read as zero
     checklist = check_symptoms(
-        series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info["focus"]["run"],
+        series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info.focus.run,
         max_num_seqs=settings.get("max_num_seqs"),
         recompute=None if series is None else focus_recompute_estimate(tables),
-        counters=tables.window, counter_origin=info["focus"].get("counter_origin") or "first",
+        counters=tables.window, counter_origin=info.focus.counter_origin,
     )
-    comparison = comparison_from_dict(read_stage(run_dir, "compare"))
-    interference = interference_from_dict(read_stage(run_dir, "interference"))
+    comparison = comparison_of(read_stage(run_dir, ComparisonResult))
+    interference = interference_of(read_stage(run_dir, InterferenceResult))
     max_seq = None
     if tables.requests is not None:
         max_seq = int((tables.requests["prompt_len"] + tables.requests["output_len"]).max())
@@ -245,18 +246,18 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     status = decide_status(checklist, comparison=comparison, interference=interference,
                            max_sequence_tokens=max_seq, pool_tokens=pool,
                            max_model_len=settings.get("max_model_len"),
-                           idle=(info.get("load") or {}).get("idle"))
-    focus_c = info["focus"]["concurrency"]
+                           idle=info.load.idle)
+    focus_c = info.focus.concurrency
     remedies: dict[str, Any]
-    if info["mode"] == "simulation" and simulate_remedies and status.status == KV_BOUND:
+    if info.simulated and simulate_remedies and status.status == KV_BOUND:
         experiment = str(Path(run_dir) / "experiment.yaml")
-        exp_path = next((i["path"] for i in info["inputs"]), experiment)
+        exp_path = next((i.path for i in info.inputs), experiment)
         from kvpressure.paths import REPO_ROOT
 
         candidate = Path(exp_path) if Path(exp_path).is_absolute() else REPO_ROOT / exp_path
         kept: dict[str, pd.DataFrame] = {}
         report = evaluate_remedies(
-            base, _simulate_levels(str(candidate), info["concurrency_levels"], kept=kept,
+            base, _simulate_levels(str(candidate), info.concurrency_levels, kept=kept,
                                    progress=progress),
             settings=settings, target_concurrency=focus_c, max_sequence_tokens=max_seq,
         ).to_dict()
@@ -276,7 +277,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         remedies = {"simulated": False, "try_first": order[0],
                     "why": "the workflow's order: first make concurrency or per-sequence size fit "
                            "the pool, only then grow the pool (not simulated: "
-                           + ("ingested data cannot be re-run)" if info["mode"] != "simulation"
+                           + ("ingested data cannot be re-run)" if not info.simulated
                               else "remedy simulation was switched off)"),
                     "rows": rows}
     else:
@@ -286,7 +287,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     if "recommendation" not in remedies:
         remedies["recommendation"] = _twin_recommendation(run_dir) or recommend_from_symptoms(
             {"status": status_d, "symptoms": checklist.to_dict()}, settings,
-            "ingested data cannot be re-run" if info["mode"] != "simulation"
+            "ingested data cannot be re-run" if not info.simulated
             else "remedy simulation was switched off")
     result = {
         "symptoms": checklist.to_dict(),
@@ -296,7 +297,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     frames = {"symptoms": symptoms_frame(checklist, settings.get("max_num_seqs")),
               "remedies": pd.DataFrame(remedies["rows"],
                                        columns=["parameter", "change", "effect", "cost"])}
-    return StageOutput(result, frames)
+    return StageOutput(as_result(VerdictResult, result), frames)
 
 
 def closing_lines(run_dir: str | os.PathLike[str]) -> list[str]:
@@ -313,7 +314,7 @@ def closing_lines(run_dir: str | os.PathLike[str]) -> list[str]:
     if knee is not None:
         last = max(record.workload.concurrency_levels or [knee.peak_x])
         lines.append(re.sub(r"<[^>]+>", "", knee_sentence(knee, last)))
-    rec = (read_stage(run_dir, "record").get("remedies") or {}).get("recommendation") or {}
+    rec = read_stage(run_dir, VerdictResult).remedies.recommendation
     if rec.get("text"):
         lines.append(rec["text"])
         if rec.get("runner_up"):

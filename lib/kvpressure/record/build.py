@@ -1,22 +1,27 @@
-"""Build the record from a run folder's stage results (``analysis/*.json``)."""
+"""Build the record from the stages' results (:class:`kvpressure.stages.results.RunStages`;
+the caller reads them, ``kvpressure.stages.files.read_stages``)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
 from kvpressure.errors import InputError
-from kvpressure.pipeline.run_folder import read_stage
 from kvpressure.record.io import validate_record
 from kvpressure.record.schema import Record, check_path, null_fields
+from kvpressure.stages.results import (
+    CollectInfo,
+    KneeResult,
+    LengthStats,
+    RunStages,
+    Symptoms,
+)
 
 
-def _length(d: dict[str, Any], what: str) -> dict[str, Any]:
-    if not d.get("description"):
+def _length(d: LengthStats, what: str) -> dict[str, Any]:
+    if not d.description:
         raise InputError(f"record: workload.{what}: no description of where it comes from")
-    return {k: d.get(k) for k in ("description", "mean", "p50", "p95", "max", "source")}
+    return d.model_dump()
 
 
 # The metric behind each counter of the record, for a reason when it is missing.
@@ -35,10 +40,10 @@ _NO_ENGINE_METRICS = ("no engine metrics: only vllm bench results were given (no
                       "scrapes of the server's /metrics)")
 
 
-def _why_missing(path: str, collect: dict[str, Any], knee: dict[str, Any]) -> str:
+def _why_missing(path: str, collect: CollectInfo, knee: KneeResult) -> str:
     """Why the data could not give the field at ``path`` (a dotted path of the record)."""
     field = path.rsplit(".", 1)[-1]
-    no_engine = not collect.get("engine_metrics", True)
+    no_engine = not collect.engine_metrics
     engine_fields = path.startswith("counters.") or path in (
         "scheduler.max_num_seqs_effective", *(f"scheduler.{f}" for f in _CACHE_CONFIG),
         "perf.throughput_by_concurrency[*].preemptions",
@@ -51,7 +56,7 @@ def _why_missing(path: str, collect: dict[str, Any], knee: dict[str, Any]) -> st
     if no_engine and engine_fields:
         return _NO_ENGINE_METRICS
     if path == "perf.knee":
-        return knee.get("why_not") or "too few concurrency levels for a knee"
+        return knee.why_not or "too few concurrency levels for a knee"
     if path.startswith("scheduler.") and field in ("policy", "max_num_seqs",
                                                    "max_num_batched_tokens"):
         arg = "scheduling_policy" if field == "policy" else field
@@ -63,8 +68,8 @@ def _why_missing(path: str, collect: dict[str, Any], knee: dict[str, Any]) -> st
     if path == "scheduler.max_num_seqs_effective":
         return "vllm:num_requests_running is not in the scrapes"
     if path.startswith("workload.") and "_len_distribution" in path:
-        dist = collect.get(path.split(".")[1], {})
-        return f"{dist.get('description', 'not measured')} ({dist.get('source', 'no source')})"
+        dist: LengthStats = getattr(collect, path.split(".")[1])
+        return f"{dist.description} ({dist.source})"
     if path == "workload.num_requests":
         return "neither a bench result nor vllm:request_success_total gives the request count"
     if field in _COUNTER_METRICS:
@@ -72,8 +77,8 @@ def _why_missing(path: str, collect: dict[str, Any], knee: dict[str, Any]) -> st
     if path.startswith("counters."):
         return ("vllm:num_preemptions_total or the token counters to size the recompute are not "
                 "in the scrapes")
-    if path == "perf.itl_p95" and knee.get("itl_p99_s") is not None:
-        return (f"not measured: the runs have ITL p99 only ({1000 * knee['itl_p99_s']:.1f} ms at "
+    if path == "perf.itl_p95" and knee.itl_p99_s is not None:
+        return (f"not measured: the runs have ITL p99 only ({1000 * knee.itl_p99_s:.1f} ms at "
                 "the focus level; vllm bench serve writes p99 unless given --metric-percentiles "
                 "95,99)")
     if "itl" in field or "ttft" in field:
@@ -83,10 +88,10 @@ def _why_missing(path: str, collect: dict[str, Any], knee: dict[str, Any]) -> st
     return "not measured by the given data"
 
 
-def _checks(symptoms: dict[str, Any]) -> list[dict[str, Any]]:
+def _checks(symptoms: Symptoms) -> list[dict[str, Any]]:
     out = []
-    for s in symptoms["symptoms"]:
-        ev = s.get("evidence", {})
+    for s in symptoms.symptoms:
+        ev = s.evidence
         shown = ", ".join(
             f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
             for k, v in ev.items() if not isinstance(v, dict | list) and k != "source"
@@ -98,24 +103,24 @@ def _checks(symptoms: dict[str, Any]) -> list[dict[str, Any]]:
             "kv_usage_near_full": "vllm:kv_cache_usage_perc",
             "preemption_recompute": "vllm:num_preemptions_total",
             "itl_jitter": "vllm:inter_token_latency_seconds",
-        }.get(s["id"], s["id"])
+        }.get(s.id, s.id)
         # "no data" is neither present nor absent: null, explained under 'missing'.
-        holds = None if s["verdict"] == NO_DATA else s["verdict"] == "present"
-        out.append({"name": s["name"], "holds": holds,
-                    "observed": f"{s['verdict']}: {shown}" if shown else s["verdict"],
+        holds = None if s.verdict == NO_DATA else s.verdict == "present"
+        out.append({"name": s.name, "holds": holds,
+                    "observed": f"{s.verdict}: {shown}" if shown else s.verdict,
                     "metric": metric})
     return out
 
 
-def _checks_missing(symptoms: dict[str, Any], collect: dict[str, Any]) -> dict[str, str]:
+def _checks_missing(symptoms: Symptoms, collect: CollectInfo) -> dict[str, str]:
     """Why each check without data could not be judged: the symptom's own stated reason."""
-    no_engine = not collect.get("engine_metrics", True)
+    no_engine = not collect.engine_metrics
     out = {}
-    for i, s in enumerate(symptoms["symptoms"]):
-        if s["verdict"] != NO_DATA:
+    for i, s in enumerate(symptoms.symptoms):
+        if s.verdict != NO_DATA:
             continue
-        needs = s.get("evidence", {}).get("missing")
-        why = f"{s['name']}: no data (needs {needs})" if needs else f"{s['name']}: no data"
+        needs = s.evidence.get("missing")
+        why = f"{s.name}: no data (needs {needs})" if needs else f"{s.name}: no data"
         out[check_path(i)] = f"{why}; {_NO_ENGINE_METRICS}" if no_engine else why
     return out
 
@@ -124,43 +129,34 @@ def _range(low: Any, high: Any) -> list[Any] | None:
     return None if low is None or high is None else [low, high]
 
 
-def _gauge_span(focus: dict[str, Any]) -> dict[str, Any]:
-    """Where the gauges were read: the steady part of the load, else the counters' window."""
-    return {"gauges_start_s": focus.get("gauge_t0", focus["t0"]),
-            "gauges_end_s": focus.get("gauge_t1", focus["t1"])}
-
-
-def build_record(run_dir: str | os.PathLike[str]) -> Record:
-    """The record of the investigation in ``run_dir`` (validated; InputError naming a field)."""
-    run_dir = Path(run_dir)
-    collect = read_stage(run_dir, "collect")
-    rec = read_stage(run_dir, "recompute")
-    knee = read_stage(run_dir, "knee")
-    compare = read_stage(run_dir, "compare")
-    interference = read_stage(run_dir, "interference")
-    verdict = read_stage(run_dir, "record")
-    s = collect["settings"]
-    focus = collect["focus"]
-    k = knee.get("knee")
+def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
+    """The record of one investigation from its stages' results (validated; InputError naming
+    ``where`` and the field)."""
+    collect, rec, knee = stages.collect, stages.recompute, stages.knee
+    compare, verdict = stages.compare, stages.verdict
+    s = collect.settings
+    focus = collect.focus
+    k = knee.knee
     comparison = None
-    if compare.get("available"):
-        shifts = compare["shifts"]
+    if compare.available:
+        shifts = compare.shifts
         comparison = {
-            "parameter": compare["parameter"], "baseline": compare["baseline"],
-            "variants": compare["variant_names"],
+            "parameter": compare.parameter, "baseline": compare.baseline,
+            "variants": compare.variant_names,
             "knee_shift": max((x["shift"] for x in shifts), default=0.0),
             "sustained_shift": max((x["sustained_shift"] for x in shifts), default=0.0),
-            "beyond_noise": bool(compare["moved_right_beyond_noise"]),
-            "noise": compare["noise_method"],
-            "summary": compare["summary"],
+            "beyond_noise": bool(compare.moved_right_beyond_noise),
+            "noise": compare.noise_method,
+            "summary": compare.summary,
         }
-    status = verdict["status"]
-    reasons = [status["rule"], *status.get("findings", [])]
+    status = verdict.status
+    reasons = [status.rule, *status.findings]
+    gauge_t0, gauge_t1 = focus.gauge_window
     data = {
         "scheduler": {
             "policy": s.get("scheduling_policy") or s.get("policy"),
             "max_num_seqs": s.get("max_num_seqs"),
-            "max_num_seqs_effective": rec["running_max"],
+            "max_num_seqs_effective": rec.running_max,
             "gpu_memory_utilization": s.get("gpu_memory_utilization"),
             "preemption_mode": "recompute",
             "num_gpu_blocks": s.get("num_gpu_blocks"),
@@ -168,70 +164,69 @@ def build_record(run_dir: str | os.PathLike[str]) -> Record:
             "max_num_batched_tokens": s.get("max_num_batched_tokens"),
         },
         "counters": {
-            "window": {"run": focus["run"], "concurrency": focus["concurrency"],
-                       "start_s": focus["t0"], "end_s": focus["t1"],
-                       **_gauge_span(focus),
-                       "snapshot": bool(collect.get("load", {}).get("snapshot"))},
-            "num_requests_running": rec["running_mean"],
-            "num_requests_waiting": rec["waiting_mean"],
-            "waiting_capacity": rec["waiting_capacity_mean"],
-            "waiting_deferred": rec["waiting_deferred_mean"],
-            "kv_cache_usage_perc": rec["kv_usage_mean"],
-            "num_preemptions_total": rec["preemptions"],
-            "recomputed_tokens": rec["recomputed_tokens"],
-            "recompute_ratio": rec["recompute_ratio"],
-            "recomputed_tokens_range": _range(rec["recomputed_tokens_low"],
-                                              rec["recomputed_tokens_high"]),
-            "recompute_ratio_range": _range(rec["recompute_ratio_low"],
-                                            rec["recompute_ratio_high"]),
-            "recompute_exact": rec["exact"],
+            "window": {"run": focus.run, "concurrency": focus.concurrency,
+                       "start_s": focus.t0, "end_s": focus.t1,
+                       "gauges_start_s": gauge_t0, "gauges_end_s": gauge_t1,
+                       "snapshot": collect.load.snapshot},
+            "num_requests_running": rec.running_mean,
+            "num_requests_waiting": rec.waiting_mean,
+            "waiting_capacity": rec.waiting_capacity_mean,
+            "waiting_deferred": rec.waiting_deferred_mean,
+            "kv_cache_usage_perc": rec.kv_usage_mean,
+            "num_preemptions_total": rec.preemptions,
+            "recomputed_tokens": rec.recomputed_tokens,
+            "recompute_ratio": rec.recompute_ratio,
+            "recomputed_tokens_range": _range(rec.recomputed_tokens_low,
+                                              rec.recomputed_tokens_high),
+            "recompute_ratio_range": _range(rec.recompute_ratio_low, rec.recompute_ratio_high),
+            "recompute_exact": rec.exact,
         },
         "workload": {
-            "model_name": collect["model_name"],
-            "concurrency": focus["concurrency"],
-            "concurrency_levels": collect["concurrency_levels"] or None,
-            "num_requests": collect["num_requests"],
-            "input_len_distribution": _length(collect["input_len_distribution"],
+            "model_name": collect.model_name,
+            "concurrency": focus.concurrency,
+            "concurrency_levels": collect.concurrency_levels or None,
+            "num_requests": collect.num_requests,
+            "input_len_distribution": _length(collect.input_len_distribution,
                                               "input_len_distribution"),
-            "output_len_distribution": _length(collect["output_len_distribution"],
+            "output_len_distribution": _length(collect.output_len_distribution,
                                                "output_len_distribution"),
         },
         "perf": {
-            "variant": knee["variant"],
+            "variant": knee.variant,
             "throughput_by_concurrency": [
                 {"concurrency": int(p["concurrency"]), "output_throughput": p["output_throughput"],
                  "itl_mean_s": p.get("itl_mean_s"), "itl_p95_s": p.get("itl_p95_s"),
                  "ttft_p95_s": p.get("ttft_p95_s"), "preemptions": p.get("preemptions"),
                  "recompute_ratio": p.get("recompute_ratio")}
-                for p in knee["curve"]
+                for p in knee.curve
             ] or None,
             "knee": None if k is None else {
                 key: k[key] for key in ("knee_x", "peak_x", "peak_y", "declines", "decline_pct")
             } | {"plateau": k["plateau"][1] > k["plateau"][0],
                  "sustained_to": k["sustained_end"]},
-            "itl_mean": knee["itl_mean_s"],
-            "itl_p95": knee["itl_p95_s"],
-            "ttft_p95": knee["ttft_p95_s"],
+            "itl_mean": knee.itl_mean_s,
+            "itl_p95": knee.itl_p95_s,
+            "ttft_p95": knee.ttft_p95_s,
         },
-        "status": status["status"],
+        "status": status.status,
         "evidence": {
-            "checks": _checks(verdict["symptoms"]),
+            "checks": _checks(verdict.symptoms),
             "comparison": comparison,
-            "interference": interference["summary"],
+            "interference": stages.interference.summary,
             "reasons": reasons,
         },
-        "remedies": [{key: r[key] for key in ("parameter", "change", "effect", "cost")}
-                     for r in verdict["remedies"]["rows"]],
+        "remedies": [r.model_dump(include={"parameter", "change", "effect", "cost"})
+                     for r in verdict.remedies.rows],
         "provenance": {
             "kit_version": __version__,
             "vllm_behaviour_version": VLLM_BEHAVIOUR_VERSION,
-            "mode": collect["mode"],
-            "inputs": collect["inputs"],
-            "seed": collect["seed"],
-            "seeds": collect.get("seeds"),
+            "mode": collect.mode,
+            "inputs": [i.model_dump() for i in collect.inputs],
+            "seed": collect.seed,
+            "seeds": collect.seeds,
         },
     }
-    checks = _checks_missing(verdict["symptoms"], collect)
+    checks = _checks_missing(verdict.symptoms, collect)
     data["missing"] = {path: checks.get(path) or _why_missing(path, collect, knee)
                        for path in sorted(null_fields(data))}
-    return validate_record(data, where=f"{run_dir / 'record.yaml'}")
+    return validate_record(data, where=where)

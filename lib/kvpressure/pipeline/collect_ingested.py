@@ -1,0 +1,347 @@
+"""Stage 01 on ingested data: each source is read with :func:`kvpressure.ingestion.api.ingest`.
+A source folder laid out as ``<variant>/c<C>/metrics.prom.jsonl`` (what a sweep writes) becomes
+one run per point, with its variant and concurrency taken from the path."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvpressure.errors import InputError
+from kvpressure.ingestion.cache_config import cache_config
+from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes
+from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report, recompute_args
+from kvpressure.pipeline.focus import focus_level
+from kvpressure.pipeline.lengths import (
+    bench_lengths,
+    bench_source,
+    keep_mean,
+    length_from_histogram,
+    unmeasured,
+)
+from kvpressure.pipeline.run_folder import (
+    INGEST_JSON,
+    RUNS_CSV,
+    SERIES_CSV,
+    SOURCES_FILE,
+    display_path,
+    sha256_file,
+)
+from kvpressure.pipeline.windows import ingested_window
+from kvpressure.stages.files import as_result
+from kvpressure.stages.results import CollectInfo
+
+_LEVEL = re.compile(r"^(?:c|concurrency[-_=]?)(\d+)$")
+# What the stages read from a point's scrapes: the analysis' families and the length histograms.
+_LENGTH_HISTOGRAMS = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens")
+
+
+def _families() -> list[str]:
+    from kvpressure.ingestion.names import ANALYSIS_FAMILIES
+
+    return [*ANALYSIS_FAMILIES, *_LENGTH_HISTOGRAMS]
+
+
+_INGESTED_FAMILIES = _families()
+
+
+def _point_of(path: Path) -> tuple[str, int | None]:
+    """(variant, concurrency) from a path like ``.../<variant>/c64/metrics.prom.jsonl``."""
+    parts = path.parts
+    for i in range(len(parts) - 1, -1, -1):
+        m = _LEVEL.match(parts[i])
+        if m:
+            variant = parts[i - 1] if i > 0 else BASELINE
+            return variant, int(m.group(1))
+    return BASELINE, None
+
+
+def _scrape_files(source: Path) -> list[Path]:
+    if source.is_file():
+        return [source]
+    found = sorted(p for n in SCRAPE_FILES for p in source.rglob(n))
+    return found
+
+
+def _parse_variant(name: str) -> dict[str, Any]:
+    import yaml
+
+    out = {}
+    for part in name.split(","):
+        key, sep, value = part.partition("=")
+        if sep:
+            out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+LOAD_TEST = "load_test"  # the run a continuous scrape log and its bench results share
+
+
+def _kinds(sources: list[str]) -> set[str]:
+    from kvpressure.ingestion.sources import detect
+
+    return {src.kind for s in sources for src in detect(s)}
+
+
+def _run_names(runs: pd.DataFrame) -> list[str]:
+    """``<variant>/c<C>`` per row (``#2``, ``#3`` for repeated runs of a level); rows of an
+    unknown concurrency keep their ingested name."""
+    names, seen = [], {}
+    for _, r in runs.iterrows():
+        c = r["concurrency"]
+        name = str(r["run"]) if pd.isna(c) else f"{r['variant']}/c{int(c)}"
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return names
+
+
+def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
+                      engine_args: Mapping[str, Any], model_name: str,
+                      bench_timezone: str = "", columns: Any = "", log_year: int = 0,
+                      log_timezone: str = "") -> CollectInfo:
+    """Ingested data in one of four shapes:
+
+    * scrape folders laid out as ``<variant>/c<C>/metrics.prom.jsonl``: one run per point;
+    * ``vllm bench serve`` results plus a scrape log recorded through the whole load test: one
+      run per bench result, its engine metrics cut from the log at the bench run's time window;
+    * bench results alone: the curve and latencies, no engine metrics;
+    * one scrape log of one load level: the engine metrics, no curve (``focus_concurrency``
+      names the level when it is known).
+    """
+    from kvpressure.ingestion.api import ingest
+
+    files: list[tuple[Path, str, int | None]] = []
+    others: list[str] = []
+    for s in sources:
+        path = Path(s)
+        scrapes = _scrape_files(path) if path.is_dir() else []
+        if scrapes and any(_point_of(p)[1] is not None for p in scrapes):
+            files.extend((p, *_point_of(p)) for p in scrapes)
+        else:
+            others.append(s)
+    (run_dir / SOURCES_FILE).write_text(json.dumps({"sources": sources}, indent=2) + "\n")
+    inputs = []
+    rows = []
+    focus_series: dict[str, pd.DataFrame] = {}
+    reports: dict[str, Any] = {}
+    for path, variant, level in files:
+        run_name = f"{variant}/c{level}"
+        res = ingest([path], run=run_name, metrics=_INGESTED_FAMILIES,
+                     **recompute_args({**engine_args, **_parse_variant(variant)}))
+        row = res.runs.iloc[0].to_dict()
+        row.update(run=run_name, variant=variant, concurrency=level)
+        rows.append(row)
+        focus_series[run_name] = res.series
+        reports[run_name] = res.report
+        inputs.append({"path": display_path(path), "sha256": sha256_file(path)})
+    kinds = _kinds(others) if others else set()
+    has_bench = "bench" in kinds
+    has_scrapes = bool(kinds - {"bench"}) or bool(files)
+    shared_log = has_bench and bool(kinds - {"bench"})
+    matched = "scrape folders laid out by point" if files else None
+    if others:
+        # A log recorded through the whole load test and its bench results are one run, so
+        # ingestion cuts the log at each bench run's time window.
+        res = ingest(others, run=LOAD_TEST if shared_log else None,
+                     metrics=_INGESTED_FAMILIES, bench_timezone=bench_timezone or None,
+                     columns=columns or None, log_year=log_year or None,
+                     log_timezone=log_timezone or None, **recompute_args(engine_args))
+        for _, r in res.runs.iterrows():
+            rows.append(r.to_dict())
+        for run_name in pd.unique(res.series["run"]) if len(res.series) else []:
+            focus_series[str(run_name)] = res.series[res.series["run"] == run_name]
+        reports["other"] = res.report
+        if shared_log:
+            matched = ("each bench run's time window ('date' - 'duration', in "
+                       f"{bench_timezone or 'local time'}) cut from one continuous scrape log")
+        elif has_bench:
+            matched = "bench results only (no engine metrics)"
+        elif not files:
+            matched = "one scrape log per run"
+        for s in others:
+            for p in ([Path(s)] if Path(s).is_file() else sorted(Path(s).rglob("*"))):
+                if p.is_file():
+                    inputs.append({"path": display_path(p), "sha256": sha256_file(p)})
+    declared = sorted({f for r in reports.values() for run in r.get("runs", {}).values()
+                       for f in run.get("declared_without_samples", [])})
+    if not rows:
+        raise InputError(
+            f"{', '.join(sources)}: no measured run found"
+            + (f": {len(declared)} metric families are declared (# TYPE) without a single "
+               "sample, so nothing was measured; scrape the server while it serves"
+               if declared else ""))
+    runs = pd.DataFrame(rows)
+    runs["variant"] = runs["variant"].fillna(BASELINE).replace({"default": BASELINE})
+    runs["concurrency"] = pd.to_numeric(runs["concurrency"], errors="coerce")
+    if focus_concurrency and runs["concurrency"].isna().all() and len(runs) == 1:
+        # One scrape log of one load level: the level is what the user says it was.
+        runs["concurrency"] = float(focus_concurrency)
+    runs = runs.sort_values(["variant", "concurrency"], kind="stable").reset_index(drop=True)
+    source_run = runs["run"].astype(str).tolist()
+    runs["run"] = _run_names(runs)
+    runs.to_csv(run_dir / RUNS_CSV, index=False)
+    variants = [str(v) for v in pd.unique(runs["variant"])]
+    base = BASELINE if BASELINE in variants else variants[0]
+    base_runs = runs[runs["variant"] == base]
+    measured = base_runs.dropna(subset=["concurrency"])
+    if measured.empty and len(base_runs) > 1:
+        rates = pd.to_numeric(base_runs.get("request_rate", pd.Series(dtype=float)),
+                              errors="coerce")
+        raise InputError(
+            f"{', '.join(sources)}: {len(base_runs)} runs and no concurrency levels; lay scrapes "
+            "out as <variant>/c<concurrency>/metrics.prom.jsonl or give vllm bench results"
+            + ("; these runs are request-rate levels, not concurrency levels (kvpressure knee "
+               "--x request_rate reads their curve)" if rates.notna().any() else "")
+        )
+    if measured.empty:
+        level, why = None, ("the concurrency is not known (the metrics do not carry it; "
+                            "give focus_concurrency)")
+        focus_row = base_runs.iloc[0]
+    else:
+        level, why = focus_level(measured, focus_concurrency)
+        focus_row = measured[measured["concurrency"] == level].iloc[0]
+    run_name = str(focus_row["run"])
+    series = focus_series.get(source_run[int(focus_row.name)])
+    load: dict[str, Any] = {"idle": None, "snapshot": False, "notes": []}
+    if declared:
+        load["notes"].append(
+            f"{len(declared)} metric famil{'y is' if len(declared) == 1 else 'ies are'} declared "
+            f"without samples, so missing (not zero): {', '.join(declared)}")
+    win = ingested_window(focus_row, series, run_name, level, shared_log=shared_log,
+                          log_origin=_counter_origin(reports, source_run[int(focus_row.name)]),
+                          bench_timezone=bench_timezone)
+    series, (t0, t1), (g0, g1), origin = win.series, win.counters, win.gauges, win.origin
+    load.update(idle=win.idle, snapshot=win.snapshot, notes=[*load["notes"], *win.notes])
+    series.to_csv(run_dir / SERIES_CSV, index=False)
+    (run_dir / INGEST_JSON).write_text(
+        json.dumps(ingest_report({"runs": reports}), indent=2, sort_keys=True) + "\n")
+    engine_metrics = bool(len(series))
+    geometry = cache_config(series) if engine_metrics else {}
+    # A server log shows some engine arguments (max_num_seqs...); what the user gives wins.
+    settings = {**geometry, **engine_args_from_reports(reports), **dict(engine_args)}
+    load["notes"].extend(log_notes(reports))
+    variant_settings = {}
+    for v in variants:
+        variant_settings[v] = {**settings, **_parse_variant(v)} if v != base else dict(settings)
+    params = sorted({k for v in variants if v != base for k in _parse_variant(v)})
+    bench_file = bench_source(focus_row.get("source"))
+    lengths = bench_lengths(bench_file) if bench_file else {}
+    # The whole log from the process start counts from zero; a window cut from it does not.
+    from_start = not shared_log
+    for key, base_name in (("input_len_distribution", "vllm:request_prompt_tokens"),
+                           ("output_len_distribution", "vllm:request_generation_tokens")):
+        bench_len = lengths.get(key)
+        if (bench_len is None or bench_len["p50"] is None) and engine_metrics:
+            hist = length_from_histogram(series, base_name, None if from_start else t0, t1)
+            if hist["mean"] is not None:
+                lengths[key] = hist | keep_mean(bench_len or {})
+        lengths.setdefault(key, unmeasured(base_name))
+    model = (model_name or (_model_name(series) if engine_metrics else None)
+             or _dropped_model_name(reports) or _first(runs.get("model")) or "unknown model")
+    return as_result(CollectInfo, {
+        "mode": "ingested",
+        "name": run_dir.name,
+        "description": "ingested metrics",
+        "inputs": inputs,
+        "seed": None,
+        "seeds": None,
+        "model_name": model,
+        "baseline_variant": base,
+        "variants": variants,
+        "variant_settings": variant_settings,
+        "comparison_parameter": params[0] if len(params) == 1 else None,
+        "comparison_variants": [v for v in variants if v != base] if len(params) == 1 else [],
+        "concurrency_levels": sorted(int(c) for c in measured["concurrency"].unique()),
+        "settings": settings,
+        "num_requests": _finite_int(base_runs.loc[base_runs["run"] == run_name, "num_requests"]),
+        "input_len_distribution": lengths["input_len_distribution"],
+        "output_len_distribution": lengths["output_len_distribution"],
+        "engine_metrics": engine_metrics,
+        "bench_results": has_bench,
+        "scrapes": has_scrapes,
+        "matched": matched,
+        "bench_timezone": bench_timezone or "local",
+        "incomplete_levels": incomplete_levels(others),
+        "focus": {"variant": base, "concurrency": level, "run": run_name, "why": why,
+                  "t0": t0, "t1": t1, "gauge_t0": g0, "gauge_t1": g1, "point_dir": None,
+                  "counter_origin": origin},
+        "load": load,
+    })
+
+
+def _counter_origin(reports: Mapping[str, Any], run: str) -> str:
+    """The counter origin ingestion decided for ``run`` ("zero": the log starts with the
+    process), "first" when it is not reported."""
+    for report in reports.values():
+        info = (report.get("runs") or {}).get(run) or {}
+        origin = (info.get("counter_origin") or {}).get("origin")
+        if origin:
+            return str(origin)
+    return "first"
+
+
+def _dropped_model_name(reports: Mapping[str, Any]) -> str | None:
+    """The served model's name when ingestion dropped the ``model_name`` label (one model)."""
+    for report in reports.values():
+        for run in (report.get("runs") or {}).values():
+            name = (run.get("dropped_labels") or {}).get("model_name")
+            if name:
+                return str(name)
+    return None
+
+
+def _first(values: Any) -> str | None:
+    if values is None:
+        return None
+    for v in values:
+        if isinstance(v, str) and v.strip():
+            return v
+    return None
+
+
+def _finite_int(values: pd.Series) -> int | None:
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    return int(round(float(v.iloc[0]))) if len(v) else None
+
+
+def _model_name(series: pd.DataFrame) -> str | None:
+    from kvpressure.ingestion.labels import parse_labels
+
+    for text in pd.unique(series["labels"].astype(str))[:50]:
+        name = parse_labels(text).get("model_name")
+        if name:
+            return name
+    return None
+
+
+def incomplete_levels(sources: list[str]) -> list[dict[str, Any]]:
+    """Levels ``kvpressure collect`` measured only in part (left off the curve), with why."""
+    from kvpressure.ingestion.bench import load_results
+    from kvpressure.ingestion.sources import detect
+
+    out = []
+    for s in sources:
+        try:
+            found = detect(s)
+        except InputError:
+            continue
+        for src in found:
+            if src.kind != "bench":
+                continue
+            try:
+                results = load_results(Path(src.location))
+            except (InputError, OSError):
+                continue
+            for _, res in results:
+                level = res.get("kvpressure_level") if isinstance(res, dict) else None
+                if isinstance(level, dict) and level.get("complete") is False:
+                    out.append({"concurrency": res.get("max_concurrency"),
+                                "completed": res.get("completed"), "failed": res.get("failed"),
+                                "reason": level.get("reason") or "no reason recorded",
+                                "source": display_path(src.location)})
+    return sorted(out, key=lambda lv: (lv["concurrency"] is None, lv["concurrency"] or 0))

@@ -1,0 +1,119 @@
+"""Stage 01 on a simulation: the experiment's sweep (every concurrency level of every
+comparison variant, with each of the comparison's workload seeds) is simulated into
+``points/<variant>/c<C>/`` (the experiment's own seed) and ``runs.csv`` (every seed: the
+run-to-run noise); the focus point's Prometheus view (``metrics.prom.jsonl``) is ingested into
+``series.csv``, the same way a real server's scrapes are."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvpressure.errors import InputError
+from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report
+from kvpressure.pipeline.focus import focus_level
+from kvpressure.pipeline.lengths import length_stats
+from kvpressure.pipeline.run_folder import (
+    EXPERIMENT_COPY,
+    INGEST_JSON,
+    POINTS_DIR,
+    RUNS_CSV,
+    SERIES_CSV,
+    display_path,
+    sha256_file,
+)
+from kvpressure.pipeline.windows import steady_window
+from kvpressure.stages.files import as_result
+from kvpressure.stages.results import CollectInfo
+
+
+def _run_sweep(experiment: Any, run_dir: Path, jobs: int, progress: Callable[[str], None]
+               ) -> pd.DataFrame:
+    from kvpressure.pipeline.sweep import run_sweep
+
+    return run_sweep(experiment, run_dir, progress=progress, jobs=jobs)
+
+
+def _describe_length(spec: Any) -> str:
+    if spec is None:
+        return "from the trace"
+    data = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
+    kind = data.pop("type", None) or data.pop("kind", None) or type(spec).__name__
+    args = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in data.items() if v is not None)
+    return f"{kind} ({args})" if args else str(kind)
+
+
+def _point_dir(run_dir: Path, variant: str, concurrency: int) -> Path:
+    return run_dir / POINTS_DIR / variant / f"c{concurrency}"
+
+
+def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: int,
+                        jobs: int, progress: Callable[[str], None]) -> CollectInfo:
+    from kvpressure.ingestion.api import ingest
+    from kvpressure.simulation.experiment import load_experiment
+
+    exp = load_experiment(experiment_path)
+    if exp.mode != "closed":
+        raise InputError(f"{experiment_path}: the investigation sweeps closed-loop concurrency "
+                         "levels; this experiment gives request rates")
+    src = Path(exp.path) if exp.path else Path(experiment_path)
+    shutil.copyfile(src, run_dir / EXPERIMENT_COPY)
+    runs = _run_sweep(exp, run_dir, jobs, progress)
+    if not (run_dir / RUNS_CSV).is_file():
+        runs.to_csv(run_dir / RUNS_CSV, index=False)
+    runs = pd.read_csv(run_dir / RUNS_CSV)
+    variants = [str(v) for v in pd.unique(runs["variant"])]
+    base = BASELINE if BASELINE in variants else variants[0]
+    focus_variant = exp.config.focus.variant if exp.config.focus.variant in variants else base
+    base_runs = runs[runs["variant"].astype(str) == focus_variant]
+    requested = focus_concurrency or exp.config.focus.concurrency
+    level, why = focus_level(base_runs, requested)
+    point = _point_dir(run_dir, focus_variant, level)
+    scrape = next((point / n for n in SCRAPE_FILES if (point / n).is_file()), None)
+    if scrape is None:
+        raise InputError(f"{point}: the sweep wrote no metrics.prom.jsonl for the focus point")
+    run_name = f"{focus_variant}/c{level}"
+    ingested = ingest([scrape], run=run_name)
+    ingested.series.to_csv(run_dir / SERIES_CSV, index=False)
+    (run_dir / INGEST_JSON).write_text(
+        json.dumps(ingest_report(ingested.report), indent=2, sort_keys=True) + "\n")
+    requests = pd.read_csv(point / "requests.csv")
+    t0, t1 = steady_window(requests, ingested.series)
+    settings = exp.settings()
+    cmp = exp.config.comparison
+    spec = exp.config.workload
+    return as_result(CollectInfo, {
+        "mode": "simulation",
+        "name": exp.name,
+        "description": exp.description,
+        "inputs": [{"path": display_path(src), "sha256": sha256_file(src)}],
+        "seed": int(spec.seed),
+        "seeds": [int(x) for x in exp.seeds],
+        "model_name": exp.model_name,
+        "baseline_variant": base,
+        "variants": variants,
+        "variant_settings": {v: _variant_settings(exp, v) for v in variants},
+        "comparison_parameter": cmp.parameter if cmp else None,
+        "comparison_variants": [v for v in exp.variants() if v != BASELINE and v in variants],
+        "concurrency_levels": sorted(int(c) for c in base_runs["concurrency"].unique()),
+        "settings": settings,
+        "num_requests": int(len(requests)),
+        "input_len_distribution": length_stats(
+            requests["prompt_len"], _describe_length(spec.input_len), "requests.csv (exact)"),
+        "output_len_distribution": length_stats(
+            requests["output_len"], _describe_length(spec.output_len), "requests.csv (exact)"),
+        "focus": {"variant": focus_variant, "concurrency": level, "run": run_name,
+                  "why": why, "t0": t0, "t1": t1,
+                  "point_dir": str(point.relative_to(run_dir))},
+    })
+
+
+def _variant_settings(exp: Any, variant: str) -> dict[str, Any]:
+    overrides = exp.variants(include_remedies=True).get(variant, {})
+    return exp.settings(overrides)

@@ -1,0 +1,333 @@
+"""The result of each stage, as ``analysis/<stage>.json`` holds it.
+
+One type a stage: :class:`CollectInfo` (01), :class:`RecomputeResult` (02), :class:`KneeResult`
+(03), :class:`ComparisonResult` (04), :class:`InterferenceResult` (05) and
+:class:`VerdictResult` (06: symptoms, status, remedies). Simulated and ingested collection give
+the same :class:`CollectInfo`; what one of them cannot know is an explicit default (``None``,
+``False``, an empty list), never an absent key to probe for.
+
+A file holds only the fields its producer set (``exclude_unset``), so the JSON of a simulated
+run keeps no ingestion-only keys and the files stay byte for byte what they were before the
+types existed. Measured values are ``Number`` (``float | int``): an integer count stays an
+integer in the file instead of gaining a ``.0``. Detail a stage only passes through for people
+to read (an analysis' evidence, its bootstrap report) stays a mapping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Number = float | int
+
+
+class _Part(BaseModel):
+    """A part of a stage's result: unknown keys are refused, so a renamed field fails loudly."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class StageResult(_Part):
+    """What one stage writes to ``analysis/<STAGE>.json``."""
+
+    STAGE: ClassVar[str]
+    NOTEBOOK: ClassVar[str]
+    """The notebook that writes it (named when the file is missing)."""
+
+
+# --------------------------------------------------------------------------- 01 collect
+class InputFile(_Part):
+    path: str
+    sha256: str
+
+
+class LengthStats(_Part):
+    """A length distribution (prompt or output tokens) and where it was measured."""
+
+    description: str
+    mean: Number | None = None
+    p50: Number | None = None
+    p95: Number | None = None
+    max: Number | None = None
+    source: str
+
+
+class _Windowed(_Part):
+    """Counters over ``t0``-``t1``; gauges over ``gauge_t0``-``gauge_t1`` when those are given
+    (the load's steady part), else over the counters' window."""
+
+    t0: Number | None
+    t1: Number | None
+    gauge_t0: Number | None = None
+    gauge_t1: Number | None = None
+
+    @property
+    def window(self) -> tuple[Number | None, Number | None]:
+        return self.t0, self.t1
+
+    @property
+    def gauge_window(self) -> tuple[Number | None, Number | None]:
+        if "gauge_t0" not in self.model_fields_set:
+            return self.window
+        return self.gauge_t0, self.gauge_t1
+
+
+class Focus(_Windowed):
+    """The point whose counters the investigation reads, and over which window."""
+
+    variant: str
+    concurrency: int | None
+    run: str
+    why: str
+    point_dir: str | None = None
+    """The point folder of a simulated sweep (steps.csv, requests.csv); None for ingested data."""
+    counter_origin: str = "first"
+    """"zero": the window starts with the server process, its counters count from zero."""
+
+
+class Load(_Part):
+    """What was told about the load of ingested data (a simulation has none of it)."""
+
+    idle: bool | None = None
+    snapshot: bool = False
+    notes: list[str] = Field(default_factory=list)
+
+
+class IncompleteLevel(_Part):
+    """A level ``kvpressure collect`` measured only in part (left off the curve)."""
+
+    concurrency: Number | None
+    completed: Number | None
+    failed: Number | None
+    reason: str
+    source: str
+
+
+class CollectInfo(StageResult):
+    """Stage 01: what was read or simulated, the focus point and its window."""
+
+    STAGE: ClassVar[str] = "collect"
+    NOTEBOOK: ClassVar[str] = "01_collect"
+
+    mode: Literal["simulation", "ingested"]
+    name: str
+    description: str
+    inputs: list[InputFile]
+    seed: int | None
+    seeds: list[int] | None
+    model_name: str
+    baseline_variant: str
+    variants: list[str]
+    variant_settings: dict[str, dict[str, Any]]
+    comparison_parameter: str | None
+    comparison_variants: list[str]
+    concurrency_levels: list[int]
+    settings: dict[str, Any]
+    """Engine arguments with vLLM's names (the pool geometry from vllm:cache_config_info)."""
+    num_requests: int | None
+    input_len_distribution: LengthStats
+    output_len_distribution: LengthStats
+    focus: Focus
+    # What only ingested data can lack or tell; a simulation has every engine metric.
+    engine_metrics: bool = True
+    bench_results: bool = False
+    scrapes: bool = True
+    matched: str | None = None
+    """How runs were matched with their metrics (ingested data)."""
+    bench_timezone: str | None = None
+    incomplete_levels: list[IncompleteLevel] = Field(default_factory=list)
+    load: Load = Field(default_factory=Load)
+
+    @property
+    def simulated(self) -> bool:
+        return self.mode == "simulation"
+
+
+# --------------------------------------------------------------------------- 02 recompute
+class Window(_Windowed):
+    """A stage's window at the focus point."""
+
+    run: str
+    concurrency: int | None
+
+
+class RecomputeResult(StageResult):
+    """Stage 02: counters over the focus window, the waiting split, the recompute ratio (exact
+    from steps, or a range from counters); every counter None without engine metrics."""
+
+    STAGE: ClassVar[str] = "recompute"
+    NOTEBOOK: ClassVar[str] = "02_recompute"
+
+    window: Window
+    max_num_seqs: Number | None
+    available: bool
+    exact: bool
+    missing: str | None = None
+    """Why nothing was measured (``available`` False)."""
+    running_mean: Number | None
+    running_max: Number | None
+    waiting_mean: Number | None
+    waiting_capacity_mean: Number | None
+    waiting_deferred_mean: Number | None
+    frac_waiting: Number | None
+    frac_silent: Number | None
+    kv_usage_mean: Number | None
+    preemptions: Number | None
+    recomputed_tokens: Number | None
+    recomputed_tokens_low: Number | None
+    recomputed_tokens_high: Number | None
+    recompute_ratio: Number | None
+    recompute_ratio_low: Number | None
+    recompute_ratio_high: Number | None
+    recompute_time_share: Number | None
+    waiting: dict[str, Any]
+    """The waiting analysis in full (``analysis.waiting``)."""
+    recompute: dict[str, Any]
+    """The recompute measurement in full: exact counts, or the estimate with its method."""
+
+
+# --------------------------------------------------------------------------- 03 knee
+class KneeResult(StageResult):
+    """Stage 03: the baseline curve (level means over repeats), its knee and the latencies at
+    the focus level."""
+
+    STAGE: ClassVar[str] = "knee"
+    NOTEBOOK: ClassVar[str] = "03_knee"
+
+    variant: str
+    repeats: int
+    available: bool
+    why_not: str | None
+    levels: int
+    knee: dict[str, Any] | None
+    """``analysis.knee.Knee`` as a mapping (knee_x, peak_x, peak_y, plateau, ...)."""
+    curve: list[dict[str, Any]]
+    """One mapping a level: the curve columns (``pipeline.stages.CURVE_COLUMNS``), repeats and
+    the throughput's spread."""
+    focus_concurrency: int | None
+    itl_mean_s: Number | None
+    itl_p95_s: Number | None
+    ttft_p95_s: Number | None
+    itl_p99_s: Number | None = None
+    """Set only when the runs give ITL p99 and no p95 (``itl_tail_note`` says so)."""
+    itl_tail_note: str | None = None
+
+
+# --------------------------------------------------------------------------- 04 compare
+class ComparisonResult(StageResult):
+    """Stage 04: the single-variable comparison; only ``available``, ``parameter`` and
+    ``summary`` when the data holds none."""
+
+    STAGE: ClassVar[str] = "compare"
+    NOTEBOOK: ClassVar[str] = "04_compare"
+
+    available: bool
+    parameter: str | None
+    summary: str
+    baseline: str | None = None
+    baseline_value: Any = None
+    variants: list[dict[str, Any]] = Field(default_factory=list)
+    """``analysis.compare.VariantCurve`` mappings, the baseline first."""
+    shifts: list[dict[str, Any]] = Field(default_factory=list)
+    knee_moves_right: bool = False
+    beyond_noise: bool = False
+    moved_right_beyond_noise: bool = False
+    noise_method: str | None = None
+    notes: list[str] = Field(default_factory=list)
+    variant_names: list[str] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- 05 interference
+class InterferenceResult(StageResult):
+    """Stage 05: prefill interference vs preemption-driven slow steps at the focus point."""
+
+    STAGE: ClassVar[str] = "interference"
+    NOTEBOOK: ClassVar[str] = "05_interference"
+
+    source: str
+    """"steps" (simulated), "series" (scrapes) or "none" (no engine metrics)."""
+    prefill_interference: bool | None
+    preemption: bool | None
+    prefill_evidence: dict[str, Any] = Field(default_factory=dict)
+    preemption_evidence: dict[str, Any] = Field(default_factory=dict)
+    thresholds: dict[str, Any] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    summary: str
+
+
+# --------------------------------------------------------------------------- 06 verdict
+class Symptom(_Part):
+    id: str
+    name: str
+    verdict: Literal["present", "absent", "no data"]
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    threshold: dict[str, Any] = Field(default_factory=dict)
+
+
+class Symptoms(_Part):
+    """The symptom checklist over the gauge window."""
+
+    window: list[Number | None]
+    thresholds: dict[str, Any]
+    symptoms: list[Symptom]
+
+
+class StatusResult(_Part):
+    status: str
+    rule: str
+    confirmed: bool
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    prefill_interference: bool | None = None
+    prefill_evidence: dict[str, Any] = Field(default_factory=dict)
+    findings: list[str] = Field(default_factory=list)
+
+
+class RemedyRow(_Part):
+    parameter: str
+    change: str
+    effect: str
+    cost: str
+    remedy: str
+
+
+class Remedies(_Part):
+    """Remedies in the order to try them: simulated (``report`` holds the evaluation) or the
+    workflow's table without numbers; the recommendation either way."""
+
+    simulated: bool
+    try_first: str | None
+    why: str
+    rows: list[RemedyRow]
+    report: dict[str, Any] | None = None
+    recommendation: dict[str, Any] = Field(default_factory=dict)
+
+
+class VerdictResult(StageResult):
+    """Stage 06 (``analysis/record.json``): symptoms, status and remedies."""
+
+    STAGE: ClassVar[str] = "record"
+    NOTEBOOK: ClassVar[str] = "06_record"
+
+    symptoms: Symptoms
+    status: StatusResult
+    remedies: Remedies
+
+
+@dataclass(frozen=True)
+class RunStages:
+    """Every stage's result of one investigation: what the record is built from."""
+
+    collect: CollectInfo
+    recompute: RecomputeResult
+    knee: KneeResult
+    compare: ComparisonResult
+    interference: InterferenceResult
+    verdict: VerdictResult
+
+
+STAGE_TYPES: tuple[type[StageResult], ...] = (
+    CollectInfo, RecomputeResult, KneeResult, ComparisonResult, InterferenceResult,
+    VerdictResult,
+)
