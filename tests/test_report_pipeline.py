@@ -29,10 +29,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def simulated(tmp_path_factory):
-    out = tmp_path_factory.mktemp("report") / "ci_small"
-    return make_report(out, experiment=EXPERIMENT, jobs=2, progress=lambda _m: None,
-                       stream=None)
+def simulated(ci_small_report):
+    return ci_small_report
 
 
 def test_record_is_complete_and_agrees_with_the_stages(simulated):

@@ -29,7 +29,13 @@ from kvpressure.pipeline.report import make_report
 from kvpressure.pipeline.sweep import run_sweep
 from kvpressure.record.io import load_record
 from kvpressure.stages.files import read_stage
-from kvpressure.stages.results import ComparisonResult, RecomputeResult, VerdictResult
+from kvpressure.stages.results import (
+    CollectInfo,
+    ComparisonResult,
+    InterferenceResult,
+    RecomputeResult,
+    VerdictResult,
+)
 from report_helpers import empty_fields
 
 pytestmark = pytest.mark.slow
@@ -186,6 +192,11 @@ def test_bench_results_alone_give_the_curve_and_no_cause(bench_only, sweep):
     verdicts = {s.id: s.verdict for s in symptoms}
     assert verdicts["kv_usage_near_full"] == verdicts["preemption_recompute"] == "no data"
     assert verdicts["curve_falls"] == "present" and rec.remedies == []
+    # Nothing is judged without engine metrics: not "absent", not measured.
+    interference = read_stage(bench_only.run_dir, InterferenceResult)
+    assert interference.source == "none"
+    assert interference.prefill_interference is None and interference.preemption is None
+    assert not read_stage(bench_only.run_dir, CollectInfo).engine_metrics
     page = bench_only.index_path.read_text()
     assert "Not measured" in page and "<th>KV cache usage (mean)</th><td>no data</td>" in page
 

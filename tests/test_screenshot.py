@@ -12,7 +12,7 @@ import pytest
 from kvpressure.pipeline.html import build_html
 from kvpressure.pipeline.screenshot import check_screenshot, find_chromium, take_screenshot
 from kvpressure.record.io import validate_record
-from test_record import valid_record
+from report_helpers import valid_record
 
 pytestmark = pytest.mark.browser
 

@@ -1,0 +1,20 @@
+"""Fixtures more than one test module uses (test modules never import one another; plain
+helpers live in ``*_helpers.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpressure.paths import REPO_ROOT
+
+CI_SMALL = REPO_ROOT / "data" / "experiments" / "ci_small.yaml"
+
+
+@pytest.fixture(scope="session")
+def ci_small_report(tmp_path_factory):
+    """``kvpressure report`` on the small built-in experiment: the notebooks through papermill,
+    once for every module that reads the run folder (none of them may change it)."""
+    from kvpressure.pipeline.report import make_report
+
+    out = tmp_path_factory.mktemp("report") / "ci_small"
+    return make_report(out, experiment=CI_SMALL, jobs=2, progress=lambda _m: None, stream=None)
