@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from kvpressure.simulation.engine import simulate
 from kvpressure.simulation.prom_view import PromRecorder
 from kvpressure.simulation.scenario import load_scenario
-from test_sim_properties import workloads
+from sim_helpers import workloads
 
 
 class PlainRecorder(PromRecorder):

@@ -14,9 +14,8 @@ from kvpressure.simulation.engine import StepClock, _Engine
 from kvpressure.simulation.lazy_decode import LazyDecode
 from kvpressure.simulation.scenario import load_scenario
 from kvpressure.simulation.scheduler import Scheduler
-from sim_helpers import LinearCost, ManualLoop, RecordingRecorder
+from sim_helpers import LinearCost, ManualLoop, RecordingRecorder, workloads
 from sim_helpers import settings as sched_settings
-from test_sim_properties import workloads
 
 
 class _StepRecorder:

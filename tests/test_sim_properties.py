@@ -9,46 +9,7 @@ from hypothesis import strategies as st
 from kvpressure.simulation.engine import StepClock, _Engine, simulate
 from kvpressure.simulation.request import PREEMPTED, RUNNING, WAITING
 from kvpressure.simulation.scenario import load_scenario
-from sim_helpers import LinearCost, RecordingRecorder
-
-
-@st.composite
-def workloads(draw):
-    B = draw(st.sampled_from([4, 16, 32]))
-    n_blocks = draw(st.integers(6, 60))
-    chunked = draw(st.booleans())
-    max_num_seqs = draw(st.integers(1, 8))
-    n_req = draw(st.integers(1, 14))
-    groups = {"g0": {"length": draw(st.integers(0, 3)) * B + draw(st.sampled_from([0, 5]))},
-              "g1": {"length": 2 * B}}
-    cap = (n_blocks - 1) * B  # longest sequence that fits the pool
-    reqs = []
-    for i in range(n_req):
-        prompt = draw(st.integers(1, min(150, cap - 1)))
-        output = draw(st.integers(1, max(1, min(60, cap - prompt + 1))))
-        r = {"id": f"q{i}", "prompt_len": prompt, "output_len": output,
-             "arrival_step": draw(st.integers(0, 40)), "priority": draw(st.integers(0, 3))}
-        g = draw(st.sampled_from([None, "g0", "g1"]))
-        if g is not None:
-            r["prefix_group"] = g
-        reqs.append(r)
-    longest = max(r["prompt_len"] + r["output_len"] for r in reqs)
-    budget = draw(st.sampled_from([16, 40, 64, 256]))
-    s = {"num_gpu_blocks": n_blocks, "block_size": B, "max_num_seqs": max_num_seqs,
-         "enable_chunked_prefill": chunked,
-         "enable_prefix_caching": draw(st.booleans()),
-         "policy": draw(st.sampled_from(["fcfs", "priority"])),
-         # vLLM refuses a threshold above max_model_len.
-         "long_prefill_token_threshold": min(draw(st.sampled_from([0, 0, 8, 24])), longest + 1),
-         "scheduler_reserve_full_isl": draw(st.booleans()),
-         "watermark": draw(st.sampled_from([0.0, 0.0, 0.05, 0.2])),
-         "max_model_len": longest + 1}
-    s["max_num_batched_tokens"] = max(budget, max_num_seqs) if chunked \
-        else max(budget, longest + 1)
-    mode = draw(st.sampled_from([{"type": "open"}, {"type": "closed", "concurrency": 3},
-                                 {"type": "closed", "concurrency": 8}]))
-    return {"name": "prop", "mode": mode, "settings": s, "prefix_groups": groups,
-            "requests": reqs}
+from sim_helpers import LinearCost, RecordingRecorder, workloads
 
 
 class _Checker(RecordingRecorder):
