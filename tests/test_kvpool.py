@@ -242,3 +242,27 @@ def test_seed_case_pool_by_hand():
     assert s.block_bytes == 5_242_880
     assert exp.settings()["num_gpu_blocks"] == s.num_gpu_blocks == 7_353
     assert s.kv_cache_size_tokens == 7_353 * 128
+
+
+def test_capacity_notebook_grid_is_monotone():
+    """notebooks/00_capacity.ipynb's defaults: fewer sequences fit as they grow longer, more
+    blocks as the utilization rises, and the pool's bytes add up."""
+    from kvpressure.profiles import load_hardware, safe_concurrency_grid
+
+    hw, mdl = load_hardware("ascend-910b-64g"), load_model("llama-3.1-70b")
+    sizing = size_kv_pool(hw, mdl, tp=8, pp=1, gpu_memory_utilization=0.92,
+                          max_model_len=8192)
+    assert sizing.num_gpu_blocks > 0 and sizing.available_kv_bytes > 0
+    assert len(sizing.kv_groups) == 1
+    assert sizing.block_bytes == sizing.kv_bytes_per_token * sizing.block_size
+    assert all(row["bytes"] >= 0 for row in sizing.memory_breakdown())
+    lengths, utils = [256, 512, 1024, 2048, 4096, 8192], [0.85, 0.90, 0.92, 0.95]
+    grid = safe_concurrency_grid(hw, mdl, lengths, utils, tp=8, max_model_len=8192)
+    for util in utils:
+        fits = [r["safe_concurrency"] for r in sorted(
+            (r for r in grid if r["gpu_memory_utilization"] == util),
+            key=lambda r: r["avg_seq_len"])]
+        assert fits == sorted(fits, reverse=True) and fits[0] > fits[-1], (util, fits)
+    blocks = [next(r["num_gpu_blocks"] for r in grid if r["gpu_memory_utilization"] == u)
+              for u in utils]
+    assert blocks == sorted(blocks) and blocks[0] < blocks[-1], blocks
