@@ -18,12 +18,19 @@
     shape) on loopback, KV pool set with ``--num-gpu-blocks-override``. For each setup: start the
     server, ``kvpressure collect`` a sweep of 8 levels past the knee (builtin closed-loop
     client, ``--no-report``), ``kvpressure ingest`` its bench results and scrape log into the
-    folder's ``report/``, build and fit the twin, compare per level, fit on half the levels and
-    predict the rest. On the first setup, the remedies (``max_num_seqs`` lowered to what the
-    pool holds; ``max_num_batched_tokens`` 128, so prompts are prefilled in chunks) are
-    predicted on the twin, then measured on a restarted server and compared: errors per level for throughput and preemptions, and the
-    change in throughput at the focus level predicted vs measured. ``uptime`` is recorded before
-    and after: absolute throughput on 2 shared cores moves with the machine's load.
+    folder's ``report/``, build and fit the twin, compare per level (preemptions also summed
+    over the levels at and past the measured knee), fit on half the levels and predict the
+    rest. On the first setup, the remedies (``max_num_seqs`` lowered to what the pool holds;
+    the pool doubled, more KV memory, an effect well above a level's noise;
+    ``max_num_batched_tokens`` 128, so prompts are prefilled in chunks) are predicted on the
+    twin, then measured on a restarted server and compared: errors per level for throughput
+    and preemptions, and the change in throughput predicted vs measured both at the focus
+    level and as the change of the mean over the levels at and past the knee (with the
+    spread of the per-level changes). The baseline is measured a second time on a restarted
+    server: the run-to-run spread per level the twin's errors are read against. The client
+    turnaround (a slot's empty time between a finish and the next request reaching the
+    engine) is recorded per setup. ``uptime`` is recorded before and after: absolute
+    throughput on 2 shared cores moves with the machine's load.
 
 Results: stdout and ``benchmarks/out/bench_twin.json``; each real twin's folder (``twin.json``,
 ``fit_table.csv``, ``twin.png``, ``twin.md``) under ``benchmarks/out/twin_real/<setup>/``.
@@ -374,6 +381,8 @@ def real(levels: tuple[int, ...], work: Path, port: int) -> dict:
 
 def _real_setup(k: int, setup: dict, venv: Path, models: Path, work: Path, port: int,
                 levels: tuple[int, ...]) -> dict:
+    from kvpressure.twin.validation import preemption_errors
+
     focus = max(levels)
     model = _model(venv, setup["model"], models)
     folder = work / setup["name"]
@@ -388,6 +397,8 @@ def _real_setup(k: int, setup: dict, venv: Path, models: Path, work: Path, port:
     if k == 0:
         remedies_to_measure = {
             "max_num_seqs_pool": {"max_num_seqs": holds},
+            # more KV memory: an effect well above the noise of a level on this machine
+            "pool_doubled": {"num_gpu_blocks": 2 * setup["blocks"]},
             # chunked prefill in pieces smaller than a prompt: more steps, each cheaper
             "max_num_batched_tokens_128": {"max_num_batched_tokens": 128},
         }
@@ -396,43 +407,101 @@ def _real_setup(k: int, setup: dict, venv: Path, models: Path, work: Path, port:
     summary.update(name=setup["name"], model=setup["model"], blocks=setup["blocks"],
                    engine=setup["engine"], timing=timing, uptime=_uptime())
     print(f"    {summary['verdict']}; fit+predict {summary['fit_predict_s']} s", flush=True)
+    knee = summary["knee"]["measured"]
+    base = _curve(folder)
+    twin_base = {c: twin.report.twin_levels[c] for c in twin.report.twin_levels}
+    summary["preemptions"] = preemption_errors(
+        {c: base.loc[c, "preemptions"] for c in levels if c in base.index},
+        {c: t["preemptions"] for c, t in twin_base.items()}, knee)
+    summary["client_turnaround"] = twin.turnaround()
+    if k == 0:
+        summary["noise"] = _noise(venv, model, setup, folder, work, port, levels)
     summary["remedies_measured"] = []
     for rname, ov in remedies_to_measure.items():
         rfolder = work / f"{setup['name']}__{rname}"
         print(f"(c) {setup['name']} remedy {rname} {ov}: measuring ({_uptime()})",
               flush=True)
-        rt = _measure(venv, model, setup["blocks"], {**setup["engine"], **ov}, rfolder,
+        engine = {**setup["engine"], **{k: v for k, v in ov.items() if k != "num_gpu_blocks"}}
+        rt = _measure(venv, model, ov.get("num_gpu_blocks", setup["blocks"]), engine, rfolder,
                       port, levels)
-        measured = _curve(rfolder)
-        base = _curve(folder)
-        rows = []
-        for c in levels:
-            if c not in measured.index or c not in twin.workloads:
-                continue
-            pred = twin.predict_level(c, ov)
-            m = measured.loc[c]
-            rows.append({"concurrency": c, "throughput_measured": m["output_throughput"],
-                         "throughput_twin": pred["output_throughput"],
-                         "throughput_error_pct": _pct(pred["output_throughput"],
-                                                      m["output_throughput"]),
-                         "preemptions_measured": m.get("preemptions"),
-                         "preemptions_twin": pred["preemptions"]})
-        cand = next(c for c in remedies["candidates"] if c["setting"] == rname)
-        measured_change = _pct(measured.loc[focus, "output_throughput"],
-                               base.loc[focus, "output_throughput"])
-        entry = {"remedy": rname, "overrides": ov, "timing": rt, "per_level": rows,
-                 "change_at_focus_predicted_pct": round(cand["throughput_change_pct"], 2),
-                 "change_at_focus_predicted_interval_pct":
-                     cand["throughput_change_pct_p05_p50_p95"],
-                 "change_at_focus_measured_pct": measured_change,
-                 "uptime": _uptime()}
-        entry["change_error_pp"] = (round(entry["change_at_focus_predicted_pct"]
-                                          - measured_change, 2)
-                                    if measured_change is not None else None)
-        summary["remedies_measured"].append(entry)
-        print(f"    predicted {entry['change_at_focus_predicted_pct']:+.1f}% at c={focus}, "
-              f"measured {measured_change:+.1f}%", flush=True)
+        summary["remedies_measured"].append(
+            _remedy_entry(twin, remedies, rname, ov, _curve(rfolder), base, twin_base, levels,
+                          focus, knee, rt))
     return summary
+
+
+def _remedy_entry(twin, remedies: dict, rname: str, ov: dict, measured: pd.DataFrame,
+                  base: pd.DataFrame, twin_base: dict, levels: tuple[int, ...], focus: int,
+                  knee: int | None, timing: dict) -> dict:
+    """One measured remedy against the twin's prediction: per level, at the focus level, and
+    over the levels at and past the baseline's measured knee."""
+    from kvpressure.twin.validation import past_knee_change, preemption_errors
+
+    rows, predicted = [], {}
+    for c in levels:
+        if c not in measured.index or c not in twin.workloads:
+            continue
+        pred = predicted[c] = twin.predict_level(c, ov)
+        m = measured.loc[c]
+        rows.append({"concurrency": c, "throughput_measured": m["output_throughput"],
+                     "throughput_twin": pred["output_throughput"],
+                     "throughput_error_pct": _pct(pred["output_throughput"],
+                                                  m["output_throughput"]),
+                     "preemptions_measured": m.get("preemptions"),
+                     "preemptions_twin": pred["preemptions"]})
+    cand = next(c for c in remedies["candidates"] if c["setting"] == rname)
+    measured_change = _pct(measured.loc[focus, "output_throughput"],
+                           base.loc[focus, "output_throughput"])
+    thr = "output_throughput"
+    tail_measured = past_knee_change({c: base.loc[c, thr] for c in base.index},
+                                     {c: measured.loc[c, thr] for c in measured.index}, knee)
+    tail_twin = past_knee_change({c: t[thr] for c, t in twin_base.items()},
+                                 {c: p[thr] for c, p in predicted.items()}, knee)
+    entry = {"remedy": rname, "overrides": ov, "timing": timing, "per_level": rows,
+             "change_at_focus_predicted_pct": round(cand["throughput_change_pct"], 2),
+             "change_at_focus_predicted_interval_pct":
+                 cand["throughput_change_pct_p05_p50_p95"],
+             "change_at_focus_measured_pct": measured_change,
+             "past_knee": {"levels": tail_measured["levels"], "measured": tail_measured,
+                           "predicted": tail_twin,
+                           "error_pp": tail_twin["change_of_mean_pct"]
+                           - tail_measured["change_of_mean_pct"]},
+             "preemptions": preemption_errors(
+                 {c: measured.loc[c, "preemptions"] for c in measured.index},
+                 {c: p["preemptions"] for c, p in predicted.items()}, knee),
+             "uptime": _uptime()}
+    entry["change_error_pp"] = (round(entry["change_at_focus_predicted_pct"] - measured_change, 2)
+                                if measured_change is not None else None)
+    sp = tail_measured["spread_pct"]
+    print(f"    {rname}: at c={focus} predicted {entry['change_at_focus_predicted_pct']:+.1f}%, "
+          f"measured {measured_change:+.1f}%; past the knee (c>={knee}) predicted "
+          f"{tail_twin['change_of_mean_pct']:+.1f}%, measured "
+          f"{tail_measured['change_of_mean_pct']:+.1f}% (levels {sp['min']:+.0f}% to "
+          f"{sp['max']:+.0f}%)", flush=True)
+    return entry
+
+
+def _noise(venv: Path, model: Path, setup: dict, folder: Path, work: Path, port: int,
+           levels: tuple[int, ...]) -> dict:
+    """The same setup measured a second time on a restarted server: the run-to-run spread
+    per level that the twin's errors are read against."""
+    from kvpressure.twin.validation import run_to_run
+
+    again = work / f"{setup['name']}__repeat"
+    print(f"(c) {setup['name']}: measured again for the noise ({_uptime()})", flush=True)
+    timing = _measure(venv, model, setup["blocks"], setup["engine"], again, port, levels)
+
+    def table(f: Path) -> dict:
+        cur = _curve(f)
+        return {int(c): {"output_throughput": cur.loc[c, "output_throughput"],
+                         "preemptions": cur.loc[c, "preemptions"]} for c in cur.index}
+
+    out = run_to_run(table(folder), table(again))
+    out["timing"] = timing
+    print(f"    run to run: throughput mean |diff| {out['throughput_mean_abs_diff_pct']:.1f}%, "
+          f"max {out['throughput_max_abs_diff_pct']:.1f}%; preemptions max |diff| "
+          f"{out['preemptions_max_abs_diff']:.0f}", flush=True)
+    return out
 
 
 def main() -> int:

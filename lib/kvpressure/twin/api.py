@@ -153,14 +153,47 @@ class Twin:
             out.append("request lengths at concurrency " + ", ".join(map(str, inexact))
                        + ": every request given the level's mean prompt and output length (no "
                        "per-request lengths in the data)")
-        out.append("closed loop without think time: a finished request's client resubmits at "
-                   "the next engine step (vllm bench serve --request-rate inf "
-                   "--max-concurrency C)")
+        out.append(self.turnaround_assumption())
         if self.fitted is not None:
             for p in PARAMETERS:
                 if self.fitted.source[p] != "fitted":
                     out.append(f"{p} = {self.fitted.theta[p]:.3g}: {self.fitted.source[p]}")
         return out + list(self.measured.notes)
+
+
+    def turnaround(self) -> dict[str, Any]:
+        """The measured client turnaround (``turnaround.py``): per level and over the levels
+        that have it, the engine-side and client-side gap in seconds."""
+        lv = self.measured.levels
+        per = {int(r["concurrency"]): {"engine_gap_s": float(r["engine_gap_mean_s"]),
+                                       "client_gap_s": float(r["client_gap_mean_s"]),
+                                       "mean_in_engine": float(r["mean_in_engine"])}
+               for _, r in lv.iterrows()}
+
+        def median(key: str) -> float:
+            vals = [v[key] for v in per.values() if np.isfinite(v[key])]
+            return float(np.median(vals)) if vals else float("nan")
+
+        return {"per_level": per, "engine_gap_s": median("engine_gap_s"),
+                "client_gap_s": median("client_gap_s")}
+
+    def turnaround_assumption(self) -> str:
+        got = self.turnaround()
+        head = ("closed loop without think time: a finished request's client resubmits at "
+                "the next engine step (vllm bench serve --request-rate inf --max-concurrency C)")
+        eng, cli = got["engine_gap_s"], got["client_gap_s"]
+        if not (np.isfinite(eng) or np.isfinite(cli)):
+            return head + "; the data has no measure of the real client's turnaround"
+        parts = []
+        if np.isfinite(eng):
+            parts.append(f"{eng * 1000:.0f} ms from a finish to the next request reaching the "
+                         "engine (median over levels, from the running and waiting gauges)")
+        if np.isfinite(cli):
+            parts.append(f"{cli * 1000:.0f} ms of it at the client, between the response's end "
+                         "and the next request sent (bench start times and latencies)")
+        return (head + "; measured, a real client's slot stays empty " + "; ".join(parts)
+                + ": the twin keeps its slots fuller than the server saw at low concurrency, "
+                "where the engine is rarely full")
 
 
 def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None,

@@ -11,7 +11,9 @@ and ``ingest.json``. Besides the ``runs`` columns, a level gets, where the data 
   ``vllm:request_prefill_time_seconds`` and ``vllm:request_decode_time_seconds``, the number of
   engine steps and tokens per step from ``vllm:iteration_tokens_total``, and TTFT/ITL medians
   from their histograms when no bench file gives them;
-* from a simulated sweep's point folder (``points/<variant>/c<C>/requests.csv``): the lengths.
+* from a simulated sweep's point folder (``points/<variant>/c<C>/requests.csv``): the lengths;
+* the client turnaround (``turnaround.py``): ``client_gap_mean_s`` from the bench result's
+  start times and latencies, ``engine_gap_mean_s`` from the running and waiting gauges.
 
 A value the data cannot give stays NaN; nothing is guessed here.
 """
@@ -27,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.twin.turnaround import client_gaps, engine_gap_s
 
 # Columns of the levels table (seconds, tokens per second, counts).
 LEVEL_COLUMNS = (
@@ -36,6 +39,8 @@ LEVEL_COLUMNS = (
     "recomputed_tokens_high", "recompute_ratio_low", "recompute_ratio_high", "mean_running",
     "max_running", "mean_kv_usage", "prefill_time_mean_s", "decode_time_mean_s",
     "engine_steps", "tokens_per_step", "input_len_mean", "output_len_mean", "t_start", "t_end",
+    "t_steady_start", "t_steady_end", "request_throughput", "mean_in_engine",
+    "client_gap_mean_s", "engine_gap_mean_s",
 )
 
 
@@ -167,7 +172,8 @@ def data_folder(run_dir: Path) -> Path:
 # The families a level's window statistics read from a whole scrape log.
 _WINDOW_FAMILIES = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
                     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-                    "vllm:iteration_tokens_total", "vllm:cache_config_info")
+                    "vllm:iteration_tokens_total", "vllm:cache_config_info",
+                    "vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 def scrape_log_series(run_dir: Path) -> pd.DataFrame | None:
@@ -182,9 +188,16 @@ def scrape_log_series(run_dir: Path) -> pd.DataFrame | None:
     return None
 
 
-def _window_stats(series: pd.DataFrame, t0: float, t1: float) -> dict[str, float]:
-    """Histogram means and step counts inside one level's window, when the series covers it."""
-    from kvpressure.ingestion.counters import histogram_mean, histogram_quantile, window_increase
+def _window_stats(series: pd.DataFrame, t0: float, t1: float,
+                  steady: tuple[float, float]) -> dict[str, float]:
+    """Histogram means and step counts inside one level's window, when the series covers it;
+    the requests in the engine (running + waiting) over its ``steady`` part."""
+    from kvpressure.ingestion.counters import (
+        gauge_mean,
+        histogram_mean,
+        histogram_quantile,
+        window_increase,
+    )
 
     t = series["t"].to_numpy(float)
     if not len(t) or np.nanmin(t) > t0 + 1e-9 or np.nanmax(t) < t1 - 1e-9:
@@ -206,6 +219,9 @@ def _window_stats(series: pd.DataFrame, t0: float, t1: float) -> dict[str, float
     tokens = window_increase(series, "vllm:iteration_tokens_total_sum", t0, t1, run=run)
     out["engine_steps"] = steps
     out["tokens_per_step"] = tokens / steps if steps and steps > 0 else math.nan
+    g0, g1 = steady
+    out["mean_in_engine"] = (gauge_mean(series, "vllm:num_requests_running", g0, g1, run=run)
+                             + gauge_mean(series, "vllm:num_requests_waiting", g0, g1, run=run))
     return out
 
 
@@ -271,17 +287,27 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
             got = _lens(res)
             if got is not None:
                 lengths[c_int] = got
+            starts, lats = res.get("start_times"), res.get("latencies")
+            gaps = (client_gaps(starts, lats, c_int)
+                    if isinstance(starts, list) and isinstance(lats, list) else [])
+            if len(gaps):
+                row["client_gap_mean_s"] = float(np.mean(gaps))
         if c_int not in lengths:
             got = _point_lengths(run_dir, chosen, c_int)
             if got is not None:
                 lengths[c_int] = got
         t0, t1 = _num(row.get("t_start")), _num(row.get("t_end"))
+        steady = (_num(row.get("t_steady_start")), _num(row.get("t_steady_end")))
+        if not (steady[1] > steady[0]):
+            steady = (t0, t1)
         for frame in (series, full_log):
             if frame is None or math.isnan(t0) or math.isnan(t1) or t1 <= t0:
                 continue
-            for key, value in _window_stats(frame, t0, t1).items():
+            for key, value in _window_stats(frame, t0, t1, steady).items():
                 if math.isnan(_num(row.get(key))) and not math.isnan(value):
                     row[key] = value
+        row["engine_gap_mean_s"] = engine_gap_s(row["mean_in_engine"], c_int,
+                                                row["request_throughput"])
         duration, n = row["duration_s"], row["num_requests"]
         if c_int in lengths:
             ins, outs = lengths[c_int]

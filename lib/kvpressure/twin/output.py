@@ -36,6 +36,7 @@ def twin_document(twin: Any, remedies: dict[str, Any] | None) -> dict[str, Any]:
                 "levels": report.table.to_dict(orient="records")},
         "remedies": remedies,
         "assumptions": twin.assumptions(),
+        "client_turnaround": twin.turnaround(),
         "timings_s": {k: round(v, 3) for k, v in twin.timings.items()},
     }
 
