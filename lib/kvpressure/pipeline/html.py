@@ -241,6 +241,12 @@ def recommendation_html(rec: dict[str, Any] | None) -> str:
             "</th><th>TTFT p95</th><th>ITL p95</th><th>why not first</th></tr>"
             f"{''.join(rows)}</table></div></details>")
     note = ""
+    if rec.get("source") == "twin" and rec.get("twin_fit"):
+        # The fit before the prediction: how far the twin's numbers can be trusted.
+        note = (f"<p class='muted'>The twin of the measured server, fitted to its curve: "
+                f"{_e(rec['twin_fit'])} (the fit, level by level, in stage 06).</p>")
+        return (f'<div id="recommendation" class="recommend">{note}'
+                f'<p class="do">{_e(rec["text"])}</p>{folded}</div>')
     if rec.get("source") == "symptoms" and rec.get("why_not_simulated"):
         note = (f"<p class='muted'>Not simulated ({_e(rec['why_not_simulated'])}): chosen from "
                 "the symptoms below.</p>")

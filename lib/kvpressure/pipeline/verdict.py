@@ -3,7 +3,9 @@
 Remedies are simulated on the same request sets when the investigation is a simulation (each
 remedy is one more sweep of the baseline's levels with the experiment's workload seeds, compared
 level by level with the baseline's means over the same seeds; no point folders are written); on
-ingested data the workflow's table of remedies and costs is given without numbers.
+ingested data the workflow's table of remedies and costs is given without numbers, and the
+recommendation is the what-if of the measured server's fitted twin, built here into the run
+folder's ``twin/`` (``twin/in_report.py``; a refused twin leaves the symptoms' advice).
 """
 
 from __future__ import annotations
@@ -166,9 +168,19 @@ def _twin_recommendation(run_dir: str | os.PathLike[str]) -> dict[str, Any] | No
     rec = (doc.get("remedies") or {}).get("recommendation") or {}
     if not rec.get("text"):
         return None
+    # The fit travels with the prediction, so the page states it first.
     return {"source": "twin", "simulated": True, "remedy": rec.get("setting"),
             "text": ("Do this (the fitted twin's what-if): " if rec.get("trusted") else
-                     "Twin's what-if, not trusted: ") + rec["text"] + "."}
+                     "Twin's what-if, not trusted: ") + rec["text"] + ".",
+            "twin_fit": (doc.get("fit") or {}).get("verdict"), "trusted": bool(rec.get("trusted"))}
+
+
+def _twin_refusal(run_dir: str | os.PathLike[str]) -> str | None:
+    """Why the run folder's twin was refused, when it was."""
+    from kvpressure.twin.in_report import read_report_twin
+
+    twin = read_report_twin(run_dir)
+    return twin.refused if twin is not None else None
 
 
 def runs_label(repeats: int) -> str:
@@ -248,6 +260,11 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
                            max_model_len=settings.get("max_model_len"),
                            idle=info.load.idle)
     focus_c = info.focus.concurrency
+    if not info.simulated and simulate_remedies:
+        # Measured data: its fitted twin predicts the remedies (twin/in_report.py).
+        from kvpressure.twin.in_report import build_report_twin
+
+        build_report_twin(run_dir, focus_c, list(info.concurrency_levels), limits)
     remedies: dict[str, Any]
     if info.simulated and simulate_remedies and status.status == KV_BOUND:
         experiment = str(Path(run_dir) / "experiment.yaml")
@@ -285,10 +302,12 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
                     "why": "no KV-pressure remedy is called for by this status", "rows": []}
     status_d = status.to_dict()
     if "recommendation" not in remedies:
+        refused = None if info.simulated else _twin_refusal(run_dir)
         remedies["recommendation"] = _twin_recommendation(run_dir) or recommend_from_symptoms(
             {"status": status_d, "symptoms": checklist.to_dict()}, settings,
-            "ingested data cannot be re-run" if not info.simulated
-            else "remedy simulation was switched off")
+            ("ingested data cannot be re-run" + (f", and no twin of it: {refused}"
+                                                 if refused else ""))
+            if not info.simulated else "remedy simulation was switched off")
     result = {
         "symptoms": checklist.to_dict(),
         "status": status_d,

@@ -132,15 +132,16 @@ class Twin:
 
     def predict_remedies(self, *, focus: int | None = None,
                          limits: Mapping[str, float] | None = None,
-                         candidates: Mapping[str, Mapping[str, Any]] | None = None
-                         ) -> dict[str, Any]:
+                         candidates: Mapping[str, Mapping[str, Any]] | None = None,
+                         latency_tolerance_pct: float | None = None) -> dict[str, Any]:
         from kvpressure.twin.remedies import predict_remedies
 
         self.require_fit("a remedy")
         if self.report is None:
             self.fit_report()
         t = time.perf_counter()
-        out = predict_remedies(self, focus=focus, limits=limits or {}, candidates=candidates)
+        out = predict_remedies(self, focus=focus, limits=limits or {}, candidates=candidates,
+                               latency_tolerance_pct=latency_tolerance_pct)
         self.timings["remedies_s"] = time.perf_counter() - t
         return out
 

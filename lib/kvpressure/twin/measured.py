@@ -188,6 +188,30 @@ def scrape_log_series(run_dir: Path) -> pd.DataFrame | None:
     return None
 
 
+def _covers(series: pd.DataFrame | None, runs: pd.DataFrame) -> bool:
+    """Whether ``series`` spans every level's window (a report folder keeps only the focus
+    level's)."""
+    if series is None or not len(series) or "t_start" not in runs or "t_end" not in runs:
+        return series is not None and len(series) > 0
+    t = series["t"].to_numpy(float)
+    lo, hi = pd.to_numeric(runs["t_start"], errors="coerce"), pd.to_numeric(
+        runs["t_end"], errors="coerce")
+    return bool(np.nanmin(t) <= lo.min() + 1e-9 and np.nanmax(t) >= hi.max() - 1e-9)
+
+
+def ingested_scrape_log(ingest: dict[str, Any]) -> pd.DataFrame | None:
+    """The scrape log the run folder was ingested from (one ``prom_jsonl`` source in
+    ``ingest.json``), read again whole for the levels' windows; None when there is not
+    exactly one or it is gone."""
+    from kvpressure.ingestion.api import ingest as read
+
+    logs = [s.get("location") for s in ingest.get("sources") or []
+            if isinstance(s, dict) and s.get("kind") == "prom_jsonl"]
+    if len(logs) != 1 or not isinstance(logs[0], str) or not Path(logs[0]).is_file():
+        return None
+    return read([Path(logs[0])], run="log", metrics=list(_WINDOW_FAMILIES)).series
+
+
 def _window_stats(series: pd.DataFrame, t0: float, t1: float,
                   steady: tuple[float, float]) -> dict[str, float]:
     """Histogram means and step counts inside one level's window, when the series covers it;
@@ -258,7 +282,6 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
                      "a closed loop at the measured levels)")
     runs = runs.dropna(subset=["concurrency"]).reset_index(drop=True)
     series = read_series(run_dir)
-    full_log = scrape_log_series(top) if top != run_dir else None
     ingest_path = run_dir / "ingest.json"
     ingest: dict[str, Any] = {}
     if ingest_path.is_file():
@@ -266,6 +289,9 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
             ingest = json.loads(ingest_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise InputError(f"{ingest_path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+    full_log = scrape_log_series(top) if top != run_dir else None
+    if full_log is None and not _covers(series, runs):
+        full_log = ingested_scrape_log(ingest)
     rows: list[dict[str, Any]] = []
     lengths: dict[int, tuple[list[int], list[int]]] = {}
     base = base_repeat(runs)

@@ -19,10 +19,11 @@ FIGURE = "twin.png"
 SUMMARY_MD = "twin.md"
 
 
-def twin_document(twin: Any, remedies: dict[str, Any] | None) -> dict[str, Any]:
+def twin_document(twin: Any, remedies: dict[str, Any] | None, label: str | None = None
+                  ) -> dict[str, Any]:
     fit, report = twin.fitted, twin.report
     return {
-        "run_dir": str(twin.measured.run_dir),
+        "run_dir": label or str(twin.measured.run_dir),
         "variant": twin.measured.variant,
         "settings": {k: {"value": twin.settings[k], "source": twin.settings_source.get(k)}
                      for k in sorted(twin.settings)},
@@ -130,11 +131,11 @@ def _markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_twin(twin: Any, remedies: dict[str, Any] | None, out_dir: str | Path
-               ) -> list[Path]:
+def write_twin(twin: Any, remedies: dict[str, Any] | None, out_dir: str | Path,
+               label: str | None = None) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    doc = to_jsonable(twin_document(twin, remedies))
+    doc = to_jsonable(twin_document(twin, remedies, label))
     paths = [out / TWIN_JSON, out / FIT_TABLE, out / FIGURE, out / SUMMARY_MD]
     paths[0].write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False,
                                    default=str) + "\n", encoding="utf-8")
@@ -148,12 +149,16 @@ def make_twin_folder(run_dir: str | Path, out_dir: str | Path, *,
                      limits: dict[str, float] | None = None, focus: int | None = None,
                      overrides: dict[str, Any] | None = None, cost_model: Any = None,
                      variant: str | None = None, bootstrap: int = 200, seed: int = 0,
-                     remedies: bool = True, refusal_ok: bool = False) -> dict[str, Any]:
+                     remedies: bool = True, refusal_ok: bool = False,
+                     latency_tolerance_pct: float | None = None, label: str | None = None
+                     ) -> dict[str, Any]:
     """Build, fit, check the twin of ``run_dir`` and write its folder; returns a summary.
 
     The one call a report stage needs. With ``refusal_ok``, data the twin cannot be fitted to
     (too few levels, no pool size) writes ``twin.json`` and ``twin.md`` saying why instead of
-    raising.
+    raising. ``latency_tolerance_pct`` applies when ``limits`` is empty
+    (``remedies.predict_remedies``); ``label`` names the measured data in the files instead
+    of ``run_dir``'s path.
     """
     from kvpressure.errors import InputError
     from kvpressure.twin.api import build_twin
@@ -166,15 +171,16 @@ def make_twin_folder(run_dir: str | Path, out_dir: str | Path, *,
             raise
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"run_dir": str(run_dir), "refused": str(exc)}
+        doc = {"run_dir": label or str(run_dir), "refused": str(exc)}
         (out / TWIN_JSON).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n",
                                      encoding="utf-8")
-        (out / SUMMARY_MD).write_text(f"# Twin of {run_dir}\n\n**No twin: {exc}**\n",
+        (out / SUMMARY_MD).write_text(f"# Twin of {doc['run_dir']}\n\n**No twin: {exc}**\n",
                                       encoding="utf-8")
         return {"out": str(out), "files": [TWIN_JSON, SUMMARY_MD], "refused": str(exc)}
     report = twin.fit_report()
-    advice = twin.predict_remedies(focus=focus, limits=limits or {}) if remedies else None
-    written = write_twin(twin, advice, out_dir)
+    advice = twin.predict_remedies(focus=focus, limits=limits or {},
+                                   latency_tolerance_pct=latency_tolerance_pct) if remedies else None
+    written = write_twin(twin, advice, out_dir, label)
     summary: dict[str, Any] = {
         "out": str(out_dir), "files": [p.name for p in written], "fit": report.verdict.text,
         "fits": report.verdict.fits,

@@ -89,10 +89,12 @@ def _meets(point: Mapping[str, Any], limits: Mapping[str, float]) -> tuple[bool,
 
 
 def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float],
-                     candidates: Mapping[str, Mapping[str, Any]] | None = None
-                     ) -> dict[str, Any]:
+                     candidates: Mapping[str, Mapping[str, Any]] | None = None,
+                     latency_tolerance_pct: float | None = None) -> dict[str, Any]:
     """The kit's remedy report on the twin, every candidate's predicted effect at ``focus``
-    with its bootstrap interval, and the recommendation under ``limits``."""
+    with its bootstrap interval, and the recommendation under ``limits``. Without limits and
+    with ``latency_tolerance_pct``, the limits are the twin's own TTFT and ITL p95 at the
+    focus level that much worse (the report's rule: no more than 10% worse than now)."""
     from kvpressure.analysis.remedies import default_overrides, evaluate_remedies
 
     levels = sorted(twin.workloads)
@@ -129,6 +131,13 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
     for name, ov in (candidates or {}).items():
         options[str(name)] = dict(ov)
     base = _priced(twin, focus, {})
+    limits_rule = "given"
+    if not limits and latency_tolerance_pct is not None:
+        grow = 1.0 + float(latency_tolerance_pct) / 100.0
+        limits = {k: float(base["point"][k]) * grow for k in ("ttft_p95_s", "itl_p95_s")
+                  if math.isfinite(float(base["point"][k])) and base["point"][k] > 0}
+        limits_rule = (f"the twin's TTFT and ITL p95 at concurrency {focus} "
+                       f"+{latency_tolerance_pct:g}%")
     table = []
     for name, ov in options.items():
         got = base if not ov else _priced(twin, focus, ov)
@@ -170,6 +179,7 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
                           "text": f"no setting tried meets the limits at concurrency {focus}"}
     if not fits:
         recommendation["text"] = "UNTRUSTED (twin does not fit): " + recommendation["text"]
-    return {"focus_concurrency": focus, "limits": dict(limits), "trust": trust,
+    return {"focus_concurrency": focus, "limits": dict(limits), "limits_rule": limits_rule,
+            "trust": trust,
             "trusted": fits, "pool_holds_sequences": holds, "kit_remedies": kit.to_dict(),
             "candidates": table, "recommendation": recommendation}
