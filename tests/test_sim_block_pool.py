@@ -121,3 +121,90 @@ def test_stack_pool_without_caching_matches_the_linked_list(ops):
         assert a.free_queue() == b.free_queue()
         assert held_a == held_b
         assert a.num_free_blocks == b.num_free_blocks
+
+
+class _ListQueue:
+    """vLLM's free-block queue and prefix-cache map written the plain way: one list head ->
+    tail, one reference count and key per block, every key's blocks in storing order."""
+
+    def __init__(self, n: int) -> None:
+        self.q = list(range(1, n))
+        self.ref = [0] * n
+        self.key: list[int | None] = [None] * n
+        self.blocks_of: dict[int, list[int]] = {}
+
+    def pop(self, k: int) -> list[int]:
+        out, self.q = self.q[:k], self.q[k:]
+        for b in out:
+            if self.key[b] is not None:
+                self.blocks_of[self.key[b]].remove(b)
+                if not self.blocks_of[self.key[b]]:
+                    del self.blocks_of[self.key[b]]
+                self.key[b] = None
+            self.ref[b] += 1
+        return out
+
+    def touch(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if self.ref[b] == 0:
+                self.q.remove(b)
+            self.ref[b] += 1
+
+    def free(self, ordered: list[int]) -> None:
+        first, last = [], []
+        for b in ordered:
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                (first if self.key[b] is None else last).append(b)
+        self.q = first + self.q + last
+
+    def cache(self, b: int, key: int) -> None:
+        self.key[b] = key
+        self.blocks_of.setdefault(key, []).append(b)
+
+    def lookup(self, key: int) -> int | None:
+        return self.blocks_of[key][0] if key in self.blocks_of else None
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["alloc", "alloc", "free", "cache", "hit"]),
+                          st.integers(0, 1000)), max_size=80)
+
+
+@settings_h(max_examples=300, deadline=None)
+@given(st.integers(2, 14), _OPS)
+def test_pool_keeps_the_plain_queue_order_through_frees_hits_and_evictions(n, ops):
+    # Keys from a small set, so that several blocks carry one key and evictions hit shared
+    # entries; what a lookup returns and the whole queue order must match the plain model.
+    pool, ref = BlockPool(n, True), _ListQueue(n)
+    held: list[list[int]] = []  # each "request"'s blocks, in order
+    for op, x in ops:
+        if op == "alloc":
+            k = x % 4 + 1
+            if k <= len(ref.q):
+                got = pool.get_new_blocks(k) if k > 1 or x % 2 else [pool.pop_one()]
+                assert got == ref.pop(k)
+                held.append(got)
+        elif op == "free" and held:
+            blocks = held.pop(x % len(held))
+            pool.free_blocks(blocks[::-1])
+            ref.free(blocks[::-1])
+        elif op == "cache" and held:
+            blocks = held[x % len(held)]
+            b = blocks[x % len(blocks)]
+            if ref.key[b] is None:
+                key = x % 5 - 2 or 3  # negative keys are shared prefix-group keys
+                pool.cache_block(b, key)
+                ref.cache(b, key)
+        elif op == "hit":
+            key = x % 5 - 2 or 3
+            b = ref.lookup(key)
+            assert pool.get_cached_block(key) == b
+            if b is not None:
+                pool.touch([b])
+                ref.touch([b])
+                held.append([b])
+        assert pool.free_queue() == ref.q
+        assert pool.num_free_blocks == len(ref.q)
+        assert [pool.ref_cnt[b] if b < len(pool.ref_cnt) else 0 for b in range(n)] == ref.ref
+        for key in range(-2, 4):
+            assert pool.get_cached_block(key) == ref.lookup(key)

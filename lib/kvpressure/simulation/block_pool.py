@@ -1,32 +1,33 @@
 """vLLM 0.33.0's block pool (``v1/core/block_pool.py``): the free-block queue, reference counts,
 and the block-key -> block map of the prefix cache.
 
-The free queue is a doubly linked list over block ids held in two dicts (``prev``/``next``)
-with two sentinels, so popping the head, prepending, appending and unlinking a touched block
-from the middle are all O(1), as in vLLM's ``FreeKVCacheBlockQueue``.
+The free queue is vLLM's ``FreeKVCacheBlockQueue`` order kept in three parts, head first:
 
-Materialised lazily: vLLM's queue starts as blocks ``1..N-1`` in id order, and a block leaves
-that initial run only by being popped from the head (the only way to reach it), after which it
-is linked explicitly. So the queue is always [explicit head part] + [never-used ids ``lo..N-1``,
-one ``RANGE`` node in the list] + [explicit tail part], and memory follows the blocks a run has
-used, not the pool's nominal size: ``ref_cnt`` and ``block_hash`` hold ids ``0..lo-1`` (an id
-at or above ``lo`` has reference 0 and no key).
+* ``stack``: blocks freed without a key, top = head. Freeing prepends keyless blocks and
+  nothing else ever reaches the head, so this part is a LIFO stack (a list).
+* the never-used ids ``lo..N-1``: vLLM's queue starts as blocks ``1..N-1`` in id order, and a
+  block leaves that run only by being popped from the head, so the run is always one range.
+* ``lru``: blocks freed with a key, oldest first. Freeing appends keyed blocks at the tail, a
+  prefix hit takes a keyed block out from anywhere, and a pop reaches this part only once the
+  two others are empty: an ordered dict does all three in C.
+
+A keyless block never gains a key while free (keys are registered on held blocks only), and a
+free block loses its key only by being popped, so every free block sits in the part its key
+says. Memory follows the blocks a run has used, not the pool's nominal size: ``ref_cnt`` and
+``block_hash`` hold ids ``0..lo-1`` (an id at or above ``lo`` has reference 0 and no key).
 """
 
 from __future__ import annotations
 
-from kvpressure.simulation.request import KEY_SHIFT
+from collections import OrderedDict
 
-# Sentinels and the node of never-used ids, in the link dicts (block ids are >= 0).
-HEAD = -2
-TAIL = -3
-RANGE = -4
+from kvpressure.simulation.request import KEY_SHIFT
 
 
 class BlockPool:
     """Blocks ``0..N-1``; block 0 is the null block, never allocated nor counted."""
 
-    __slots__ = ("num_gpu_blocks", "enable_caching", "prev", "next", "lo", "num_free_blocks",
+    __slots__ = ("num_gpu_blocks", "enable_caching", "stack", "lru", "lo", "num_free_blocks",
                  "ref_cnt", "block_hash", "cached", "usage_denominator", "version", "watch")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
@@ -35,12 +36,8 @@ class BlockPool:
         self.enable_caching = enable_caching
         # Blocks 1..N-1 in id order (block 0 is taken out at once as the null block).
         self.lo = 1
-        if n > 1:
-            self.next = {HEAD: RANGE, RANGE: TAIL}
-            self.prev = {RANGE: HEAD, TAIL: RANGE}
-        else:
-            self.next = {HEAD: TAIL}
-            self.prev = {TAIL: HEAD}
+        self.stack: list[int] = []
+        self.lru: OrderedDict[int, None] = OrderedDict()
         self.num_free_blocks = n - 1
         self.ref_cnt = [0]
         self.block_hash: list[int | None] = [None]
@@ -58,104 +55,79 @@ class BlockPool:
     # -- free queue -----------------------------------------------------------------------
     def free_queue(self) -> list[int]:
         """The free queue head -> tail (for tests and debugging)."""
-        out: list[int] = []
-        b = self.next[HEAD]
-        while b != TAIL:
-            if b == RANGE:
-                out.extend(range(self.lo, self.num_gpu_blocks))
-            else:
-                out.append(b)
-            b = self.next[b]
-        return out
+        return self.stack[::-1] + list(range(self.lo, self.num_gpu_blocks)) + list(self.lru)
 
     def _take_range(self, k: int) -> range:
-        """The next ``k`` never-used ids (k <= what is left), now materialised with ref 1;
-        the RANGE node leaves the queue once it is empty."""
+        """The next ``k`` never-used ids (k <= what is left), now materialised with ref 1."""
         lo = self.lo
         hi = lo + k
         self.lo = hi
         self.ref_cnt.extend([1] * k)
         self.block_hash.extend([None] * k)
-        if hi == self.num_gpu_blocks:
-            nxt, prv = self.next, self.prev
-            p = prv.pop(RANGE)
-            q = nxt.pop(RANGE)
-            nxt[p] = q
-            prv[q] = p
         return range(lo, hi)
-
-    def _unlink(self, b: int) -> None:
-        nxt, prv = self.next, self.prev
-        p = prv.pop(b)
-        q = nxt.pop(b)
-        nxt[p] = q
-        prv[q] = p
-        self.num_free_blocks -= 1
-
-    def _prepend_n(self, blocks: list[int]) -> None:
-        nxt, prv = self.next, self.prev
-        first = nxt[HEAD]
-        p = HEAD
-        for b in blocks:
-            prv[b] = p
-            nxt[p] = b
-            p = b
-        nxt[p] = first
-        prv[first] = p
-        self.num_free_blocks += len(blocks)
-
-    def _append_n(self, blocks: list[int]) -> None:
-        nxt, prv = self.next, self.prev
-        p = prv[TAIL]
-        for b in blocks:
-            prv[b] = p
-            nxt[p] = b
-            p = b
-        nxt[p] = TAIL
-        prv[TAIL] = p
-        self.num_free_blocks += len(blocks)
 
     # -- allocation -----------------------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[int]:
         """Pop ``num_blocks`` from the head, evicting any key they still carry."""
-        nxt, prv, ref, bh = self.next, self.prev, self.ref_cnt, self.block_hash
-        out: list[int] = []
-        left = num_blocks
-        b = nxt[HEAD]
-        while left:
-            if b == RANGE:
-                k = min(left, self.num_gpu_blocks - self.lo)
-                out.extend(self._take_range(k))
-                left -= k
-                b = nxt[HEAD] if left else b
-                continue
-            out.append(b)
-            ref[b] += 1
-            if bh[b] is not None:
-                self._evict(b)
-            q = nxt.pop(b)
-            del prv[b]
-            nxt[HEAD] = q
-            prv[q] = HEAD
-            b = q
-            left -= 1
+        if num_blocks <= 0:
+            return []
+        stack = self.stack
+        ref = self.ref_cnt
         self.num_free_blocks -= num_blocks
+        s = len(stack)
+        if num_blocks <= s:
+            out = stack[-num_blocks:]
+            del stack[-num_blocks:]
+            out.reverse()
+            for b in out:
+                ref[b] = 1
+            return out
+        out = stack[::-1]
+        stack.clear()
+        for b in out:
+            ref[b] = 1
+        left = num_blocks - s
+        k = self.num_gpu_blocks - self.lo
+        if k:
+            if k > left:
+                k = left
+            out.extend(self._take_range(k))
+            left -= k
+        if left:
+            # Keyed blocks, oldest first: each pop evicts its key (_evict, inlined).
+            popitem = self.lru.popitem
+            bh = self.block_hash
+            cached = self.cached
+            watch = self.watch
+            bumps = 0
+            for _ in range(left):
+                b = popitem(False)[0]
+                ref[b] = 1
+                key = bh[b]
+                bh[b] = None
+                if key < 0 or key >> KEY_SHIFT == watch:
+                    bumps += 1
+                entry = cached.get(key)
+                if entry == b:
+                    del cached[key]
+                elif entry.__class__ is dict:
+                    self._evict_shared(key, entry, b)
+                out.append(b)
+            self.version += bumps
         return out
 
     def pop_one(self) -> int:
         """``get_new_blocks(1)[0]`` without the list."""
-        nxt, prv = self.next, self.prev
-        b = nxt[HEAD]
         self.num_free_blocks -= 1
-        if b == RANGE:
+        if self.stack:
+            b = self.stack.pop()
+            self.ref_cnt[b] = 1
+            return b
+        if self.lo < self.num_gpu_blocks:
             return self._take_range(1)[0]
-        q = nxt.pop(b)
-        del prv[b]
-        nxt[HEAD] = q
-        prv[q] = HEAD
-        self.ref_cnt[b] += 1
-        if self.block_hash[b] is not None:
-            self._evict(b)
+        b = self.lru.popitem(False)[0]
+        self.ref_cnt[b] = 1
+        self._evict(b)
         return b
 
     def _evict(self, b: int) -> None:
@@ -164,24 +136,31 @@ class BlockPool:
         if key < 0 or key >> KEY_SHIFT == self.watch:
             self.version += 1
         entry = self.cached.get(key)
-        if entry is None:
-            return
-        if isinstance(entry, dict):
-            entry.pop(b, None)
-            if len(entry) == 1:
-                self.cached[key] = next(iter(entry))
-            elif not entry:
-                del self.cached[key]
-        elif entry == b:
+        if entry == b:
+            del self.cached[key]
+        elif entry.__class__ is dict:
+            self._evict_shared(key, entry, b)
+
+    def _evict_shared(self, key: int, entry: dict[int, None], b: int) -> None:
+        entry.pop(b, None)
+        if len(entry) == 1:
+            self.cached[key] = next(iter(entry))
+        elif not entry:
             del self.cached[key]
 
     def touch(self, blocks: list[int]) -> None:
         """A prefix hit: blocks with ref 0 leave the free queue; every ref count +1."""
         ref = self.ref_cnt
+        lru = self.lru
+        taken = 0
         for b in blocks:
-            if ref[b] == 0:
-                self._unlink(b)
-            ref[b] += 1
+            r = ref[b]
+            if r == 0:
+                # Only keyed blocks are hit, and a free keyed block is in ``lru``.
+                del lru[b]
+                taken += 1
+            ref[b] = r + 1
+        self.num_free_blocks -= taken
 
     def free_blocks(self, ordered_blocks: list[int]) -> None:
         """Release blocks given in eviction order (a request's blocks last-first).
@@ -191,18 +170,22 @@ class BlockPool:
         """
         ref, bh = self.ref_cnt, self.block_hash
         first: list[int] = []
-        last: list[int] = []
+        lru = self.lru
+        released = 0
         for b in ordered_blocks:
-            ref[b] -= 1
-            if ref[b] == 0:
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                released += 1
                 if bh[b] is None:
                     first.append(b)
                 else:
-                    last.append(b)
+                    lru[b] = None
         if first:
-            self._prepend_n(first)
-        if last:
-            self._append_n(last)
+            # Prepending [b_1, ..., b_k] leaves b_1 at the head: push b_k first.
+            first.reverse()
+            self.stack.extend(first)
+        self.num_free_blocks += released
 
     # -- prefix cache ---------------------------------------------------------------------
     def cache_block(self, b: int, key: int) -> None:
@@ -242,18 +225,15 @@ class _NoKeys:
 
 
 class StackBlockPool(BlockPool):
-    """The same pool when prefix caching is off, on a plain list.
+    """The same pool when prefix caching is off, without reference counts.
 
-    Without caching no block carries a hash, so every freed block is prepended to the head
-    and every allocation pops the head: the free queue is then a stack whose top is the
-    head, and ``list.extend``/slicing replace the linked-list walks. Below the stack lie the
-    never-used ids ``lo..N-1`` (vLLM's initial order), taken only once the stack is empty, so
-    the stack holds at most the peak number of blocks in use. A block is never shared
-    without caching, so its reference count is 1 exactly when it is off the queue; the counts
-    are derived on request instead of being written at every pop and free.
+    Without caching no block carries a key, so the ``lru`` part stays empty and the free
+    queue is the stack over the never-used ids. A block is never shared either, so its
+    reference count is 1 exactly when it is off the queue: the counts are derived on request
+    instead of being written at every pop and free.
     """
 
-    __slots__ = ("stack",)
+    __slots__ = ()
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = False) -> None:
         if enable_caching:
