@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -122,15 +123,39 @@ def _info_value(value: Any) -> str:
     return "None" if value is None else str(value)
 
 
-# A rendered family: (the values it shows, its text, its text escaped inside a JSON string).
-Part = tuple[Any, str, str]
+# A sample's value: a constant, written into the template, or read from the accounting.
+Source = float | Callable[[Any], float]
+
+
+class _HistogramSlot:
+    """A histogram's numbers as the template takes them (cumulative bucket counts, count,
+    sum), formatted again only when an observation was added since the last rendering."""
+
+    __slots__ = ("attr", "n", "total", "values")
+
+    def __init__(self, attr: str) -> None:
+        self.attr = attr
+        self.n = -1
+        self.total = 0.0
+        self.values: list[str] = []
+
+    def __call__(self, acc: PromAccounting) -> list[str]:
+        h: Histogram = getattr(acc, self.attr)
+        if h.n != self.n or h.total != self.total:
+            self.n, self.total = h.n, h.total
+            # Cumulative counts are non-negative ints: the memoised formatter is exact for
+            # them (no negative zero to tell apart).
+            self.values = [*map(_format_value_cached, accumulate(h.counts)),
+                           format_value(h.n), format_value(h.total)]
+        return self.values
 
 
 class Exposition:
-    """Renders the accounting's state as one scrape, family by family. A family whose values
-    did not change since the last rendering is reused as is (between two scrapes most
-    families, every per-request histogram until a request finishes, stay the same), and the
-    fixed text around a histogram's numbers is built once."""
+    """Renders the accounting's state as one scrape. A scrape's text is fixed but for its
+    numbers, so it is laid out once as a template (every HELP/TYPE line, label set, bucket
+    bound and ``_created`` sample written and JSON-escaped once); a rendering formats the
+    numbers and joins them into it. A histogram no observation reached since the last
+    rendering keeps its formatted numbers."""
 
     def __init__(self, model_name: str, engine: str, created_s: float,
                  cache_config: Mapping[str, Any]) -> None:
@@ -140,193 +165,186 @@ class Exposition:
         info = {str(k): _info_value(v) for k, v in cache_config.items()}
         info["engine"] = engine
         self.info_labels = label_string(info)
-        self._cache: dict[str, Part] = {}
-        self._histogram_frames: dict[str, tuple[str, list[str], str, str, str]] = {}
-        self._waiting_labels = [label_string({**self.base, "reason": r})
-                                for r in WAITING_REASONS]
-        self._sleep_labels = [label_string({**self.base, "sleep_state": s})
-                              for s in SLEEP_STATES]
+        # Built at the first rendering (the histograms' bounds come with the accounting):
+        # literal text around the values, len(values) + 1 pieces, plain and JSON-escaped.
+        self._plain: list[str] = []
+        self._escaped: list[str] = []
+        self._producers: list[Callable[[PromAccounting], list[str]]] = []
+        self._last_values: list[str] = []
+        self._last_escaped = ""
 
-    # --- one family ------------------------------------------------------------------------
-    def _reuse(self, out: list[Part], name: str, key: Any) -> bool:
-        hit = self._cache.get(name)
-        if hit is not None and hit[0] == key:
-            out.append(hit)
-            return True
-        return False
+    # --- the template ----------------------------------------------------------------------
+    def _build(self, acc: PromAccounting) -> None:
+        lits = [""]
+        producers = self._producers
+        base, base_str, created = self.base, self.base_str, self.created
 
-    def _family(self, out: list[Part], name: str, kind: str, help_text: str,
-                samples: list[tuple[str, str, float]], created_labels: list[str] | None = None,
-                key: Any = None) -> None:
-        if key is None:
-            key = tuple((labels, v) for _, labels, v in samples)
-            if self._reuse(out, name, key):
-                return
-        text = [f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"]
-        for sname, labels, value in samples:
-            text.append(f"{sname}{labels} {format_value(value)}\n")
-        if created_labels is not None:
-            stem = name.removesuffix("_total") if kind == "counter" else name
-            cname = f"{stem}_created"
-            text.append(f"# HELP {cname} {help_text}\n# TYPE {cname} gauge\n")
-            for labels in created_labels:
-                text.append(f"{cname}{labels} {self.created}\n")
-        joined = "".join(text)
-        entry = (key, joined, json.dumps(joined)[1:-1])
-        self._cache[name] = entry
-        out.append(entry)
+        def text(s: str) -> None:
+            lits[-1] += s
 
-    def _counter(self, out: list[Part], name: str, help_text: str,
-                 values: Mapping[str, float] | float, label: str | None = None,
-                 base_labels: Mapping[str, str] | None = None) -> None:
-        fam = f"{name}_total"
-        key = (float(values),) if label is None else tuple(values.items())
-        if self._reuse(out, fam, key):
-            return
-        b = self.base if base_labels is None else base_labels
-        if label is None:
-            labels = [label_string(b)]
-            samples = [(fam, labels[0], float(values))]
-        else:
-            labels = [label_string({**b, label: k}) for k in values]
-            samples = [(fam, lab, float(v)) for lab, v in zip(labels, values.values(), strict=True)]
-        self._family(out, fam, "counter", help_text, samples, labels, key=key)
+        def family(name: str, kind: str, help_text: str,
+                   rows: list[tuple[str, Source]]) -> None:
+            text(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+            for labels, source in rows:
+                text(f"{name}{labels} ")
+                if callable(source):
+                    producers.append(lambda a, get=source: [format_value(float(get(a)))])
+                    lits.append("\n")
+                else:
+                    text(f"{format_value(float(source))}\n")
 
-    def _gauge(self, out: list[Part], name: str, help_text: str, value: float) -> None:
-        self._family(out, name, "gauge", help_text, [(name, self.base_str, float(value))])
+        def counter(name: str, help_text: str, sources: Mapping[str, Source] | Source,
+                    label: str | None = None, base_labels: Mapping[str, str] | None = None
+                    ) -> None:
+            b = base if base_labels is None else base_labels
+            if label is None:
+                rows = [(label_string(b), sources)]
+            else:
+                rows = [(label_string({**b, label: k}), v) for k, v in sources.items()]
+            family(f"{name}_total", "counter", help_text, rows)
+            cname = f"{name}_created"
+            text(f"# HELP {cname} {help_text}\n# TYPE {cname} gauge\n")
+            for labels, _ in rows:
+                text(f"{cname}{labels} {created}\n")
 
-    def _histogram(self, out: list[Part], name: str, help_text: str, h: Histogram) -> None:
-        key = (h.n, h.total)
-        if self._reuse(out, name, key):
-            return
-        frame = self._histogram_frames.get(name)
-        if frame is None:
-            # The fixed text around the numbers: header, one "name_bucket{le} " prefix per
-            # bucket (each after the previous line's newline), count/sum/_created lines.
-            base = self.base_str
-            bucket = f"{name}_bucket"
-            prefixes = [("\n" if i else "") + f"{bucket}{labels} "
-                        for i, labels in enumerate(self._bucket_labels(h.bounds))]
-            frame = (f"# HELP {name} {help_text}\n# TYPE {name} histogram\n", prefixes,
-                     f"\n{name}_count{base} ", f"\n{name}_sum{base} ",
-                     f"\n# HELP {name}_created {help_text}\n# TYPE {name}_created gauge\n"
-                     f"{name}_created{base} {self.created}\n")
-            self._histogram_frames[name] = frame
-        header, prefixes, count_pre, sum_pre, tail = frame
-        # Cumulative counts are non-negative ints: the memoised formatter is exact for them
-        # (no negative zero to tell apart).
-        buckets = "".join(map(str.__add__, prefixes,
-                              map(_format_value_cached, accumulate(h.counts))))
-        joined = (f"{header}{buckets}{count_pre}{format_value(h.n)}"
-                  f"{sum_pre}{format_value(h.total)}{tail}")
-        entry = (key, joined, json.dumps(joined)[1:-1])
-        self._cache[name] = entry
-        out.append(entry)
+        def gauge(name: str, help_text: str, source: Source) -> None:
+            family(name, "gauge", help_text, [(base_str, source)])
 
-    def _bucket_labels(self, bounds: Sequence[float]) -> list[str]:
-        return [label_string({**self.base, "le": format_value(b)}) for b in (*bounds, math.inf)]
+        def histogram(name: str, help_text: str, attr: str) -> None:
+            bounds = getattr(acc, attr).bounds
+            text(f"# HELP {name} {help_text}\n# TYPE {name} histogram\n")
+            before = [f"{name}_bucket{label_string({**base, 'le': format_value(b)})} "
+                      for b in (*bounds, math.inf)]
+            text(before[0])
+            # One value a bucket, then the count and the sum: one literal after each.
+            producers.append(_HistogramSlot(attr))
+            lits.extend("\n" + b for b in before[1:])
+            lits.append(f"\n{name}_count{base_str} ")
+            lits.append(f"\n{name}_sum{base_str} ")
+            lits.append(f"\n# HELP {name}_created {help_text}\n# TYPE {name}_created gauge\n"
+                        f"{name}_created{base_str} {created}\n")
+
+        _describe(counter, gauge, family, histogram, base, self.info_labels)
+        self._plain = lits
+        self._escaped = [json.dumps(lit)[1:-1] for lit in lits]
+
+    def _values(self, acc: PromAccounting) -> list[str]:
+        if not self._plain:
+            self._build(acc)
+        values: list[str] = []
+        for produce in self._producers:
+            values += produce(acc)
+        return values
 
     # --- one scrape ------------------------------------------------------------------------
-    def parts(self, acc: PromAccounting) -> list[Part]:
-        """Every family of one scrape of ``acc``, in the exporter's order."""
-        out: list[Part] = []
-        counter, gauge, histogram = self._counter, self._gauge, self._histogram
-        zero = 0.0
-        counter(out, "vllm:estimated_flops_per_gpu", "Estimated floating-point operations per "
-                "GPU (MFU accounting; not modelled, stays 0).", zero)
-        counter(out, "vllm:estimated_read_bytes_per_gpu", "Estimated bytes read per GPU (MFU "
-                "accounting; not modelled, stays 0).", zero)
-        counter(out, "vllm:estimated_write_bytes_per_gpu", "Estimated bytes written per GPU "
-                "(MFU accounting; not modelled, stays 0).", zero)
-        gauge(out, "vllm:num_requests_running", "Requests in the running list after the last "
-              "step.", acc.num_running)
-        gauge(out, "vllm:num_requests_waiting", "Requests waiting for admission (all reasons).",
-              acc.num_waiting)
-        self._family(out, "vllm:num_requests_waiting_by_reason", "gauge",
-                     "Waiting requests split by reason: capacity (no room) or deferred (held "
-                     "by a transient constraint); the two add up to vllm:num_requests_waiting.",
-                     [("vllm:num_requests_waiting_by_reason", labels, float(v))
-                      for labels, v in zip(self._waiting_labels,
-                                           (acc.num_waiting - acc.num_waiting_deferred,
-                                            acc.num_waiting_deferred), strict=True)])
-        self._family(out, "vllm:engine_sleep_state", "gauge",
-                     "Sleep state of the engine (awake = 1 while serving).",
-                     [("vllm:engine_sleep_state", labels, 1.0 if s == "awake" else 0.0)
-                      for labels, s in zip(self._sleep_labels, SLEEP_STATES, strict=True)])
-        gauge(out, "vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
-              acc.kv_usage)
-        counter(out, "vllm:prefix_cache_queries", "Tokens looked up in the prefix cache at "
-                "first admissions.", acc.prefix_cache_queries)
-        counter(out, "vllm:prefix_cache_hits", "Tokens found in the prefix cache at first "
-                "admissions.", acc.prefix_cache_hits)
-        counter(out, "vllm:external_prefix_cache_queries", "Tokens looked up through a KV "
-                "connector (none here).", zero)
-        counter(out, "vllm:external_prefix_cache_hits", "Tokens found through a KV connector "
-                "(none here).", zero)
-        counter(out, "vllm:mm_cache_queries", "Multimodal cache lookups (none here).", zero)
-        counter(out, "vllm:mm_cache_hits", "Multimodal cache hits (none here).", zero)
-        counter(out, "vllm:num_preemptions", "Preemptions, counted when the preempted request "
-                "next emits output.", acc.num_preemptions)
-        counter(out, "vllm:prompt_tokens", "Prompt tokens, counted once per request at its "
-                "first output.", acc.prompt_tokens)
-        counter(out, "vllm:prompt_tokens_by_source", "Prompt tokens by where their KV came "
-                "from.", {"local_compute": acc.prompt_local_compute,
-                          "local_cache_hit": acc.prompt_local_cache_hit,
-                          "external_kv_transfer": 0}, label="source")
-        counter(out, "vllm:prompt_tokens_cached", "Prompt tokens served from a cache (local "
-                "and external).", acc.prompt_cached)
-        counter(out, "vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the "
-                "tier that held them, counted at admission.",
-                {s: (acc.prefix_cache_hits if s == "device" else 0) for s in CACHE_HIT_SOURCES},
-                label="source")
-        counter(out, "vllm:generation_tokens", "Tokens generated (one per output per request).",
-                acc.generation_tokens)
-        counter(out, "vllm:request_success", "Finished requests by finish reason.",
-                acc.request_success, label="finished_reason")
-        counter(out, "vllm:admission_rejections", "Requests the frontend refused at a queue "
-                "limit (none here).", dict.fromkeys(ADMISSION_REJECTION_REASONS, 0),
-                label="reason", base_labels={"model_name": self.base["model_name"]})
-        histogram(out, "vllm:request_prompt_tokens", "Prompt length of finished requests.",
-                  acc.h_prompt)
-        histogram(out, "vllm:request_generation_tokens", "Generated tokens of finished "
-                  "requests.", acc.h_generation)
-        histogram(out, "vllm:iteration_tokens_total", "Tokens per step with output: prompt "
-                  "tokens of first outputs plus generated tokens.", acc.h_iteration)
-        histogram(out, "vllm:request_max_num_generation_tokens", "Largest generated length "
-                  "among a finished request's samples.", acc.h_max_generation)
-        histogram(out, "vllm:request_params_n", "The n sampling parameter of finished "
-                  "requests.", acc.h_n)
-        histogram(out, "vllm:request_params_max_tokens", "The max_tokens parameter of finished "
-                  "requests.", acc.h_max_tokens)
-        histogram(out, "vllm:time_to_first_token_seconds", "Seconds from arrival to first "
-                  "output.", acc.h_ttft)
-        histogram(out, "vllm:inter_token_latency_seconds", "Seconds between consecutive "
-                  "outputs of a request.", acc.h_itl)
-        histogram(out, "vllm:request_time_per_output_token_seconds", "Mean seconds per output "
-                  "token after the first, per finished request.", acc.h_tpot)
-        histogram(out, "vllm:e2e_request_latency_seconds", "Seconds from arrival to finish.",
-                  acc.h_e2e)
-        histogram(out, "vllm:request_queue_time_seconds", "Seconds from first queued to first "
-                  "scheduled.", acc.h_queue)
-        histogram(out, "vllm:request_inference_time_seconds", "Seconds from first scheduled to "
-                  "last token.", acc.h_inference)
-        histogram(out, "vllm:request_prefill_time_seconds", "Seconds from first scheduled to "
-                  "first token.", acc.h_prefill)
-        histogram(out, "vllm:request_decode_time_seconds", "Seconds from first to last token.",
-                  acc.h_decode)
-        histogram(out, "vllm:request_num_preemptions", "Preemptions per finished request.",
-                  acc.h_preemptions)
-        histogram(out, "vllm:request_prefill_kv_computed_tokens", "Prompt tokens computed at "
-                  "prefill (cache hits excluded), per finished request.", acc.h_prefill_kv)
-        self._family(out, "vllm:cache_config_info", "gauge", "KV-cache configuration of the "
-                     "engine.", [("vllm:cache_config_info", self.info_labels, 1.0)])
-        return out
-
     def render(self, acc: PromAccounting) -> str:
         """One scrape in the Prometheus text format."""
-        return "".join(part[1] for part in self.parts(acc))
+        values = self._values(acc)
+        return _fill(self._plain, values)
 
     def render_escaped(self, acc: PromAccounting) -> str:
         """``render()`` escaped as the inside of a JSON string (escaping is per character, so
-        each family's escaped text is kept with it)."""
-        return "".join(part[2] for part in self.parts(acc))
+        the template is escaped once and the numbers need none). An unchanged state gives the
+        same string object, so that scrapes of it share their text."""
+        values = self._values(acc)
+        if values != self._last_values or not self._last_escaped:
+            self._last_values = values
+            self._last_escaped = _fill(self._escaped, values)
+        return self._last_escaped
+
+
+def _fill(literals: list[str], values: list[str]) -> str:
+    """The literals with the values between them (one value fewer than literals)."""
+    return literals[0] + "".join(chain.from_iterable(zip(values, literals[1:], strict=True)))
+
+
+def _describe(counter: Callable[..., None], gauge: Callable[..., None],
+              family: Callable[..., None], histogram: Callable[..., None],
+              base: Mapping[str, str], info_labels: str) -> None:
+    """Every family of a scrape, in the exporter's order: what it is called, what it holds,
+    and where each sample's value comes from (a constant for what is not modelled)."""
+    counter("vllm:estimated_flops_per_gpu", "Estimated floating-point operations per GPU "
+            "(MFU accounting; not modelled, stays 0).", 0.0)
+    counter("vllm:estimated_read_bytes_per_gpu", "Estimated bytes read per GPU (MFU "
+            "accounting; not modelled, stays 0).", 0.0)
+    counter("vllm:estimated_write_bytes_per_gpu", "Estimated bytes written per GPU (MFU "
+            "accounting; not modelled, stays 0).", 0.0)
+    gauge("vllm:num_requests_running", "Requests in the running list after the last step.",
+          attrgetter("num_running"))
+    gauge("vllm:num_requests_waiting", "Requests waiting for admission (all reasons).",
+          attrgetter("num_waiting"))
+    family("vllm:num_requests_waiting_by_reason", "gauge",
+           "Waiting requests split by reason: capacity (no room) or deferred (held by a "
+           "transient constraint); the two add up to vllm:num_requests_waiting.",
+           [(label_string({**base, "reason": "capacity"}),
+             lambda a: a.num_waiting - a.num_waiting_deferred),
+            (label_string({**base, "reason": "deferred"}), attrgetter("num_waiting_deferred"))])
+    family("vllm:engine_sleep_state", "gauge",
+           "Sleep state of the engine (awake = 1 while serving).",
+           [(label_string({**base, "sleep_state": s}), 1.0 if s == "awake" else 0.0)
+            for s in SLEEP_STATES])
+    gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+          attrgetter("kv_usage"))
+    counter("vllm:prefix_cache_queries", "Tokens looked up in the prefix cache at first "
+            "admissions.", attrgetter("prefix_cache_queries"))
+    counter("vllm:prefix_cache_hits", "Tokens found in the prefix cache at first admissions.",
+            attrgetter("prefix_cache_hits"))
+    counter("vllm:external_prefix_cache_queries", "Tokens looked up through a KV connector "
+            "(none here).", 0.0)
+    counter("vllm:external_prefix_cache_hits", "Tokens found through a KV connector (none "
+            "here).", 0.0)
+    counter("vllm:mm_cache_queries", "Multimodal cache lookups (none here).", 0.0)
+    counter("vllm:mm_cache_hits", "Multimodal cache hits (none here).", 0.0)
+    counter("vllm:num_preemptions", "Preemptions, counted when the preempted request next "
+            "emits output.", attrgetter("num_preemptions"))
+    counter("vllm:prompt_tokens", "Prompt tokens, counted once per request at its first "
+            "output.", attrgetter("prompt_tokens"))
+    counter("vllm:prompt_tokens_by_source", "Prompt tokens by where their KV came from.",
+            {"local_compute": attrgetter("prompt_local_compute"),
+             "local_cache_hit": attrgetter("prompt_local_cache_hit"),
+             "external_kv_transfer": 0.0}, label="source")
+    counter("vllm:prompt_tokens_cached", "Prompt tokens served from a cache (local and "
+            "external).", attrgetter("prompt_cached"))
+    counter("vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the tier that "
+            "held them, counted at admission.",
+            {s: (attrgetter("prefix_cache_hits") if s == "device" else 0.0)
+             for s in CACHE_HIT_SOURCES}, label="source")
+    counter("vllm:generation_tokens", "Tokens generated (one per output per request).",
+            attrgetter("generation_tokens"))
+    counter("vllm:request_success", "Finished requests by finish reason.",
+            {r: (lambda a, r=r: a.request_success[r]) for r in FINISHED_REASONS},
+            label="finished_reason")
+    counter("vllm:admission_rejections", "Requests the frontend refused at a queue limit "
+            "(none here).", dict.fromkeys(ADMISSION_REJECTION_REASONS, 0.0), label="reason",
+            base_labels={"model_name": base["model_name"]})
+    histogram("vllm:request_prompt_tokens", "Prompt length of finished requests.", "h_prompt")
+    histogram("vllm:request_generation_tokens", "Generated tokens of finished requests.",
+              "h_generation")
+    histogram("vllm:iteration_tokens_total", "Tokens per step with output: prompt tokens of "
+              "first outputs plus generated tokens.", "h_iteration")
+    histogram("vllm:request_max_num_generation_tokens", "Largest generated length among a "
+              "finished request's samples.", "h_max_generation")
+    histogram("vllm:request_params_n", "The n sampling parameter of finished requests.", "h_n")
+    histogram("vllm:request_params_max_tokens", "The max_tokens parameter of finished "
+              "requests.", "h_max_tokens")
+    histogram("vllm:time_to_first_token_seconds", "Seconds from arrival to first output.",
+              "h_ttft")
+    histogram("vllm:inter_token_latency_seconds", "Seconds between consecutive outputs of a "
+              "request.", "h_itl")
+    histogram("vllm:request_time_per_output_token_seconds", "Mean seconds per output token "
+              "after the first, per finished request.", "h_tpot")
+    histogram("vllm:e2e_request_latency_seconds", "Seconds from arrival to finish.", "h_e2e")
+    histogram("vllm:request_queue_time_seconds", "Seconds from first queued to first "
+              "scheduled.", "h_queue")
+    histogram("vllm:request_inference_time_seconds", "Seconds from first scheduled to last "
+              "token.", "h_inference")
+    histogram("vllm:request_prefill_time_seconds", "Seconds from first scheduled to first "
+              "token.", "h_prefill")
+    histogram("vllm:request_decode_time_seconds", "Seconds from first to last token.",
+              "h_decode")
+    histogram("vllm:request_num_preemptions", "Preemptions per finished request.",
+              "h_preemptions")
+    histogram("vllm:request_prefill_kv_computed_tokens", "Prompt tokens computed at prefill "
+              "(cache hits excluded), per finished request.", "h_prefill_kv")
+    family("vllm:cache_config_info", "gauge", "KV-cache configuration of the engine.",
+           [(info_labels, 1.0)])
