@@ -223,3 +223,45 @@ def test_sample_values_are_written_as_the_client_library_writes_them():
     values += [float(rng.randint(0, 10**12)) for _ in range(5000)]
     for v in values:
         assert format_value(v) == floatToGoString(v), v
+
+
+def _one_by_one(total: float, values: list[float], times: list[int]) -> float:
+    for v, c in zip(values, times, strict=True):
+        for _ in range(c):
+            total += v
+    return total
+
+
+@pytest.mark.parametrize("numpy_loaded", [True, False], ids=["numpy", "no-numpy"])
+def test_histogram_sum_is_the_one_by_one_running_sum(monkeypatch, numpy_loaded):
+    """The _sum of a bulk observation is bit for bit the sum of the observations added one by
+    one, on the exact shortcut (multiples of a power of two, integers) and off it."""
+    import random
+    import sys
+
+    from kvpressure.simulation.prom_accounting import running_sum
+
+    if not numpy_loaded:
+        monkeypatch.setitem(sys.modules, "numpy", None)  # as on the step-clock simulate path
+    rng = random.Random(15)
+    makers = [
+        lambda: rng.randint(0, 300) / 64,                              # the fixed clock's gaps
+        lambda: rng.random() * 0.1,                                    # a cost model's gaps
+        lambda: float(rng.randint(0, 5000)),                           # token counts
+        lambda: rng.randint(1, 10**6) * 2.0 ** rng.randint(-60, 20),   # any binade
+        lambda: rng.choice([0.0, -0.0, 1e16, 2.0**-30, -1.5, 3]),      # signs, zeros, ints
+    ]
+    for trial in range(3000):
+        make = makers[trial % len(makers)]
+        n = rng.randint(1, 5)
+        values = [make() for _ in range(n)]
+        times = [rng.randint(0, 120) for _ in range(n)]
+        total = rng.choice([0.0, -0.0, rng.random() * 100, rng.randint(0, 10**9) / 64,
+                            2.0**52, 2.0**53 - 1])
+        got, want = running_sum(total, values, times), _one_by_one(total, values, times)
+        assert got == want and math.copysign(1, got) == math.copysign(1, want), \
+            (total, values, times)
+    # beyond 2**53 the additions round: the shortcut must not be taken
+    assert running_sum(2.0**53, [1.0], [3]) == _one_by_one(2.0**53, [1.0], [3]) == 2.0**53
+    assert running_sum(0.1, [0.2], [1]) == 0.1 + 0.2 != 0.3
+    assert math.isnan(running_sum(0.0, [math.inf, -math.inf], [1, 1]))

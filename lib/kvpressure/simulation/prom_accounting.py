@@ -29,6 +29,7 @@ applied after every scrape due strictly before ``t`` (``_flush_before``), so the
 from __future__ import annotations
 
 import math
+import sys
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -69,9 +70,7 @@ class Histogram:
         if times <= 0:
             return
         self.counts[bisect_left(self.bounds, value)] += times
-        # The sum is accumulated value by value (in C): float addition is not associative,
-        # and the exporter's _sum is the running sum.
-        self.total = deque(accumulate(repeat(value, times), initial=self.total), maxlen=1)[0]
+        self.total = running_sum(self.total, [value], [times])
         self.n += times
 
     def observe_runs(self, values: list[float], times: list[int]) -> None:
@@ -79,14 +78,56 @@ class Histogram:
         bounds, counts = self.bounds, self.counts
         for v, c in zip(values, times):  # noqa: B905 (parallel lists)
             counts[bisect_left(bounds, v)] += c
-        seq = chain.from_iterable(map(repeat, values, times))
-        self.total = deque(accumulate(seq, initial=self.total), maxlen=1)[0]
+        self.total = running_sum(self.total, values, times)
         self.n += sum(times)
 
 
+# Integers up to this are exact in a double.
+_EXACT_INTS = 2 ** 53
+
+
+def running_sum(total: float, values: list[float], times: list[int]) -> float:
+    """``total`` plus ``times[i]`` copies of ``values[i]``, added one by one in order, as the
+    exporter's ``_sum`` grows: float addition is not associative, so the result is that of
+    the sequence, bit for bit.
+
+    When every partial sum is exactly representable the sequence has no rounding at all and
+    its result is the exact sum, found with integers in one step per run. That holds when all
+    the numbers are multiples of ``1/D`` (``D`` the largest of their power-of-two
+    denominators) and no partial sum exceeds ``2**53 / D`` in magnitude: the fixed clock of
+    step-level runs (gaps in multiples of 1/64 s) and integer observations always qualify.
+    Otherwise the additions are made one by one: in numpy when a timed run has loaded it,
+    else by the iterator chain (both in C)."""
+    try:
+        num, den = total.as_integer_ratio()
+        ratios = [v.as_integer_ratio() for v in values]
+    except (AttributeError, OverflowError, ValueError):  # ints, inf, nan: no shortcut
+        ratios = None
+    if ratios is not None:
+        d = max(den, *(r[1] for r in ratios))
+        bound = abs(num) * (d // den) + sum(abs(a) * (d // b) * c
+                                            for (a, b), c in zip(ratios, times))  # noqa: B905
+        if bound <= _EXACT_INTS:
+            exact = num * (d // den) + sum(a * (d // b) * c
+                                           for (a, b), c in zip(ratios, times))  # noqa: B905
+            # (a zero result keeps the sign the sequence gives it: -0.0 only from -0.0)
+            if exact or math.copysign(1.0, total) > 0:
+                return exact / d
+    np = sys.modules.get("numpy")
+    if np is not None and sum(times) > 64:
+        seq = np.repeat(np.asarray(values, dtype=np.float64), times)
+        seq[0] += total  # the first addition of the sequence
+        return float(np.add.accumulate(seq)[-1])
+    seq = chain.from_iterable(map(repeat, values, times))
+    return deque(accumulate(seq, initial=total), maxlen=1)[0]
+
+
 def _floats(values: Sequence[float]) -> list[float]:
-    """Plain floats: numpy arrays (timed runs) and lists (step-clock runs) alike, so this
-    module needs no numpy on the light ``kvpressure simulate`` path."""
+    """A list of floats: numpy arrays (timed runs) and lists (step-clock runs) alike, so this
+    module needs no numpy on the light ``kvpressure simulate`` path. A list is taken as it
+    is (the engine's step-clock times are floats already)."""
+    if type(values) is list:
+        return values
     tolist = getattr(values, "tolist", None)
     return tolist() if tolist is not None else [float(v) for v in values]
 
@@ -370,7 +411,22 @@ class PromAccounting:
             newcomers = cur - stream
             if newcomers:
                 st_t = self._stream_t
-                observe([t - (st.last_token_ts if st.stream_join < 0 else st_t) for st in sts])
+                if len(newcomers) * 8 < len(sts):
+                    # A few newcomers among members (a request back from prefill or
+                    # admission): the members' one gap in runs around them, found by
+                    # identity scans in C rather than a line of Python per member.
+                    common = t - st_t
+                    prev = 0
+                    for i in sorted(map(sts.index, newcomers)):
+                        if i > prev:
+                            observe_repeated(common, i - prev)
+                        observe_repeated(t - sts[i].last_token_ts, 1)
+                        prev = i + 1
+                    if prev < len(sts):
+                        observe_repeated(common, len(sts) - prev)
+                else:
+                    observe([t - (st.last_token_ts if st.stream_join < 0 else st_t)
+                             for st in sts])
                 count = self._stream_count
                 for st in newcomers:
                     if st.pending_preemptions:
@@ -461,7 +517,8 @@ class PromAccounting:
         for the step reach the exporter. ``prefix_queries``/``prefix_hits`` are the step's
         totals over new *and* resumed admissions; the exporter counts only first admissions,
         which the accounting tracks itself from ``on_scheduled``."""
-        self._flush_before(t)
+        if t > self._boundary or self._pending_leap is not None:
+            self._flush_before(t)
         # The step's inter-token gaps stay buffered (in order, with the leaps' ones) until the
         # next rendering: one bulk observation per scrape instead of one per step.
         if self._iter_has_output:

@@ -147,8 +147,10 @@ class PromRecorder(PromAccounting):
     def maybe_scrape(self, t: float) -> None:
         """Called after a step's outputs (stamped ``t``) were applied: take every scrape due at
         or before ``t``."""
-        self._apply_pending_leap()
-        self._scrape_due(t, True)
+        if self._pending_leap is not None:
+            self._apply_pending_leap()
+        if self._boundary <= t:
+            self._scrape_due(t, True)
         if t > self._last_t:
             self._last_t = t
 
