@@ -104,11 +104,22 @@ def read_stage(run_dir: str | os.PathLike[str], kind: type[R]) -> R:
     try:
         return kind.model_validate(data)
     except ValidationError as exc:
-        fields = "; ".join(
-            f"field '{'.'.join(str(x) for x in err['loc'])}': {err['msg']}"
-            if err["loc"] else err["msg"] for err in exc.errors()[:5])
-        raise InputError(f"{path}: not a {kind.STAGE} result ({fields}); re-run "
+        raise InputError(f"{path}: not a {kind.STAGE} result ({_fields(exc)}); re-run "
                          f"notebooks/{kind.NOTEBOOK}.ipynb or `kvpressure report`") from None
+
+
+# What pydantic appends to a location for each member of a union (``t0.float``, ``t0.int``).
+_TYPE_TAGS = {"float", "int", "bool", "str", "none"}
+
+
+def _fields(exc: ValidationError) -> str:
+    """The first complaint about each field, by its dotted path (union members folded)."""
+    first: dict[str, str] = {}
+    for err in exc.errors():
+        path = ".".join(str(x) for x in err["loc"]
+                        if not (isinstance(x, str) and (x in _TYPE_TAGS or "[" in x)))
+        first.setdefault(path, err["msg"])
+    return "; ".join(f"field '{k}': {v}" if k else v for k, v in list(first.items())[:5])
 
 
 def read_stages(run_dir: str | os.PathLike[str]) -> RunStages:
