@@ -139,6 +139,7 @@ class RequestStats:
         "arrival", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts",
         "num_generation_tokens", "num_preemptions", "pending_preemptions", "prompt_len",
         "max_tokens", "cached_at_first_admission", "is_prefilling", "admitted", "stream_join",
+        "key",
     )
 
     def __init__(self, arrival: float, queued: float, prompt_len: int, max_tokens: int):
@@ -157,8 +158,9 @@ class RequestStats:
         self.admitted = False
         # The accounting's stream count when it joined the decode stream
         # (PromAccounting._stream), -1 outside it: inside, last_token_ts and
-        # num_generation_tokens lag (see there).
+        # num_generation_tokens lag (see there), and ``key`` is what stands for it there.
         self.stream_join = -1
+        self.key: Any = None
 
     def take_preemptions(self) -> int:
         """The preemptions not yet reported: vLLM ships a PREEMPTED event with the request's
@@ -185,12 +187,13 @@ class PromAccounting:
     def __init__(self, *, max_model_len: int = 8192, enable_prefix_caching: bool = False
                  ) -> None:
         self.enable_prefix_caching = enable_prefix_caching
-        self._pending_leap: tuple[list[RequestStats], list[float]] | None = None
+        self._pending_leap: tuple[list[Any], list[float]] | None = None
 
         # per-request frontend state, by request id and by the request object itself (the
         # engine hands the same objects to every hook: a lookup without Python per request)
         self._reqs: dict[str, RequestStats] = {}
         self._by_req: dict[Any, RequestStats] = {}
+        self._hashable = True  # every request so far could be a dict key
         # the step being assembled
         self._iter_has_output = False
         self._iter_tokens = 0
@@ -233,18 +236,16 @@ class PromAccounting:
         # Inter-token gaps not yet in h_itl, in order, as runs (gap, how many requests).
         self._itl_vals: list[float] = []
         self._itl_counts: list[int] = []
-        # The decode stream: the states that emitted one token in every bulk step (plain
-        # decode tokens, leapt steps) since they joined it. Their last_token_ts is _stream_t
-        # and their num_generation_tokens lags by _stream_count - stream_join: a busy step
-        # then costs set operations in C, not a line of Python per request. A state leaves
-        # (its fields brought up to date) when it misses a bulk step or any other hook
-        # touches it.
-        self._stream: set[RequestStats] = set()
-        self._stream_batch: list[RequestStats] | None = None
+        # The decode stream: the requests that emitted one token in every bulk step (plain
+        # decode tokens, leapt steps) since they joined it, held as the request objects the
+        # engine hands over (their states where requests cannot be dict keys). A member's
+        # last_token_ts is _stream_t and its num_generation_tokens lags by _stream_count -
+        # stream_join: a busy step then costs set operations in C, not a line of Python per
+        # request, nor a lookup of each state. A member leaves (its fields brought up to
+        # date) when it misses a bulk step or any other hook touches it.
+        self._stream: set[Any] = set()
         self._stream_count = 0
         self._stream_t = 0.0
-        # (requests, their states) of the last bulk hooks: see _states_of.
-        self._last_batches: list[tuple[list[Any], list[RequestStats]]] = []
 
     def _flush_before(self, t: float) -> None:
         """Take the scrapes due strictly before ``t`` (the scrape clock's; none here)."""
@@ -275,7 +276,7 @@ class PromAccounting:
         try:
             self._by_req[req] = st
         except TypeError:  # not hashable: found by id instead
-            pass
+            self._hashable = False
 
     def on_scheduled(
         self, req: Any, t: float, num_tokens: int | None = None, hit_tokens: int | None = None,
@@ -342,41 +343,31 @@ class PromAccounting:
         stamped ``t`` within one step: the bulk form of the hottest path of a run."""
         if t > self._boundary or self._pending_leap is not None:
             self._flush_before(t)
-        sts = self._states_of(reqs)
-        n = len(sts)
+        keys = self._keys(reqs)
+        n = len(keys)
         if n:
-            self._stream_step(sts, t, 1, self._buffer_gaps, self._buffer_gap)
-        if n:
+            self._stream_step(keys, t, 1)
             self._iter_has_output = True
             self.generation_tokens += n
             self._iter_tokens += n
 
-    def _states_of(self, reqs: Iterable[Any]) -> list[RequestStats]:
-        """The frontend states of ``reqs``; the batch of one step is usually the batch of an
-        earlier one (the same requests decoding on), so the last answers are kept."""
-        reqs = reqs if isinstance(reqs, list) else list(reqs)
-        batches = self._last_batches
-        for batch, sts in batches:
-            if len(batch) == len(reqs) and batch == reqs:  # identity of each request, in C
-                return sts
-        try:
-            sts = list(map(self._by_req.__getitem__, reqs))
-        except (KeyError, TypeError):  # requests that are not hashable (test doubles)
-            states = self._reqs
-            sts = [states[_req_id(r)] for r in reqs]
-        # Two batches: a plain step's decoding head of ``running`` and a leap's whole batch
-        # alternate.
-        batches.insert(0, (reqs, sts))
-        del batches[2:]
-        return sts
+    def _keys(self, reqs: Iterable[Any]) -> list[Any]:
+        """What stands for each of ``reqs`` in the stream: the request itself, or its state
+        when requests cannot be dict keys (test doubles)."""
+        if self._hashable:
+            return reqs if type(reqs) is list else list(reqs)
+        states = self._reqs
+        return [states[_req_id(r)] for r in reqs]
+
+    def _state(self, key: Any) -> RequestStats:
+        return key if type(key) is RequestStats else self._by_req[key]
 
     def _leave_stream(self, st: RequestStats) -> None:
         """Bring a stream member's fields up to date and take it out of the stream."""
         st.num_generation_tokens += self._stream_count - st.stream_join
         st.last_token_ts = self._stream_t
         st.stream_join = -1
-        self._stream.discard(st)
-        self._stream_batch = None
+        self._stream.discard(st.key)
 
     def _buffer_gaps(self, values: list[float]) -> None:
         for gap, same in groupby(values):  # mostly one gap shared by most of the batch
@@ -391,52 +382,49 @@ class PromAccounting:
             vals.append(value)
             self._itl_counts.append(times)
 
-    def _stream_step(self, sts: list[RequestStats], t: float, m: int, observe,
-                     observe_repeated) -> None:
-        """Every state of ``sts`` emits a token at ``t`` (the first of a run of steps): their
-        inter-token gaps go to ``observe`` (a list) or ``observe_repeated`` (one gap for
-        all), in ``sts`` order; members that missed the step
-        leave the stream, newcomers join it. Advances the stream by ``m`` steps ending at
-        ``t`` (a leap advances it itself, by its number of steps)."""
+    def _stream_step(self, keys: list[Any], t: float, m: int) -> None:
+        """Every request of ``keys`` (see ``_keys``) emits a token at ``t`` (the first of a
+        run of steps): their inter-token gaps are buffered in ``keys`` order; members that
+        missed the step leave the stream, newcomers join it. Advances the stream by ``m``
+        steps ending at ``t`` (a leap advances it itself, by its number of steps)."""
         stream = self._stream
-        if sts is self._stream_batch or (len(sts) == len(stream) and stream.issuperset(sts)):
-            # The batch is the stream (a batch holds each request once): one gap for all,
-            # added one by one in C.
-            observe_repeated(t - self._stream_t, len(sts))
-            self._stream_batch = sts
+        if len(keys) == len(stream) and stream.issuperset(keys):
+            # The batch is the stream (a batch holds each request once): one gap for all.
+            self._buffer_gap(t - self._stream_t, len(keys))
         else:
-            cur = set(sts)
-            for st in stream - cur:
-                self._leave_stream(st)
-            newcomers = cur - stream
+            state = self._state
+            cur = set(keys)
+            for key in stream - cur:
+                self._leave_stream(state(key))
+            newcomers = [(key, state(key)) for key in cur - stream]
             if newcomers:
                 st_t = self._stream_t
-                if len(newcomers) * 8 < len(sts):
+                if len(newcomers) * 8 < len(keys):
                     # A few newcomers among members (a request back from prefill or
                     # admission): the members' one gap in runs around them, found by
                     # identity scans in C rather than a line of Python per member.
                     common = t - st_t
                     prev = 0
-                    for i in sorted(map(sts.index, newcomers)):
+                    for i, st in sorted((keys.index(key), st) for key, st in newcomers):
                         if i > prev:
-                            observe_repeated(common, i - prev)
-                        observe_repeated(t - sts[i].last_token_ts, 1)
+                            self._buffer_gap(common, i - prev)
+                        self._buffer_gap(t - st.last_token_ts, 1)
                         prev = i + 1
-                    if prev < len(sts):
-                        observe_repeated(common, len(sts) - prev)
+                    if prev < len(keys):
+                        self._buffer_gap(common, len(keys) - prev)
                 else:
-                    observe([t - (st.last_token_ts if st.stream_join < 0 else st_t)
-                             for st in sts])
+                    self._buffer_gaps([t - (st.last_token_ts if st.stream_join < 0 else st_t)
+                                       for st in map(state, keys)])
                 count = self._stream_count
-                for st in newcomers:
+                for key, st in newcomers:
                     if st.pending_preemptions:
                         self.num_preemptions += st.take_preemptions()
                     # Its fields are current up to this step; from here on they lag.
                     st.stream_join = count
-                stream |= newcomers
+                    st.key = key
+                stream.update(cur)
             else:
-                observe_repeated(t - self._stream_t, len(sts))
-            self._stream_batch = sts
+                self._buffer_gap(t - self._stream_t, len(keys))
         if m:
             self._stream_count += m
             self._stream_t = t
@@ -450,7 +438,7 @@ class PromAccounting:
         self._apply_pending_leap()
         times = _floats(times)
         if times:
-            self._pending_leap = (self._states_of(reqs), times)
+            self._pending_leap = (list(self._keys(reqs)), times)  # a copy: ours to keep
 
     def on_steps_end(self, times: Sequence[float], num_running: Sequence[int],
                      num_waiting: Sequence[int], num_waiting_deferred: Sequence[int],
@@ -483,20 +471,20 @@ class PromAccounting:
         """A leap whose ``on_steps_end`` never came: apply its tokens, split at scrapes."""
         if self._pending_leap is None:
             return
-        states, times = self._pending_leap
+        keys, times = self._pending_leap
         self._pending_leap = None
         for start, end in self._segments(times):
-            self._leap_segment(states, times[start:end])
+            self._leap_segment(keys, times[start:end])
 
-    def _leap_segment(self, states: list[RequestStats], times: list[float]) -> None:
-        k = len(states)
+    def _leap_segment(self, keys: list[Any], times: list[float]) -> None:
+        k = len(keys)
         if k == 0:
             return
         m = len(times)
         self.generation_tokens += k * m
         self.h_iteration.observe_repeated(float(k), m)
         first, last = times[0], times[-1]
-        self._stream_step(states, first, 0, self._buffer_gaps, self._buffer_gap)
+        self._stream_step(keys, first, 0)
         self._stream_count += m
         self._stream_t = last
         # each step of the leap: k requests see the same gap, in step order as a server would
@@ -558,4 +546,3 @@ class PromAccounting:
             self._by_req.pop(req, None)
         except TypeError:
             pass
-        self._last_batches.clear()
