@@ -146,8 +146,16 @@ def _lens(res: dict[str, Any]) -> tuple[list[int], list[int]] | None:
     errors = res.get("errors")
     ok = [not e for e in errors] if isinstance(errors, list) and len(errors) == len(ins) else (
         [True] * len(ins))
-    pairs = [(int(i), int(o)) for i, o, keep in zip(ins, outs, ok, strict=True)
-             if keep and isinstance(i, int | float) and isinstance(o, int | float) and o >= 1]
+    # The twin hands requests to its clients in list order, so the list must be in the order
+    # they were sent: kvpressure collect lists them as they finished, vllm bench serve as sent.
+    starts = res.get("start_times")
+    order = list(range(len(ins)))
+    if (isinstance(starts, list) and len(starts) == len(ins)
+            and all(isinstance(s, int | float) and math.isfinite(s) for s in starts)):
+        order.sort(key=lambda k: starts[k])
+    pairs = [(int(ins[k]), int(outs[k])) for k in order
+             if ok[k] and isinstance(ins[k], int | float) and isinstance(outs[k], int | float)
+             and outs[k] >= 1]
     if not pairs:
         return None
     return [p for p, _ in pairs], [o for _, o in pairs]
