@@ -15,6 +15,11 @@ Messages read (by content, wherever they sit on the line):
   cache usage: Z%[, Prefix cache hit rate: W%]...`` (V1; ``CPU``/``XPU`` instead of ``GPU`` on
   other devices; ``K Engines Aggregated:`` with data parallelism), and V0's ``..., Running: N
   reqs, Swapped: S reqs, Pending: M reqs, GPU KV cache usage: Z%, CPU KV cache usage: C%.``;
+* one line per engine step with ``--enable-logging-iteration-details``: ``[Engine 000: ]
+  Iteration(I): A context requests, B context tokens, C generation requests, D generation
+  tokens, iteration elapsed time: E ms[ (dummy)], CPU KV cache usage: U%`` (read into a per-step
+  frame by ``iteration_log``; a line that starts like one but does not parse is kept as
+  ``iteration_malformed`` so that reader can name it);
 * V0's preemption warning ``Sequence group X is preempted by PreemptionMode.RECOMPUTE mode
   because there is not enough KV cache space. ... total_num_cumulative_preemption=N`` (printed
   for the 1st, 51st, 101st... preemption);
@@ -48,6 +53,7 @@ _THROUGHPUT = re.compile(
     r"Avg prompt throughput:\s*(\d+(?:\.\d+)?)\s*tokens/s,\s*"
     r"Avg generation throughput:\s*(\d+(?:\.\d+)?)\s*tokens/s"
 )
+_ENGINE_PREFIX = re.compile(r"Engine\s+(\d+)\s*:\s*$")
 _ENGINE = re.compile(r"(?:Engine\s+(\d+)|(\d+)\s+Engines\s+Aggregated)\s*:\s*Avg prompt")
 _COUNTS = {
     "running": re.compile(r"\bRunning:\s*(\d+)\s*reqs"),
@@ -66,6 +72,15 @@ _RATES = {
 }
 _V0_PREFIX_RATE = re.compile(
     r"Prefix cache hit rate:\s*GPU:\s*(\d+(?:\.\d+)?)%,\s*CPU:\s*(\d+(?:\.\d+)?)%")
+
+# One engine step (V1, --enable-logging-iteration-details).
+_ITERATION_HEAD = re.compile(r"\bIteration\((\d+)\):")
+_ITERATION = re.compile(
+    r"\bIteration\((\d+)\):\s*(\d+) context requests,\s*(\d+) context tokens,\s*"
+    r"(\d+) generation requests,\s*(\d+) generation tokens,\s*"
+    r"iteration elapsed time:\s*(\d+(?:\.\d+)?) ms( \(dummy\))?"
+    r"(?:,\s*(\w+(?: \+ host)?) KV cache usage:\s*(\d+(?:\.\d+)?)%)?"
+)
 
 # Preemption warnings (V0, and the early V1 prototype's "request X is preempted by RECOMPUTE").
 _PREEMPTED = re.compile(
@@ -147,7 +162,8 @@ def may_hold_message(line: str) -> bool:
     return ("throughput:" in line or "preempted by" in line or "blocks:" in line
             or "KV cache size" in line or "Maximum concurrency" in line
             or "num_gpu_blocks is" in line or "Chunked prefill" in line or "args:" in line
-            or "LLM engine" in line or "version" in line or "hit rate: GPU" in line)
+            or "LLM engine" in line or "version" in line or "hit rate: GPU" in line
+            or "Iteration(" in line)
 
 
 def split_prefix(line: str, lineno: int) -> tuple[Stamp | None, str]:
@@ -207,6 +223,8 @@ def parse_message(message: str) -> tuple[str, dict[str, Any]] | None:
     """(kind, values) of one message (or whole line), or None when the kit does not read it."""
     if not may_hold_message(message):
         return None
+    if _ITERATION_HEAD.search(message):
+        return _iteration(message)
     m = _THROUGHPUT.search(message)
     if m:
         return "stats", _stats(message, m)
@@ -220,6 +238,24 @@ def parse_message(message: str) -> tuple[str, dict[str, Any]] | None:
     if startup:
         return "startup", startup
     return None
+
+
+def _iteration(message: str) -> tuple[str, dict[str, Any]]:
+    m = _ITERATION.search(message)
+    if m is None:
+        return "iteration_malformed", {"text": message.strip()[:160]}
+    e = _ENGINE_PREFIX.search(message[:m.start()])
+    return "iteration", {
+        "engine": str(int(e.group(1))) if e else None,
+        "iteration": int(m.group(1)),
+        "context_requests": int(m.group(2)),
+        "context_tokens": int(m.group(3)),
+        "generation_requests": int(m.group(4)),
+        "generation_tokens": int(m.group(5)),
+        "elapsed_ms": float(m.group(6)),
+        "dummy": m.group(7) is not None,
+        "kv_cache_usage": float(m.group(9)) / 100 if m.group(9) is not None else None,
+    }
 
 
 def _stats(message: str, m: re.Match[str]) -> dict[str, Any]:

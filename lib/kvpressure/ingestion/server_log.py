@@ -19,6 +19,8 @@ What a log gives, as the series a scrape would:
   in between; sampled at the stats lines), or a V1 build's per-interval ``Preemptions: N``.
   vLLM V1 releases do not print preemptions (0.33.0 builds the part but never prints it): the
   counter is then missing, never zero;
+* the number of per-step lines (``--enable-logging-iteration-details``) in the report, as
+  ``iteration_lines``: those become a step trace (``iteration_log``), not series;
 * ``vllm:cache_config_info`` with the labels the start-up lines give (``num_gpu_blocks``,
   ``block_size``, ``enable_prefix_caching``, ``gpu_memory_utilization``).
 
@@ -232,6 +234,8 @@ def read_server_log(path: Path, acc: RunSamples, warnings: list[str], *,
         "lines": log.lines,
         "stats_lines": len(stats),
         "preemption_warnings": len(preempt),
+        # one line per engine step (--enable-logging-iteration-details): iteration_log reads them
+        "iteration_lines": sum(e.kind == "iteration" for e in log.events),
         "year": log.year,
         "timezone": _tz_name(tz),
         "engine_args": args,
