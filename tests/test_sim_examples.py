@@ -4,7 +4,7 @@ free-queue states. Steps are numbered from 0, like the reference runs and the do
 
 from __future__ import annotations
 
-from kvpressure.simulation.engine import simulate
+from kvpressure.simulation.engine import FAST_PATHS, simulate
 from kvpressure.simulation.request import PREEMPTED, RUNNING
 from kvpressure.simulation.scenario import load_scenario
 from sim_helpers import ManualLoop, settings
@@ -104,8 +104,8 @@ def test_example_1_through_the_engine_matches_the_reference_step_numbers():
         "requests": [{"id": "A", "prompt_len": 40, "output_len": 30},
                      {"id": "B", "prompt_len": 40, "output_len": 30},
                      {"id": "C", "prompt_len": 30, "output_len": 10}]})
-    for event_driven in (False, True):
-        res = simulate(sc, event_driven=event_driven)
+    for fast_path in FAST_PATHS:
+        res = simulate(sc, fast_path=fast_path)
         c = res.steps.columns
         preempt_steps = [s for s, p in zip(c["step"], c["preemptions"], strict=True) if p]
         assert preempt_steps == [9, 26]
@@ -192,7 +192,7 @@ def test_idle_gap_jump_records_one_empty_step_after_the_drain():
                         "requests": [{"id": "A", "prompt_len": 10, "output_len": 2},
                                      {"id": "B", "prompt_len": 10, "output_len": 1,
                                       "arrival_step": 10}]})
-    for ev in (False, True):
-        res = simulate(sc, event_driven=ev)
+    for fast_path in FAST_PATHS:
+        res = simulate(sc, fast_path=fast_path)
         assert list(res.steps.columns["step"]) == [0, 1, 2, 10]
         assert res.steps.columns["num_scheduled_tokens"][2] == 0

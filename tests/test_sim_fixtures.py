@@ -1,5 +1,5 @@
 """Both reference runs of vLLM 0.33.0's own scheduler, reproduced exactly: every row of
-steps.csv and requests.csv and every count of summary.json, on both engine paths."""
+steps.csv and requests.csv and every count of summary.json, on every fast-path setting."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpressure.simulation.engine import simulate
+from kvpressure.simulation.engine import FAST_PATHS, simulate
 from kvpressure.simulation.scenario import load_scenario
 
 DATA = Path(__file__).parent / "data" / "vllm-0.33-scheduler"
@@ -20,12 +20,12 @@ COUNT_KEYS = ["num_requests", "total_prompt_tokens", "total_output_tokens", "ste
               "mean_kv_usage", "max_kv_usage", "mode"]
 
 
-@pytest.fixture(scope="module", params=[(n, ev) for n in NAMES for ev in (False, True)],
-                ids=lambda p: f"{p[0]}-{'event' if p[1] else 'step'}")
+@pytest.fixture(scope="module", params=[(n, fp) for n in NAMES for fp in FAST_PATHS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def run(request):
-    name, event_driven = request.param
+    name, fast_path = request.param
     sc = load_scenario(DATA / f"{name}.scenario.json")
-    return name, simulate(sc, event_driven=event_driven)
+    return name, simulate(sc, fast_path=fast_path)
 
 
 def test_steps_csv_is_identical(run):

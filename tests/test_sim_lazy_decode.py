@@ -1,7 +1,7 @@
-"""Lazy decode progress (simulation/lazy_decode.py) decides exactly what the eager scheduler
+"""Lazy decode progress (simulation/lazy_decode.py) decides exactly what the exact scheduler
 decides: on random workloads with preemptions (FCFS and PRIORITY), in steps and in time,
-with and without the event-driven leaps, with and without a per-token recorder, and its
-members' derived state stays consistent after every step."""
+with and without leaps (``fast_path`` "off", "lazy", "leap"), with and without a per-token
+recorder, and its members' derived state stays consistent after every step."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpressure.simulation.engine import StepClock, _Engine
+from kvpressure.simulation.engine import Simulation
 from kvpressure.simulation.lazy_decode import LazyDecode
 from kvpressure.simulation.scenario import load_scenario
 from kvpressure.simulation.scheduler import Scheduler
@@ -19,14 +19,14 @@ from sim_helpers import settings as sched_settings
 
 
 class _StepRecorder:
-    """A recorder without ``on_output``/``on_decode_leap`` (so the engine keeps decode
-    progress lazily) that keeps what it is told, per step and per request."""
+    """A recorder without ``on_output`` (no per-token updates of the members) that keeps what
+    it is told, per step and per request, and checks the lazy head after every step."""
 
     def __init__(self) -> None:
         self.scheduled = defaultdict(list)
         self.preempted = defaultdict(list)
         self.step_ends = []
-        self.engine = None
+        self.sim = None
         self.max_members = 0
 
     def on_scheduled(self, req, t):
@@ -37,17 +37,18 @@ class _StepRecorder:
 
     def on_step_end(self, t, *rest):
         self.step_ends.append((t, *rest))
-        eng = self.engine
-        if eng is None or eng.lazy is None:
+        sim = self.sim
+        if sim is None or sim.lazy is None:
             return
-        lz = eng.lazy
-        sched = eng.sched
+        lz = sim.lazy
+        sched = sim.scheduler
         B = sched.block_size
-        members = sched.running[:lz.n]
-        self.max_members = max(self.max_members, lz.n)
+        n = lz.num_members
+        members = sched.running[:n]
+        self.max_members = max(self.max_members, n)
         assert all(r.lz_d0 >= 0 for r in members)
-        assert all(r.lz_d0 < 0 for r in sched.running[lz.n:])
-        assert sum(len(b) for b in lz.buckets) == lz.n
+        assert all(r.lz_d0 < 0 for r in sched.running[n:])
+        assert sum(len(b) for b in lz.buckets) == n
         total_c = 0
         for r in members:
             c = lz.computed(r, lz.clock)
@@ -57,29 +58,22 @@ class _StepRecorder:
             assert len(r.blocks) == -(-c // B)
             assert r in lz.buckets[(lz.clock - c) % B]
             assert r.num_output_tokens + lz.clock - r.lz_d0 < r.max_tokens
-        assert total_c == lz.sum_off + lz.n * lz.clock
+        assert total_c == lz.sum_off + n * lz.clock
 
 
-class _NoLeap(_Engine):
-    """Lazy decode progress on every step, no leaps."""
-
-    def _try_leap(self, arrivals):
-        return False
-
-
-def _run(sc, engine_cls, event_driven, cost=None):
+def _run(sc, fast_path, cost=None):
     rec = _StepRecorder()
-    eng = engine_cls(sc, cost, rec, event_driven, StepClock())
-    rec.engine = eng
-    return eng.run(), rec
+    sim = Simulation(sc, cost, rec, fast_path)
+    rec.sim = sim
+    return sim.run(), rec
 
 
 def _three_ways(sc):
-    """Eager, lazy without leaps and lazy with leaps must agree; returns the eager and the
+    """Exact, lazy without leaps and lazy with leaps must agree; returns the exact and the
     lazy-without-leaps runs (result, recorder) for further checks."""
-    eager, rec_e = _run(sc, _Engine, False)
-    lazy, rec_l = _run(sc, _NoLeap, True)
-    leap, rec_j = _run(sc, _Engine, True)
+    eager, rec_e = _run(sc, "off")
+    lazy, rec_l = _run(sc, "lazy")
+    leap, rec_j = _run(sc, "leap")
     _assert_same(eager, lazy, rec_e, rec_l)
     _assert_same(eager, leap, rec_e, rec_j)
     return eager, rec_e, lazy, rec_l
@@ -114,9 +108,9 @@ def test_lazy_decode_equals_eager_in_time(data):
         for r in data["requests"]:
             r["arrival_time_s"] = r.pop("arrival_step") * 0.01
     sc = load_scenario(data)
-    eager, rec_e = _run(sc, _Engine, False, LinearCost())
-    lazy, rec_l = _run(sc, _NoLeap, True, LinearCost())
-    leap, rec_j = _run(sc, _Engine, True, LinearCost())
+    eager, rec_e = _run(sc, "off", LinearCost())
+    lazy, rec_l = _run(sc, "lazy", LinearCost())
+    leap, rec_j = _run(sc, "leap", LinearCost())
     _assert_same(eager, lazy, rec_e, rec_l, exact=False)
     _assert_same(eager, leap, rec_e, rec_j, exact=False)
 
@@ -131,10 +125,10 @@ def test_lazy_decode_with_a_per_token_recorder(data, scrape):
             r["arrival_time_s"] = r.pop("arrival_step") * 0.01
     sc = load_scenario(data)
     rec_a, rec_b = RecordingRecorder(scrape), RecordingRecorder(scrape)
-    a = _Engine(sc, LinearCost(), rec_a, False, StepClock()).run()
-    eng = _NoLeap(sc, LinearCost(), rec_b, True, StepClock())
-    assert eng.lazy is not None
-    b = eng.run()
+    a = Simulation(sc, LinearCost(), rec_a, "off").run()
+    sim = Simulation(sc, LinearCost(), rec_b, "lazy")
+    assert sim.lazy is not None
+    b = sim.run()
     assert a.steps_csv() == b.steps_csv()
     assert a.requests_csv() == b.requests_csv()
     assert rec_a.aggregate() == rec_b.aggregate()
@@ -185,7 +179,7 @@ def test_lazy_head_larger_than_budget_runs_eagerly():
     reqs_b = [lazy.add(f"r{i}", 5, 12) for i in range(3)]
     while eager.sched.has_requests():
         if eager.step == 9:
-            assert lz.n == 2
+            assert lz.num_members == 2
             eager.sched.max_num_scheduled_tokens = lazy.sched.max_num_scheduled_tokens = 1
         a, b = eager.run_step(), lazy.run_step()
         assert a.num_scheduled_tokens == b.num_scheduled_tokens

@@ -1,12 +1,13 @@
-"""Invariants of the scheduler model on random small workloads, and the event-driven fast
-path giving exactly the step-by-step results (rows, requests, summary, recorder calls)."""
+"""Invariants of the scheduler model on random small workloads, and the fast path
+(``fast_path="leap"``) giving exactly the exact path's results (rows, requests, summary,
+recorder calls)."""
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpressure.simulation.engine import StepClock, _Engine, simulate
+from kvpressure.simulation.engine import Simulation, simulate
 from kvpressure.simulation.request import PREEMPTED, RUNNING, WAITING
 from kvpressure.simulation.scenario import load_scenario
 from sim_helpers import LinearCost, RecordingRecorder, workloads
@@ -48,9 +49,9 @@ class _Checker(RecordingRecorder):
 def test_invariants_on_random_workloads(data):
     sc = load_scenario(data)
     rec = _Checker()
-    eng = _Engine(sc, None, rec, False, StepClock())
-    rec.sched = eng.sched
-    res = eng.run()
+    sim = Simulation(sc, recorder=rec, fast_path="off")
+    rec.sched = sim.scheduler
+    res = sim.run()
     c = res.steps.columns
     budget = sc.settings.max_num_batched_tokens
     assert all(n <= budget for n in c["num_scheduled_tokens"])
@@ -81,26 +82,26 @@ def _same(a, b):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
-def test_event_driven_equals_step_by_step(data):
+def test_fast_path_equals_exact_path(data):
     sc = load_scenario(data)
     rec_a, rec_b = RecordingRecorder(), RecordingRecorder()
-    a = simulate(sc, recorder=rec_a, event_driven=False)
-    b = simulate(sc, recorder=rec_b, event_driven=True)
+    a = simulate(sc, recorder=rec_a, fast_path="off")
+    b = simulate(sc, recorder=rec_b, fast_path="leap")
     _same(a, b)
     assert rec_a.aggregate() == rec_b.aggregate()
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from([None, 0.05, 0.3]))
-def test_event_driven_equals_step_by_step_in_time(data, scrape):
+def test_fast_path_equals_exact_path_in_time(data, scrape):
     # Time arrivals for the open loop: arrival_step as a time in units of 10 ms.
     if data["mode"]["type"] == "open":
         for r in data["requests"]:
             r["arrival_time_s"] = r.pop("arrival_step") * 0.01
     sc = load_scenario(data)
     rec_a, rec_b = RecordingRecorder(scrape), RecordingRecorder(scrape)
-    a = simulate(sc, cost_model=LinearCost(), recorder=rec_a, event_driven=False)
-    b = simulate(sc, cost_model=LinearCost(), recorder=rec_b, event_driven=True)
+    a = simulate(sc, cost_model=LinearCost(), recorder=rec_a, fast_path="off")
+    b = simulate(sc, cost_model=LinearCost(), recorder=rec_b, fast_path="leap")
     assert a.steps_csv() == b.steps_csv()
     assert a.requests_csv() == b.requests_csv()
     for k, v in a.summary.items():

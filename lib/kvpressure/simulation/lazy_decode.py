@@ -1,19 +1,33 @@
-"""Decode progress kept as a clock instead of per-request counters.
+"""Decode progress (docs/scheduler.md#fast-lazy): the hooks the scheduler calls about the
+decoding head of ``running``, and the lazy implementation that keeps it as a clock.
 
 Most requests in ``running`` spend most steps decoding: each step they gain exactly one
 computed token, one token and one output, and need a block only when their position starts
 one. Updating ~100 of them every step is the bulk of a busy simulation, although a step only
 *decides* something about the few that cross a block boundary or reach their last token.
 
-``LazyDecode`` holds the decoding requests that form the head of ``running`` (they all get
-their token every step: pass 1 serves them first, and the scheduler falls back to the eager
-path when the budget could not cover them). Their counters are stored as of the clock value
-``lz_d0`` at which they were last brought up to date; the clock counts the steps they
-advanced together. Per request, everything else follows by arithmetic:
+The scheduler (``scheduler.py``) reads as vLLM's ``schedule()``; it hands the decoding head of
+``running`` to a ``DecodeProgress`` through five hooks:
 
-* it starts a block at clock ``D`` when ``c + D - d0`` is a multiple of ``B``, so requests
-  are bucketed by ``(d0 - c) % B`` and bucket ``D % B`` holds the crossings of step ``D``,
-  kept in ``running`` order (joins happen at the end of the lazy head);
+* ``serve_head``: pass 1 over the head, before the general pass walks the rest;
+* ``advance_head``: the head's share of ``_update_after_schedule`` (tokens, finishes);
+* ``leave``: a request is preempted or finished (its counters must be up to date);
+* ``served``: tokens the head gave a request outside the step's ``scheduled`` map (a
+  PRIORITY victim's budget comes back);
+* ``extend_head``: after ``update_from_output``, requests that decoded right behind the head
+  join it.
+
+``DecodeProgress`` itself is the exact path (``fast_path="off"``): no head, every request keeps
+its own counters, the hooks do nothing. ``LazyDecode`` holds the decoding requests that form
+the head of ``running`` (they all get their token every step: ``serve_head`` serves them first,
+and hands the step back to the general pass when the budget could not cover them). Their
+counters are stored as of the clock value ``lz_d0`` at which they were last brought up to
+date; the clock counts the steps they advanced together. Per request, everything else follows
+by arithmetic:
+
+* it starts a block at clock ``k`` when ``c + k - d0`` is a multiple of the block size, so
+  requests are bucketed by ``(d0 - c) % block_size`` and bucket ``k % block_size`` holds the
+  crossings of step ``k``, kept in ``running`` order (joins happen at the end of the head);
 * it emits its last token at clock ``d0 + left - 1``; a heap gives the finishes in
   ``(clock, running order)``.
 
@@ -26,23 +40,55 @@ been stamped one at a time.
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING
 
 from kvpressure.simulation.request import Request
 
+if TYPE_CHECKING:
+    from kvpressure.simulation.scheduler import Scheduler, SchedulerOutput
 
-class LazyDecode:
-    __slots__ = ("B", "mml", "clock", "n", "buckets", "heap", "sum_off", "seq", "timed",
-                 "gaps", "ends")
+
+class DecodeProgress:
+    """The exact path: no decoding head, every hook a no-op."""
+
+    __slots__ = ()
+
+    num_members = 0
+
+    def serve_head(self, sched: Scheduler, out: SchedulerOutput, budget: int
+                   ) -> tuple[int, int, bool]:
+        """Pass 1 over the head: ``(index in running where the general pass goes on, budget
+        left, whether pass 1 stopped)``."""
+        return 0, budget, False
+
+    def advance_head(self, out: SchedulerOutput) -> None:
+        """The head's tokens of this step into ``out`` (its finishes first in
+        ``out.finished``)."""
+
+    def leave(self, req: Request) -> None:
+        """``req`` is preempted or finishes: a member leaves the head, up to date."""
+
+    def served(self, req: Request) -> int:
+        """Tokens ``req`` got this step from ``serve_head``."""
+        return 0
+
+    def extend_head(self, running: list[Request], scheduled: dict[Request, int]) -> None:
+        """After ``update_from_output``: requests decoding right behind the head join it."""
+
+
+class LazyDecode(DecodeProgress):
+    __slots__ = ("block_size", "max_model_len", "clock", "num_members", "buckets", "heap",
+                 "sum_off", "seq", "timed", "gaps", "ends")
 
     def __init__(self, block_size: int, max_model_len: int, timed: bool) -> None:
-        self.B = block_size
-        self.mml = max_model_len
+        self.block_size = block_size
+        self.max_model_len = max_model_len
         self.clock = 0
-        self.n = 0
+        self.num_members = 0
         self.buckets: list[list[Request]] = [[] for _ in range(block_size)]
         # (clock of the last token, join sequence, request); stale after the request left.
         self.heap: list[tuple[int, int, Request]] = []
-        # Σ (num_computed_tokens - clock) over the members: Σ c = sum_off + n * clock.
+        # Σ (num_computed_tokens - clock) over the members: Σ c = sum_off + members * clock.
         self.sum_off = 0
         self.seq = 0
         self.timed = timed
@@ -50,21 +96,107 @@ class LazyDecode:
         self.gaps: list[float] = []
         self.ends: list[float] = []
 
+    # -- the scheduler's hooks ------------------------------------------------------------
+    def serve_head(self, sched: Scheduler, out: SchedulerOutput, budget: int
+                   ) -> tuple[int, int, bool]:
+        """Only members starting a block need anything (docs/scheduler.md#run-alloc); a member
+        that preempts itself under FCFS stops pass 1 (#pre-fcfs)."""
+        members = self.num_members
+        if not members:
+            return 0, budget, False
+        if members > budget:
+            # The budget cannot serve every member: this step runs eagerly.
+            self.flush(sched.running)
+            return 0, budget, False
+        clock = self.clock
+        pool = sched.kv.pool
+        cross = self.buckets[clock % self.block_size]
+        stopped = False
+        if len(cross) <= pool.num_free_blocks:
+            # Enough free blocks for every crossing: popped in running order, at once.
+            if cross:
+                for req, b in zip(cross, pool.get_new_blocks(len(cross))):  # noqa: B905
+                    req.blocks.append(b)
+        else:
+            # Not every crossing gets a block: preemptions, in running order. FCFS takes
+            # victims from the end of running (members still to come in this bucket); PRIORITY
+            # may take any running request, served members included (their token of this
+            # step is then simply not counted: they leave before the clock moves).
+            priority = sched.priority_policy
+            for req in list(cross):
+                if req.lz_d0 < 0:
+                    continue  # preempted earlier in this step
+                served = True
+                while not pool.num_free_blocks:
+                    victim = sched.preempt_at(sched.victim_index(), out)
+                    if victim is req:
+                        served = False
+                        break
+                if not served:
+                    if priority:
+                        continue
+                    stopped = True
+                    break
+                req.blocks.append(pool.pop_one())
+        kv = sched.kv
+        if kv.enable_caching:
+            # Members whose token completes a block register its key (#kv-cache-eager).
+            for req in self.buckets[(clock + 1) % self.block_size]:
+                kv.cache_blocks(req, req.num_computed_tokens + clock - req.lz_d0 + 1)
+        members = self.num_members
+        return members, budget - members, stopped
+
+    def advance_head(self, out: SchedulerOutput) -> None:
+        members = self.num_members
+        if not members:
+            return
+        clock = self.clock
+        out.num_lazy = members
+        out.num_scheduled_tokens += members
+        out.num_decode_tokens += members
+        out.sum_decode_ctx += self.sum_off + members * (clock + 1)
+        out.finished.extend(self.pop_finishing(clock))
+        self.clock = clock + 1
+
+    def leave(self, r: Request) -> None:
+        if r.lz_d0 < 0:
+            return
+        self.sync(r)
+        self.buckets[(r.lz_d0 - r.num_computed_tokens) % self.block_size].remove(r)
+        self.sum_off -= r.num_computed_tokens - r.lz_d0
+        self.num_members -= 1
+        r.lz_d0 = -1
+        r.lz_seq = 0  # its heap entries are stale by lz_d0 already; the int need not live on
+
+    def served(self, req: Request) -> int:
+        # A member still in running was served earlier in pass 1.
+        return 1 if req.lz_d0 >= 0 else 0
+
+    def extend_head(self, running: list[Request], scheduled: dict[Request, int]) -> None:
+        n = self.num_members
+        while n < len(running):
+            r = running[n]
+            if r.is_prefill_chunk or r not in scheduled:
+                break
+            self.join(r)
+            n += 1
+
+    # -- membership -----------------------------------------------------------------------
     def join(self, r: Request) -> None:
         """``r`` (up to date, decoding, not finished) becomes the last member."""
-        D = self.clock
+        clock = self.clock
         c = r.num_computed_tokens
-        r.lz_d0 = D
+        r.lz_d0 = clock
         self.seq += 1
         r.lz_seq = self.seq
-        self.buckets[(D - c) % self.B].append(r)
+        self.buckets[(clock - c) % self.block_size].append(r)
         left = r.max_tokens - r.num_output_tokens
-        cap = self.mml - r.num_tokens
+        cap = self.max_model_len - r.num_tokens
         if cap < left:
             left = cap
-        heapq.heappush(self.heap, (D + left - 1, self.seq, r))
-        self.sum_off += c - D
-        self.n += 1
+        heapq.heappush(self.heap, (clock + left - 1, self.seq, r))
+        self.sum_off += c - clock
+        self.num_members += 1
 
     def sync(self, r: Request) -> None:
         """Bring a member's counters up to the current clock."""
@@ -86,34 +218,25 @@ class LazyDecode:
                 r.itl_max_s = m
             r.last_token_time_s = self.ends[self.clock - 1]
 
-    def leave(self, r: Request) -> None:
-        """``r`` stops being a member, with its counters up to date."""
-        self.sync(r)
-        self.buckets[(r.lz_d0 - r.num_computed_tokens) % self.B].remove(r)
-        self.sum_off -= r.num_computed_tokens - r.lz_d0
-        self.n -= 1
-        r.lz_d0 = -1
-        r.lz_seq = 0  # its heap entries are stale by lz_d0 already; the int need not live on
-
-    def computed(self, r: Request, D: int) -> int:
-        """A member's ``num_computed_tokens`` at clock ``D``."""
-        return r.num_computed_tokens + D - r.lz_d0
+    def computed(self, r: Request, clock: int) -> int:
+        """A member's ``num_computed_tokens`` at ``clock``."""
+        return r.num_computed_tokens + clock - r.lz_d0
 
     def next_finish(self) -> int:
         """Clock of the next member's last token (drops stale heap entries); -1 if none."""
         heap = self.heap
         while heap:
-            d, s, r = heap[0]
+            k, s, r = heap[0]
             if r.lz_d0 >= 0 and r.lz_seq == s:
-                return d
+                return k
             heapq.heappop(heap)
         return -1
 
-    def pop_finishing(self, D: int) -> list[Request]:
-        """The members whose last token comes at clock ``D``, in ``running`` order; they
-        stay members (the caller makes them leave once the clock has passed ``D``)."""
+    def pop_finishing(self, clock: int) -> list[Request]:
+        """The members whose last token comes at ``clock``, in ``running`` order; they
+        stay members (``update_from_output`` makes them leave once the clock has passed)."""
         out = []
-        while self.next_finish() == D:
+        while self.next_finish() == clock:
             out.append(heapq.heappop(self.heap)[2])
         return out
 
@@ -123,8 +246,8 @@ class LazyDecode:
         self.ends.append(end)
 
     def flush(self, running: list[Request]) -> None:
-        """Every member leaves (the head ``running[:n]``), counters up to date."""
-        for r in running[:self.n]:
+        """Every member leaves (the head ``running[:members]``), counters up to date."""
+        for r in running[:self.num_members]:
             self.sync(r)
             r.lz_d0 = -1
             r.lz_seq = 0
@@ -132,4 +255,4 @@ class LazyDecode:
             b.clear()
         self.heap.clear()
         self.sum_off = 0
-        self.n = 0
+        self.num_members = 0

@@ -6,16 +6,42 @@ from __future__ import annotations
 import json
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-STEP_COLUMNS = (
-    "step", "arrivals", "num_running", "num_scheduled_reqs", "num_waiting", "num_waiting_new",
-    "num_waiting_preempted", "num_waiting_deferred", "kv_usage", "num_scheduled_tokens",
-    "num_prefill_tokens", "num_decode_tokens", "admitted_new", "resumed", "recomputed_tokens",
-    "preemptions", "finished", "num_running_after", "num_waiting_after", "kv_usage_after",
-    "prefix_cache_queries", "prefix_cache_hits",
-)
+
+class StepRow(NamedTuple):
+    """One row of steps.csv (docs/scheduler.md#loop-row): ``num_running``, ``num_waiting*``
+    and ``kv_usage`` are read right after ``schedule()``, the ``*_after`` ones after
+    ``update_from_output()``. ``time_s`` and ``step_duration_s`` are kept in time mode only."""
+
+    step: int
+    arrivals: int
+    num_running: int
+    num_scheduled_reqs: int
+    num_waiting: int
+    num_waiting_new: int
+    num_waiting_preempted: int
+    num_waiting_deferred: int
+    kv_usage: float
+    num_scheduled_tokens: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    admitted_new: int
+    resumed: int
+    recomputed_tokens: int
+    preemptions: int
+    finished: int
+    num_running_after: int
+    num_waiting_after: int
+    kv_usage_after: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    time_s: float = 0.0
+    step_duration_s: float = 0.0
+
+
 TIME_STEP_COLUMNS = ("time_s", "step_duration_s")
+STEP_COLUMNS = StepRow._fields[:-len(TIME_STEP_COLUMNS)]
 _FLOAT_COLUMNS = {"kv_usage", "kv_usage_after", "time_s", "step_duration_s"}
 # Counts of requests fit 32 bits (a run cannot hold 2^31 requests); steps and token counts
 # keep 64. Half the bytes of most columns of a long run.
@@ -65,7 +91,8 @@ class StepsTable:
     def __len__(self) -> int:
         return len(self._columns["step"]) + len(self._rows)
 
-    def append(self, row: tuple) -> None:
+    def append(self, row: StepRow) -> None:
+        # An untimed table has no time columns: zip() below stops at the last column.
         rows = self._rows
         rows.append(row)
         if len(rows) >= self._BLOCK:

@@ -141,13 +141,6 @@ class Request:
     def is_finished(self) -> bool:
         return self.status > PREEMPTED
 
-    def sort_key(self) -> tuple[int, int, str]:
-        """vLLM's ``Request.__lt__`` order: (priority, arrival_time, request_id). Kept as a
-        key, not as ``__lt__``: a Python-level rich comparison makes every ``==`` between
-        requests (``list.remove``, ``in`` on lists) go through slow slot lookups. The
-        waiting heap never needs it, as ``arrival_time`` is unique."""
-        return (self.priority, self.arrival_time, self.request_id)
-
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={RequestStatus(self.status).name}, "
                 f"L={self.num_tokens}, c={self.num_computed_tokens}, "

@@ -1,6 +1,17 @@
 """One step of vLLM 0.33.0's V1 scheduler (``v1/core/sched/scheduler.py``), synchronous:
 ``schedule()`` then ``update_from_output()`` with the reference harness's fake model output
-(one token for every request whose chunk reaches the end of its known tokens)."""
+(one token for every request whose chunk reaches the end of its known tokens).
+
+``Scheduler.schedule`` reads in the order of vLLM's: budget and threshold, pass 1 over
+``running`` (allocation, preemption), pass 2 over ``waiting`` (admission), then
+``_update_after_schedule``. Rule ids (``#run-pass``...) point into docs/scheduler.md. The
+decoding head of ``running`` may be kept lazily (``lazy_decode.py``, docs/scheduler.md#fast-lazy):
+the scheduler hands it to its ``DecodeProgress`` hooks, which do nothing on the exact path.
+
+Names as in docs/scheduler.md: ``L`` = ``req.num_tokens`` (prompt plus outputs so far), ``c`` =
+``req.num_computed_tokens``, ``h`` = prefix-cache hit tokens, ``n`` = the tokens granted this
+step (a chunk), ``T`` = the effective ``long_prefill_token_threshold``.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +19,7 @@ import heapq
 from collections import deque
 
 from kvpressure.simulation.kv_cache_manager import KVCacheManager
-from kvpressure.simulation.lazy_decode import LazyDecode
+from kvpressure.simulation.lazy_decode import DecodeProgress
 from kvpressure.simulation.request import (
     FINISHED_LENGTH_CAPPED,
     PREEMPTED,
@@ -97,9 +108,9 @@ class WaitingQueue:
 class Scheduler:
     """Queues, budgets and the two scheduling passes (docs/scheduler.md sections 1-2)."""
 
-    def __init__(self, settings, lazy: LazyDecode | None = None) -> None:
-        """``lazy``: keep the decode progress of the head of ``running`` as a clock
-        (lazy_decode.py)."""
+    def __init__(self, settings, decode: DecodeProgress | None = None) -> None:
+        """``decode``: where the decoding head of ``running`` is kept (``lazy_decode.py``);
+        by default nowhere (every request keeps its own counters)."""
         s = settings
         self.settings = s
         self.block_size = s.block_size
@@ -125,7 +136,7 @@ class Scheduler:
         # it happens inside schedule() (the engine stamps them with the step's start).
         self.on_admit = None
         self.on_preempt = None
-        self.lazy = lazy
+        self.decode = decode if decode is not None else DecodeProgress()
 
     # -- queue entry ----------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -138,11 +149,33 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
-    # -- preemption -----------------------------------------------------------------------
-    def _priority_victim(self) -> int:
-        """Index in ``running`` of PRIORITY's victim: the greatest (priority, arrival_time),
-        the first of equals."""
+    # -- rules shared with the fast path --------------------------------------------------
+    def threshold(self) -> int:
+        """``T`` of this step: 0 when at most one request is running or waiting
+        (docs/scheduler.md#step-threshold)."""
+        if len(self.running) + len(self.waiting) <= 1:
+            return 0
+        return self.long_prefill_token_threshold
+
+    def first_chunk(self, req: Request, h: int, budget: int, threshold: int) -> int:
+        """Tokens pass 2 would grant the waiting ``req`` with a hit of ``h`` tokens; 0 when
+        chunking is off and its prompt does not fit the budget (docs/scheduler.md#adm-scan)."""
+        n = req.num_tokens - h
+        if 0 < threshold < n:
+            n = threshold
+        if n > budget:
+            if not self.chunked_prefill:
+                return 0
+            n = budget
+        return n
+
+    def victim_index(self) -> int:
+        """Index in ``running`` of the next victim: the last request under FCFS
+        (docs/scheduler.md#pre-fcfs); under PRIORITY the greatest (priority, arrival_time),
+        the first of equals (#pre-priority)."""
         running = self.running
+        if not self.priority_policy:
+            return len(running) - 1
         vi = 0
         best = (running[0].priority, running[0].arrival_time)
         for i in range(1, len(running)):
@@ -153,9 +186,10 @@ class Scheduler:
                 vi = i
         return vi
 
-    def _preempt(self, req: Request) -> None:
-        if req.lz_d0 >= 0:
-            self.lazy.leave(req)
+    def preempt_at(self, index: int, out: SchedulerOutput) -> Request:
+        """Preempt ``running[index]`` (docs/scheduler.md#pre-effect)."""
+        req = self.running.pop(index)
+        self.decode.leave(req)
         self.kv.free(req)
         req.status = PREEMPTED
         req.num_computed_tokens = 0
@@ -163,160 +197,140 @@ class Scheduler:
         req.is_prefill_chunk = True
         self.waiting.prepend(req)
         self.waiting.num_preempted += 1
+        out.preempted.append(req)
+        if self.on_preempt is not None:
+            self.on_preempt(req)
+        return req
 
     # -- one step -------------------------------------------------------------------------
     def schedule(self, step: int) -> SchedulerOutput:
+        """vLLM's ``Scheduler.schedule()``, in its order (docs/scheduler.md section 2)."""
         out = SchedulerOutput()
-        self.finished_req_ids = []
+        self.finished_req_ids = []  # reported by this call (#loop-drain)
+        budget = self.max_num_scheduled_tokens  # #step-budget
+        threshold = self.threshold()
+        # Pass 1 over running: its decoding head (lazy_decode.py), then the rest.
+        req_index, budget, stopped = self.decode.serve_head(self, out, budget)
+        if not stopped:
+            budget = self._schedule_running(out, req_index, budget, threshold)
+        if not out.preempted:  # #adm-after-preemption
+            self._schedule_waiting(out, budget, threshold, step)
+        self.decode.advance_head(out)
+        self._update_after_schedule(out, step)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, req_index: int, budget: int,
+                          threshold: int) -> int:
+        """Pass 1 from ``running[req_index]`` while the budget lasts (docs/scheduler.md#run-pass);
+        returns the budget left."""
         kv = self.kv
         running = self.running
-        waiting = self.waiting
-        budget = self.max_num_scheduled_tokens
-        mml = self.max_model_len
-        T = self.long_prefill_token_threshold
-        if len(running) + len(waiting) <= 1:
-            T = 0
         scheduled = out.scheduled
-        preempted = out.preempted
         priority = self.priority_policy
-
-        B = self.block_size
+        max_model_len = self.max_model_len
+        block_size = self.block_size
         pool = kv.pool
         caching = kv.enable_caching
-
-        # Pass 1: running requests in list order; the lazy head first, as a whole.
-        req_index = 0
-        lz = self.lazy
-        stopped = False
-        if lz is not None and lz.n:
-            if lz.n > budget:
-                # The budget cannot serve every member: this step runs eagerly.
-                lz.flush(running)
-            else:
-                stopped = self._lazy_pass(out)
-                budget -= lz.n
-                req_index = lz.n
-        while not stopped and req_index < len(running) and budget > 0:
+        while req_index < len(running) and budget > 0:
             req = running[req_index]
             c = req.num_computed_tokens
-            if not req.is_prefill_chunk:
-                # Decoding (c = L - 1): n = 1 whatever T and the budget; a block is needed
-                # only when position c starts one. Same decisions as the general path below.
-                if c % B:
-                    pass
-                elif pool.num_free_blocks:
+            if not req.is_prefill_chunk and (c % block_size or pool.num_free_blocks):
+                # Decoding (c = L - 1): n = 1 whatever T and the budget, and a block is needed
+                # only when position c starts one (#run-alloc); the general path below
+                # decides the same, slower.
+                if not c % block_size:
                     req.blocks.append(pool.pop_one())
-                else:
-                    n = 1
-                    req = None
-                if req is not None:
-                    if caching and (c + 1) % B == 0:
-                        kv.cache_blocks(req, c + 1)
-                    scheduled[req] = 1
-                    budget -= 1
-                    req_index += 1
-                    continue
-                req = running[req_index]
+                if caching and (c + 1) % block_size == 0:
+                    kv.cache_blocks(req, c + 1)  # #kv-cache-eager
+                scheduled[req] = 1
+                budget -= 1
+                req_index += 1
+                continue
             n = req.num_tokens - c
-            if 0 < T < n:
-                n = T
+            if 0 < threshold < n:
+                n = threshold  # #step-threshold
             if n > budget:
                 n = budget
-            if n > mml - c - 1:
-                n = mml - c - 1
+            if n > max_model_len - c - 1:
+                n = max_model_len - c - 1
             if n <= 0:
                 req_index += 1
                 continue
-            ok = True
-            while not kv.allocate_slots_running(req, n):
+            preempted_self = False
+            while not kv.allocate_slots_running(req, n):  # #run-alloc
+                vi = self.victim_index()
                 if priority:
-                    vi = self._priority_victim()
-                    victim = running.pop(vi)
                     if vi < req_index:
                         req_index -= 1
-                    granted = scheduled.pop(victim, None)
-                    if granted is not None:
-                        budget += granted
-                    elif victim.lz_d0 >= 0:
-                        budget += 1  # a lazy member, served its token earlier in pass 1
-                else:
-                    victim = running.pop()
-                self._preempt(victim)
-                preempted.append(victim)
-                if self.on_preempt is not None:
-                    self.on_preempt(victim)
-                if victim is req:
-                    ok = False
+                    victim = running[vi]
+                    budget += scheduled.pop(victim, 0) + self.decode.served(victim)
+                if self.preempt_at(vi, out) is req:
+                    preempted_self = True
                     break
-            if not ok:
+            if preempted_self:
                 if priority:
                     continue
                 break
             scheduled[req] = n
             budget -= n
             req_index += 1
+        return budget
 
-        # Pass 2: waiting requests, only in a step that preempted nothing.
-        if not preempted:
-            max_active = self.max_num_active_seqs
-            chunked = self.chunked_prefill
-            full_isl = self.reserve_full_isl
-            while budget > 0 and len(waiting):
-                if len(running) >= max_active:
-                    break
-                req = waiting.peek()
-                hit_blocks, h = kv.get_computed_blocks(req)
-                L = req.num_tokens
-                n = L - h
-                if 0 < T < n:
-                    n = T
-                if n > budget:
-                    if not chunked:
-                        break
-                    n = budget
-                if not kv.allocate_slots_waiting(req, n, hit_blocks, h, full_isl,
-                                                 bool(running)):
-                    break
-                waiting.pop()
-                self.deferred_waiting.discard(req)
-                running.append(req)
-                if req.status == PREEMPTED:
-                    out.resumed += 1
-                    waiting.num_preempted -= 1
-                else:
-                    out.admitted_new += 1
-                    req.first_sched_step = step
-                    req.prefix_hit_tokens_at_admission = h
-                if kv.enable_caching:
-                    kv.record_prefix_cache_stats(req, h)
-                    out.prefix_cache_queries += L
-                    out.prefix_cache_hits += h
-                req.status = RUNNING
-                req.num_computed_tokens = h
-                scheduled[req] = n
-                out.admitted.append(req)
-                budget -= n
-                if self.on_admit is not None:
-                    self.on_admit(req)
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int,
+                          step: int) -> None:
+        """Pass 2: admit from the head of ``waiting`` until one cannot be
+        (docs/scheduler.md#adm-scan, #adm-accept)."""
+        kv = self.kv
+        running = self.running
+        waiting = self.waiting
+        scheduled = out.scheduled
+        max_active = self.max_num_active_seqs
+        full_isl = self.reserve_full_isl
+        while budget > 0 and len(waiting):
+            if len(running) >= max_active:
+                break
+            req = waiting.peek()
+            hit_blocks, h = kv.get_computed_blocks(req)  # #kv-lookup
+            n = self.first_chunk(req, h, budget, threshold)
+            if not n:
+                break
+            if not kv.allocate_slots_waiting(req, n, hit_blocks, h, full_isl,
+                                             bool(running)):  # #kv-admit
+                break
+            waiting.pop()
+            self.deferred_waiting.discard(req)
+            running.append(req)
+            if req.status == PREEMPTED:
+                out.resumed += 1
+                waiting.num_preempted -= 1
+            else:
+                out.admitted_new += 1
+                req.first_sched_step = step
+                req.prefix_hit_tokens_at_admission = h
+            if kv.enable_caching:
+                kv.record_prefix_cache_stats(req, h)  # #kv-stats
+                out.prefix_cache_queries += req.num_tokens
+                out.prefix_cache_hits += h
+            req.status = RUNNING
+            req.num_computed_tokens = h
+            scheduled[req] = n
+            out.admitted.append(req)
+            budget -= n
+            if self.on_admit is not None:
+                self.on_admit(req)
 
-        # _update_after_schedule: advance num_computed_tokens, account the chunks. The fake
-        # model output (one token per request whose chunk reaches L) is appended here too:
-        # nothing between schedule() and update_from_output() reads it, and one pass over
-        # the batch is cheaper than two. Freeing waits for update_from_output().
+    def _update_after_schedule(self, out: SchedulerOutput, step: int) -> None:
+        """Advance ``c`` by each grant and account the chunks (docs/scheduler.md#upd-advance,
+        #loop-row). The fake model output (one token per request whose chunk reaches ``L``,
+        #loop-fake-output) is appended here too: nothing between ``schedule()`` and
+        ``update_from_output()`` reads it, and one pass over the batch is cheaper than two.
+        Freeing waits for ``update_from_output()``."""
+        max_model_len = self.max_model_len
         total = prefill = decode = recomputed = 0
         sum_decode_ctx = 0
         emitted = out.emitted
         finished = out.finished
-        if lz is not None and lz.n:
-            nl = lz.n
-            D = lz.clock
-            total += nl
-            decode += nl
-            sum_decode_ctx += lz.sum_off + nl * (D + 1)
-            finished.extend(lz.pop_finishing(D))
-            lz.clock = D + 1
-            out.num_lazy = nl
-        for req, n in scheduled.items():
+        for req, n in out.scheduled.items():
             start = req.num_computed_tokens
             end = start + n
             total += n
@@ -327,129 +341,72 @@ class Scheduler:
                 req.num_computed_tokens = end
                 req.hwm = end
                 req.scheduled_tokens += 1
-                L = end + 1
-                req.num_tokens = L
-                o = req.num_output_tokens + 1
-                req.num_output_tokens = o
+                length = end + 1
+                req.num_tokens = length
+                num_output = req.num_output_tokens + 1
+                req.num_output_tokens = num_output
                 emitted.append(req)
-                if o >= req.max_tokens or L >= mml:
+                if num_output >= req.max_tokens or length >= max_model_len:
                     finished.append(req)
                 continue
-            else:
-                prefill += n
-                out.num_prefill_seqs += 1
-                out.sum_prefill_attn += n * (start + n / 2)
-                out.sum_prefill_ctx += end
-                hwm = req.hwm
-                r = 0
-                if hwm > start:
-                    r = (end if end < hwm else hwm) - start
-                    recomputed += r
-                    req.recomputed_tokens += r
-                out.chunks.append((start, n, r))
-            if end > req.hwm:
+            prefill += n
+            out.num_prefill_seqs += 1
+            out.sum_prefill_attn += n * (start + n / 2)
+            out.sum_prefill_ctx += end
+            hwm = req.hwm  # high-water mark of c: recomputed tokens (#loop-row)
+            again = 0
+            if hwm > start:
+                again = (end if end < hwm else hwm) - start
+                recomputed += again
+                req.recomputed_tokens += again
+            out.chunks.append((start, n, again))
+            if end > hwm:
                 req.hwm = end
             req.num_computed_tokens = end
             req.scheduled_tokens += n
             if end < req.num_tokens:
                 continue
             req.is_prefill_chunk = False
-            L = end + 1
-            req.num_tokens = L
-            o = req.num_output_tokens + 1
-            req.num_output_tokens = o
-            if o == 1:
+            length = end + 1
+            req.num_tokens = length
+            num_output = req.num_output_tokens + 1
+            req.num_output_tokens = num_output
+            if num_output == 1:
                 req.first_token_step = step
             emitted.append(req)
-            if o >= req.max_tokens or L >= mml:
+            if num_output >= req.max_tokens or length >= max_model_len:
                 finished.append(req)
-        out.sum_decode_ctx = sum_decode_ctx
-        out.num_scheduled_tokens = total
+        out.sum_decode_ctx += sum_decode_ctx
+        out.num_scheduled_tokens += total
         out.num_prefill_tokens = prefill
-        out.num_decode_tokens = decode
-        out.num_decode_seqs = decode
+        out.num_decode_tokens += decode
+        out.num_decode_seqs = out.num_decode_tokens
         out.recomputed_tokens = recomputed
-        return out
 
     def update_from_output(self, out: SchedulerOutput, step: int) -> list[Request]:
         """Finish and free the requests whose token reached ``max_tokens`` or
         ``max_model_len``, in scheduling order (docs/scheduler.md#upd-finish); the tokens
-        themselves were appended at the end of ``schedule()``.
+        themselves were appended at the end of ``schedule()``. The one place where requests
+        finish.
 
         Returns the requests that emitted a token, in scheduling order (finished ones have
         a finished status)."""
-        lz = self.lazy
-        if out.finished:
+        finished = out.finished
+        if finished:
             kv = self.kv
-            for req in out.finished:
-                if req.lz_d0 >= 0:
-                    lz.leave(req)
+            decode = self.decode
+            for req in finished:
+                decode.leave(req)
                 req.status = FINISHED_LENGTH_CAPPED
                 req.finish_step = step
                 kv.free(req)
                 self.finished_req_ids.append(req.request_id)
             running = self.running
-            if len(out.finished) * 8 < len(running):
+            if len(finished) * 8 < len(running):
                 # Few finishes: list.remove scans in C, in place.
-                for req in out.finished:
+                for req in finished:
                     running.remove(req)
             else:
                 self.running = [r for r in running if r.status == RUNNING]
-        if lz is not None:
-            # Requests that decoded this step right behind the lazy head join it.
-            running = self.running
-            n = lz.n
-            scheduled = out.scheduled
-            while n < len(running):
-                r = running[n]
-                if r.is_prefill_chunk or r not in scheduled:
-                    break
-                lz.join(r)
-                n += 1
+        self.decode.extend_head(self.running, out.scheduled)
         return out.emitted
-
-    def _lazy_pass(self, out: SchedulerOutput) -> bool:
-        """Pass 1 over the lazy head: only members starting a block need anything. Returns
-        True when a member had to preempt itself under FCFS (which then ends pass 1)."""
-        lz = self.lazy
-        D = lz.clock
-        pool = self.kv.pool
-        running = self.running
-        stopped = False
-        cross = lz.buckets[D % lz.B]
-        if len(cross) <= pool.num_free_blocks:
-            # Enough free blocks for every crossing: popped in running order, at once.
-            if cross:
-                for req, b in zip(cross, pool.get_new_blocks(len(cross))):  # noqa: B905
-                    req.blocks.append(b)
-        else:
-            # Not every crossing gets a block: preemptions, in running order. FCFS takes
-            # victims from the end of running (members still to come in this bucket); PRIORITY
-            # may take any running request, served members included (their token of this
-            # step is then simply not counted: they leave before the clock moves).
-            priority = self.priority_policy
-            for req in list(cross):
-                if req.lz_d0 < 0:
-                    continue  # preempted earlier in this step
-                served = True
-                while not pool.num_free_blocks:
-                    victim = running.pop(self._priority_victim() if priority else -1)
-                    self._preempt(victim)
-                    out.preempted.append(victim)
-                    if self.on_preempt is not None:
-                        self.on_preempt(victim)
-                    if victim is req:
-                        served = False
-                        break
-                if not served:
-                    if priority:
-                        continue
-                    stopped = True
-                    break
-                req.blocks.append(pool.pop_one())
-        kv = self.kv
-        if kv.enable_caching:
-            # Members whose token completes a block register its key.
-            for req in lz.buckets[(D + 1) % lz.B]:
-                kv.cache_blocks(req, req.num_computed_tokens + D - req.lz_d0 + 1)
-        return stopped

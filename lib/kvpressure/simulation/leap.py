@@ -1,0 +1,243 @@
+"""Leaps (docs/scheduler.md#fast-leap): many decode-only steps advanced at once.
+
+When every running request is a member of the lazy decoding head (``lazy_decode.py``: all
+decode, all fit the budget), and the head of the waiting queue cannot be admitted (no budget
+left, ``max_num_active_seqs`` reached, or its allocation gates fail; these stay failed while
+free blocks only shrink and ``running`` does not change), the next steps differ only by which
+requests cross a block boundary. A leap advances them up to, not including, the next event:
+a request's last token, an arrival, the first step whose crossings (taken in ``running``
+order, step by step) would exhaust the free blocks, or the step past the recorder's next
+scrape. The step of the event itself is an ordinary ``schedule()``: a leap finishes nothing,
+preempts nothing and admits nothing, so requests finish in one place
+(``Scheduler.update_from_output``).
+
+Blocks are popped in exactly the order the step-by-step path pops them (one
+``get_new_blocks`` call for the whole leap), so the free queue, evictions and every row are
+identical.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING
+
+from kvpressure.simulation.step_features import StepFeatures
+
+if TYPE_CHECKING:
+    from kvpressure.simulation.engine import Simulation
+    from kvpressure.simulation.scheduler import Scheduler
+
+
+def admission_blocked(sched: Scheduler, num_running: int, budget_left: int) -> bool:
+    """True when the waiting head cannot be admitted now nor in any following step in which
+    ``running`` is unchanged and free blocks only decrease (docs/scheduler.md#adm-scan)."""
+    if budget_left <= 0 or num_running >= sched.max_num_active_seqs:
+        return True
+    kv = sched.kv
+    head = sched.waiting.peek()
+    hit_blocks, h = kv.get_computed_blocks(head)
+    n = sched.first_chunk(head, h, budget_left, sched.threshold())
+    if not n:
+        return True
+    if kv.can_admit(head, n, hit_blocks, h, sched.reserve_full_isl, True):
+        return False
+    # Without the full-sequence gate, a capped chunk's gate can loosen when an eviction
+    # shortens the head's hit (fewer ref-0 hit blocks to count against free).
+    return sched.reserve_full_isl or not hit_blocks or n == head.num_tokens - h
+
+
+def try_leap(sim: Simulation, arrivals: int) -> bool:
+    """Advance ``sim`` by a leap of at least two steps, or return False (nothing done)."""
+    sched = sim.scheduler
+    lazy = sim.lazy
+    running = sched.running
+    num_running = len(running)
+    # Every running request must be a member (so all decode) and be served.
+    if num_running == 0 or lazy.num_members != num_running \
+            or num_running > sched.max_num_scheduled_tokens:
+        return False
+    clock = lazy.clock
+    # Steps before the first member's last token.
+    num_steps = lazy.next_finish() - clock
+    if not sim.closed and not sim.time_arrivals and sim.next_idx < len(sim.order):
+        num_steps = min(num_steps, sim.order[sim.next_idx].arrival_step - sim.step)
+    if num_steps < 2:
+        return False
+    if len(sched.waiting) and not admission_blocked(
+            sched, num_running, sched.max_num_scheduled_tokens - num_running):
+        return False
+    block_size = sched.block_size
+    # The crossings of leapt step j are bucket (clock + j) % block_size.
+    phase = clock % block_size
+    crossings = lazy.buckets[phase:] + lazy.buckets[:phase]
+    pool = sched.kv.pool
+    free = pool.num_free_blocks
+    # Free blocks after each step; stop before the first step that cannot be served.
+    free_after: list[int] = []
+    popped = 0
+    for j in range(num_steps):
+        popped += len(crossings[j % block_size])
+        if popped > free:
+            num_steps = j
+            break
+        free_after.append(free - popped)
+    if num_steps < 2:
+        return False
+    t_start = sim._step_start()
+    durations = ends = None
+    if sim.timed:
+        import numpy as np
+
+        j = np.arange(num_steps)
+        sum_ctx = lazy.sum_off + num_running * (clock + 1)  # Σ (num_computed_tokens + 1)
+        f = StepFeatures(np.zeros(num_steps, dtype=np.int64),
+                         np.full(num_steps, num_running, dtype=np.int64),
+                         np.zeros(num_steps, dtype=np.int64), sum_ctx + num_running * j,
+                         np.zeros(num_steps), np.zeros(num_steps, dtype=np.int64))
+        durations = np.broadcast_to(
+            np.asarray(sim.cost_model.step_time(f), dtype=float), (num_steps,))
+        # Sequential sums, so that every time equals the step-by-step path's bit for bit.
+        ends = np.cumsum(np.concatenate(([t_start], durations)))[1:]
+        if sim.time_arrivals and sim.next_idx < len(sim.order):
+            nxt = sim.order[sim.next_idx].arrival_time_s or 0.0
+            # Step j starts at ends[j-1]; it must start before the next arrival.
+            starts = np.concatenate(([t_start], ends[:-1]))
+            num_steps = min(num_steps, int(np.searchsorted(starts, nxt, side="left")))
+    scrape_at = sim.hooks.next_scrape_time()
+    if scrape_at is not None:
+        # End the leap with the step whose outputs reach the recorder's next scrape, so that
+        # the scrape sees exactly what the step-by-step path shows it.
+        num_steps = min(num_steps, _steps_until(sim, ends, num_steps, scrape_at) + 1)
+    if num_steps < 2:
+        return False
+    del free_after[num_steps:]
+    if ends is not None:
+        durations = durations[:num_steps]
+        ends = ends[:num_steps]
+    # Pop the crossing blocks in step order, running order within a step: one
+    # get_new_blocks call pops (and evicts) them in exactly that order.
+    new_blocks = pool.get_new_blocks(free - free_after[-1])
+    i = 0
+    for j in range(num_steps):
+        group = crossings[j % block_size]
+        if group:
+            m = i + len(group)
+            for r, b in zip(group, new_blocks[i:m]):  # noqa: B905 (same length)
+                r.blocks.append(b)
+            i = m
+    kv = sched.kv
+    if kv.enable_caching:
+        # Members whose token of step j completes a block register its key.
+        for j in range(num_steps):
+            for r in crossings[(j + 1) % block_size]:
+                kv.cache_blocks(r, r.num_computed_tokens + clock + j - r.lz_d0 + 1)
+    lazy.clock = clock + num_steps
+    usage = [1.0 - fa / pool.usage_denominator for fa in free_after]
+    _write_rows(sim, arrivals, num_steps, num_running, usage, t_start, durations, ends)
+    if ends is not None:
+        # Every member's tokens: the first follows the previous step's end, so all gaps are
+        # step durations, shared by the members (their own counters follow from lazy.gaps
+        # when they are next synced).
+        gaps = np.diff(ends, prepend=t_start).tolist()
+        lazy.gaps.extend(gaps)
+        lazy.ends.extend(ends.tolist())
+        sim.itl_values.extend(gaps)
+        sim.itl_weights.extend([num_running] * num_steps)
+        times = ends
+        sim.t = float(ends[-1])
+    else:
+        t0, dt, step0 = sim.clock.t0, sim.clock.dt, sim.step
+        times = [t0 + (step0 + j + 1) * dt for j in range(num_steps)]
+    _tell_recorder(sim, running, times, usage)
+    sim.step += num_steps
+    return True
+
+
+def _steps_until(sim: Simulation, ends, num_steps: int, scrape_at: float) -> int:
+    """The first leapt step whose end reaches ``scrape_at`` (at most ``num_steps - 1``)."""
+    if ends is not None:
+        import numpy as np
+
+        return int(np.searchsorted(ends, scrape_at, side="left"))
+    dt, t0, step0 = sim.clock.dt, sim.clock.t0, sim.step
+
+    def before(k: int) -> bool:
+        return t0 + (step0 + k + 1) * dt < scrape_at
+
+    # Estimated, then settled by the clock's own expression, so no walk over the leap.
+    k = min(max(int((scrape_at - t0) / dt) - step0 - 1, 0), num_steps - 1)
+    while k > 0 and not before(k - 1):
+        k -= 1
+    while k < num_steps - 1 and before(k):
+        k += 1
+    return k
+
+
+def _write_rows(sim: Simulation, arrivals: int, num_steps: int, num_running: int,
+                usage: list[float], t_start: float, durations, ends) -> None:
+    """The leap's rows, by column (docs/scheduler.md#loop-row): every step serves the same
+    ``num_running`` members one decode token each and changes no queue; only the step, the
+    KV usage and the times differ."""
+    sched = sim.scheduler
+    waiting = sched.waiting
+    num_waiting = len(waiting)
+    num_preempted = waiting.num_preempted
+    num_deferred = len(sched.deferred_waiting)
+    cols = sim.steps.columns
+    step0 = sim.step
+    cols["step"].extend(range(step0, step0 + num_steps))
+    # One array per distinct value and width (outputs.py: request counts in 32 bits, token
+    # counts in 64), shared by the columns that repeat it.
+    zeros = array("q", (0,)) * num_steps
+    zeros32 = array("i", (0,)) * num_steps
+    running64 = array("q", (num_running,)) * num_steps
+    running32 = array("i", (num_running,)) * num_steps
+    waiting32 = array("i", (num_waiting,)) * num_steps if num_waiting else zeros32
+
+    def repeated32(value: int):
+        return array("i", (value,)) * num_steps if value else zeros32
+
+    cols["arrivals"].append(arrivals)
+    cols["arrivals"].extend(zeros32[1:])
+    for name in ("num_running", "num_scheduled_reqs", "num_running_after"):
+        cols[name].extend(running32)
+    for name in ("num_scheduled_tokens", "num_decode_tokens"):
+        cols[name].extend(running64)
+    for name in ("num_waiting", "num_waiting_after"):
+        cols[name].extend(waiting32)
+    cols["num_waiting_new"].extend(repeated32(num_waiting - num_preempted))
+    cols["num_waiting_preempted"].extend(repeated32(num_preempted))
+    cols["num_waiting_deferred"].extend(repeated32(num_deferred))
+    for name in ("num_prefill_tokens", "recomputed_tokens", "prefix_cache_queries",
+                 "prefix_cache_hits"):
+        cols[name].extend(zeros)
+    for name in ("admitted_new", "resumed", "preemptions", "finished"):
+        cols[name].extend(zeros32)
+    cols["kv_usage"].extend(usage)
+    cols["kv_usage_after"].extend(usage)
+    if ends is not None:
+        cols["time_s"].append(t_start)
+        cols["time_s"].extend(ends[:-1].tolist())
+        cols["step_duration_s"].extend(durations.tolist())
+
+
+def _tell_recorder(sim: Simulation, running: list, times, usage: list[float]) -> None:
+    """The leapt steps in aggregate: tokens, per-step gauges, then the scrapes due."""
+    hooks = sim.hooks
+    num_steps = len(usage)
+    if hooks.on_decode_leap is not None:
+        hooks.on_decode_leap(list(running), times)  # a copy: running changes later
+    sched = sim.scheduler
+    num_running = len(running)
+    num_waiting = len(sched.waiting)
+    num_deferred = len(sched.deferred_waiting)
+    if hooks.on_steps_end is not None:
+        zeros = [0] * num_steps
+        hooks.on_steps_end(times, [num_running] * num_steps, [num_waiting] * num_steps,
+                           [num_deferred] * num_steps, usage, zeros, zeros)
+    elif hooks.on_step_end is not None:
+        for j in range(num_steps):
+            hooks.on_step_end(float(times[j]), num_running, num_waiting, num_deferred,
+                              usage[j], 0, 0)
+    if hooks.maybe_scrape is not None:
+        hooks.maybe_scrape(float(times[-1]))
