@@ -4,7 +4,10 @@ Busy runs: the heavy reference workload, the large closed loop of ``bench_simula
 few kinds of ``bench_kinds.py``, each simulated with ``--no-metrics`` (no recorder) and with the
 view (recorder, then ``metrics.prom.jsonl`` written), interleaved and repeated; the ratio of
 their median CPU times is the view's cost (target: at most 2, the view costing no more than the
-simulation), and the same for whole ``kvpressure simulate`` processes. Idle runs: one request, an idle gap of G steps, one request, scraped every 50
+simulation), and the same for whole ``kvpressure simulate`` processes. A third column runs a
+recorder whose hooks do nothing but keep the view's scrape clock: what the engine spends on
+having a recorder at all (the hooks it calls, the bulk lists it builds, leaps ended at
+scrapes), apart from the view's own accounting and rendering. Idle runs: one request, an idle gap of G steps, one request, scraped every 50
 steps (G = 10^4, 10^5, 10^6) and every 10^6 steps (G = 10^9): wall time, peak memory
 (tracemalloc) and file size, which grow with the number of scrapes only.
 
@@ -44,6 +47,31 @@ def busy_cases() -> list[tuple[str, object]]:
                  "prefix_groups_open"):
         cases.append((kind, load_scenario(scenario_dict(kind, 1000))))
     return cases
+
+
+class NullRecorder:
+    """Every hook of the recorder contract, doing nothing, with the view's scrape clock."""
+
+    def __init__(self, interval: float, origin: float = 1.0) -> None:
+        self.interval, self.origin, self.k = interval, origin, 1
+
+    @property
+    def next_scrape_time(self) -> float:
+        return self.origin + self.k * self.interval
+
+    def on_arrival(self, req, t): pass
+    def on_scheduled(self, req, t): pass
+    def on_preempted(self, req, t): pass
+    def on_output(self, req, t, new_tokens=1, finished=False): pass
+    def on_decode_tokens(self, reqs, t): pass
+    def on_decode_leap(self, reqs, times): pass
+    def on_step_end(self, t, *rest): pass
+    def on_steps_end(self, times, *rest): pass
+    def finish(self, t=None): pass
+
+    def maybe_scrape(self, t):
+        while self.next_scrape_time <= t:
+            self.k += 1
 
 
 def with_view(sc, out: Path) -> None:
@@ -99,6 +127,7 @@ def main() -> None:
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     cases = busy_cases()
     plain: dict[str, list[float]] = {n: [] for n, _ in cases}
+    null: dict[str, list[float]] = {n: [] for n, _ in cases}
     view: dict[str, list[float]] = {n: [] for n, _ in cases}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "metrics.prom.jsonl"
@@ -108,17 +137,23 @@ def main() -> None:
                 simulate(sc)
                 plain[name].append(time.process_time() - c)
                 c = time.process_time()
+                simulate(sc, recorder=NullRecorder(PromRecorder.for_step_clock(sc)
+                                                   .scrape_interval_s))
+                null[name].append(time.process_time() - c)
+                c = time.process_time()
                 with_view(sc, out)
                 view[name].append(time.process_time() - c)
-        print("busy runs: CPU time of simulate (median), without and with the view written")
-        print(f"{'workload':24s} {'steps':>7s} {'--no-metrics':>12s} {'with view':>10s} "
-              f"{'ratio':>6s}")
+        print("busy runs: CPU time of simulate (median), without a recorder, with one that does "
+              "nothing, with the view written; ratios to --no-metrics")
+        print(f"{'workload':24s} {'steps':>7s} {'--no-metrics':>12s} {'null rec.':>10s} "
+              f"{'with view':>10s} {'null':>5s} {'view':>5s}")
         worst = 0.0
         for name, sc in cases:
-            a, b = statistics.median(plain[name]), statistics.median(view[name])
+            a, z, b = (statistics.median(x[name]) for x in (plain, null, view))
             worst = max(worst, b / a)
             steps = len(simulate(sc).steps)
-            print(f"{name:24s} {steps:7d} {a * 1000:10.1f}ms {b * 1000:8.1f}ms {b / a:6.2f}")
+            print(f"{name:24s} {steps:7d} {a * 1000:10.1f}ms {z * 1000:8.1f}ms "
+                  f"{b * 1000:8.1f}ms {z / a:5.2f} {b / a:5.2f}")
         print(f"largest ratio: {worst:.2f} (in-process simulate, view written)")
         print("whole `kvpressure simulate` processes (CPU time, median; steps.csv and "
               "requests.csv written by both)")

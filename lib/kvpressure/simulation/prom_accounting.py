@@ -84,6 +84,13 @@ class Histogram:
     def observe(self, value: float) -> None:
         self.pending.append(value)
 
+    def numbers(self) -> tuple[int, float, list[int]]:
+        """``(n, total, counts)`` with every pending observation in (one call for a
+        rendering, instead of three properties)."""
+        if self.pending:
+            self.flush()
+        return self._n, self._total, self._counts
+
     def flush(self) -> None:
         pending = self.pending
         if not pending:

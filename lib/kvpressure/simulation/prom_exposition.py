@@ -79,7 +79,9 @@ def format_value(value: float) -> str:
     """A sample value or ``le`` bound written as vLLM's exporter (prometheus_client) writes it:
     see ``_format_value``. Memoised (bucket counts and bounds repeat from scrape to scrape),
     except for zeros, whose sign the cache would merge."""
-    return _format_value(value) if value == 0 else _format_value_cached(value)
+    if value == 0:
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    return _format_value_cached(value)
 
 
 def _format_value(value: float) -> str:
@@ -141,12 +143,13 @@ class _HistogramSlot:
 
     def __call__(self, acc: PromAccounting) -> list[str]:
         h: Histogram = getattr(acc, self.attr)
-        if h.n != self.n or h.total != self.total:
-            self.n, self.total = h.n, h.total
+        n, total, counts = h.numbers()
+        if n != self.n or total != self.total:
+            self.n, self.total = n, total
             # Cumulative counts are non-negative ints: the memoised formatter is exact for
             # them (no negative zero to tell apart).
-            self.values = [*map(_format_value_cached, accumulate(h.counts)),
-                           format_value(h.n), format_value(h.total)]
+            self.values = [*map(_format_value_cached, accumulate(counts)),
+                           format_value(n), format_value(total)]
         return self.values
 
 
