@@ -97,7 +97,7 @@ def simulate_basis(settings: Mapping[str, Any], workload: LevelWorkload) -> Leve
                                                   "prefill_time", "decode_time")}
     decisions = None
     for name in COEFFICIENTS:
-        result = simulate(scenario, cost_model=TwinStepTime.basis(name), event_driven=True)
+        result = simulate(scenario, cost_model=TwinStepTime.basis(name), fast_path="leap")
         s = result.summary
         ttft, e2e, prefill, decode = _request_times(result)
         cols["duration"].append(s["duration_s"])

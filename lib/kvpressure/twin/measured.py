@@ -207,17 +207,48 @@ def _covers(series: pd.DataFrame | None, runs: pd.DataFrame) -> bool:
     return bool(np.nanmin(t) <= lo.min() + 1e-9 and np.nanmax(t) >= hi.max() - 1e-9)
 
 
-def ingested_scrape_log(ingest: dict[str, Any]) -> pd.DataFrame | None:
-    """The scrape log the run folder was ingested from (one ``prom_jsonl`` source in
-    ``ingest.json``), read again whole for the levels' windows; None when there is not
-    exactly one or it is gone."""
-    from kvpressure.ingestion.api import ingest as read
+def _report_sources(run_dir: Path) -> list[Path]:
+    """The files a report folder was collected from (``sources.json``), as they resolve
+    from here or from the repository (the report names them relative to it)."""
+    import json
 
-    logs = [s.get("location") for s in ingest.get("sources") or []
-            if isinstance(s, dict) and s.get("kind") == "prom_jsonl"]
-    if len(logs) != 1 or not isinstance(logs[0], str) or not Path(logs[0]).is_file():
+    from kvpressure.paths import REPO_ROOT
+
+    path = run_dir / "sources.json"
+    try:
+        listed = json.loads(path.read_text(encoding="utf-8")).get("sources") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    out = []
+    for item in listed if isinstance(listed, list) else []:
+        p = Path(str(item))
+        found = next((c for c in (p, REPO_ROOT / p) if c.is_file()), None)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def ingested_scrape_log(run_dir: Path, ingest: dict[str, Any]) -> pd.DataFrame | None:
+    """The scrape log the run folder was made from (the one ``prom_jsonl`` source of
+    ``ingest.json``, or of a report's ``sources.json``), read again whole for the levels'
+    windows; None when there is not exactly one or it is gone."""
+    from kvpressure.ingestion.api import ingest as read
+    from kvpressure.ingestion.sources import sniff_file
+
+    logs = [Path(s["location"]) for s in ingest.get("sources") or []
+            if isinstance(s, dict) and s.get("kind") == "prom_jsonl"
+            and isinstance(s.get("location"), str)]
+    if not logs:
+        logs = []
+        for p in _report_sources(run_dir):
+            try:
+                if sniff_file(p) == "prom_jsonl":
+                    logs.append(p)
+            except InputError:
+                continue
+    if len(logs) != 1 or not logs[0].is_file():
         return None
-    return read([Path(logs[0])], run="log", metrics=list(_WINDOW_FAMILIES)).series
+    return read([logs[0]], run="log", metrics=list(_WINDOW_FAMILIES)).series
 
 
 def _window_stats(series: pd.DataFrame, t0: float, t1: float,
@@ -299,7 +330,7 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
             raise InputError(f"{ingest_path}: line {exc.lineno}: not JSON ({exc.msg})") from None
     full_log = scrape_log_series(top) if top != run_dir else None
     if full_log is None and not _covers(series, runs):
-        full_log = ingested_scrape_log(ingest)
+        full_log = ingested_scrape_log(run_dir, ingest)
     rows: list[dict[str, Any]] = []
     lengths: dict[int, tuple[list[int], list[int]]] = {}
     base = base_repeat(runs)

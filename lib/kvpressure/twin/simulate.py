@@ -60,7 +60,7 @@ def simulate_level(settings: Mapping[str, Any], workload: LevelWorkload,
     """Throughput, preemptions, recompute and latency percentiles of one level."""
     gaps = TokenGaps()
     result = simulate(build_scenario(settings, workload), cost_model=TwinStepTime(coefficients),
-                      recorder=gaps, event_driven=True)
+                      recorder=gaps, fast_path="leap")
     s = result.summary
     ttft = np.array([r.first_token_time_s - r.submit_time_s for r in result.requests])
     ttft = ttft + ttft_offset
