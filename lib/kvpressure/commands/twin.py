@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     parser.add_argument("--no-remedies", action="store_true",
                         help="fit and check the twin only")
+    parser.add_argument("--server-log", type=Path,
+                        help="the server's log, started with --enable-logging-iteration-details: "
+                        "the step time is fitted on its steps (default: RUN_DIR/server.log when "
+                        "it has them)")
 
 
 def _overrides(items: list[str]) -> dict[str, str]:
@@ -74,6 +78,6 @@ def run(args: argparse.Namespace) -> int:
     summary = make_twin_folder(args.run_dir, args.out, limits=limits, focus=args.focus,
                                overrides=_overrides(args.overrides), cost_model=cost_model,
                                variant=args.variant, bootstrap=args.bootstrap, seed=args.seed,
-                               remedies=not args.no_remedies)
+                               remedies=not args.no_remedies, server_log=args.server_log)
     print(json.dumps(summary, indent=2, default=str))
     return 0

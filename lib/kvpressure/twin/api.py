@@ -56,6 +56,8 @@ class Twin:
     fitted: TwinFit | None = None
     report: FitReport | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    step_trace: pd.DataFrame | None = None
+    """The server's own steps (``ingestion.iteration_log``): the step time is fitted on them."""
 
     # --- fit ------------------------------------------------------------------------------
     def basis(self, concurrency: int, overrides: Mapping[str, Any] | None = None
@@ -82,9 +84,16 @@ class Twin:
         t = time.perf_counter()
         kw = {} if min_levels is None else {"min_levels": min_levels}
         sub = self.measured.levels[self.measured.levels["concurrency"].isin(chosen)]
-        self.fitted = fit_step_time(sub, bases, priors=self.priors,
-                                    prior_source=self.prior_source, bootstrap=bootstrap,
-                                    seed=seed, **kw)
+        if self.step_trace is not None:
+            from kvpressure.twin.step_trace import fit_on_levels
+
+            self.fitted = fit_on_levels(self.step_trace, sub, bases, priors=self.priors,
+                                        prior_source=self.prior_source, bootstrap=bootstrap,
+                                        seed=seed)
+        else:
+            self.fitted = fit_step_time(sub, bases, priors=self.priors,
+                                        prior_source=self.prior_source, bootstrap=bootstrap,
+                                        seed=seed, **kw)
         self.timings["fit_s"] = time.perf_counter() - t
         self.report = None
         return self.fitted
@@ -199,12 +208,15 @@ class Twin:
 
 def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None,
                variant: str | None = None, cost_model: Any = None,
-               workloads: Mapping[int, LevelWorkload] | None = None) -> Twin:
+               workloads: Mapping[int, LevelWorkload] | None = None,
+               server_log: str | Path | None = None) -> Twin:
     """The twin of the server measured in ``run_dir``: settings and workload from the data.
 
     ``overrides`` replace engine settings (``{"num_gpu_blocks": 512}``); ``cost_model`` (a
     ``StepCostModel`` from the hardware and model profiles) supplies the coefficients the data
-    cannot identify; ``workloads`` replace the per-level request sets.
+    cannot identify; ``workloads`` replace the per-level request sets. A server log with
+    vLLM's iteration details (``server_log``, else ``server.log`` in ``run_dir``) gives the
+    step time from the server's own steps (``step_trace.py``).
     """
     from kvpressure.twin.step_time import profile_priors
 
@@ -216,5 +228,8 @@ def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = Non
     loads = dict(workloads) if workloads is not None else level_workloads(measured)
     priors = profile_priors(cost_model) if cost_model is not None else None
     name = getattr(getattr(cost_model, "geometry", None), "name", "profile")
+    from kvpressure.twin.step_trace import find_step_trace
+
     return Twin(measured, settings, source, loads, priors,
-                f"profile roofline ({name})" if priors else "profile")
+                f"profile roofline ({name})" if priors else "profile",
+                step_trace=find_step_trace(Path(run_dir), server_log))

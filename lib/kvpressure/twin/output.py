@@ -150,21 +150,23 @@ def make_twin_folder(run_dir: str | Path, out_dir: str | Path, *,
                      overrides: dict[str, Any] | None = None, cost_model: Any = None,
                      variant: str | None = None, bootstrap: int = 200, seed: int = 0,
                      remedies: bool = True, refusal_ok: bool = False,
-                     latency_tolerance_pct: float | None = None, label: str | None = None
-                     ) -> dict[str, Any]:
+                     latency_tolerance_pct: float | None = None, label: str | None = None,
+                     server_log: str | Path | None = None) -> dict[str, Any]:
     """Build, fit, check the twin of ``run_dir`` and write its folder; returns a summary.
 
     The one call a report stage needs. With ``refusal_ok``, data the twin cannot be fitted to
     (too few levels, no pool size) writes ``twin.json`` and ``twin.md`` saying why instead of
     raising. ``latency_tolerance_pct`` applies when ``limits`` is empty
     (``remedies.predict_remedies``); ``label`` names the measured data in the files instead
-    of ``run_dir``'s path.
+    of ``run_dir``'s path; ``server_log`` is the server's log with its iteration details
+    (``api.build_twin``).
     """
     from kvpressure.errors import InputError
     from kvpressure.twin.api import build_twin
 
     try:
-        twin = build_twin(run_dir, overrides=overrides, variant=variant, cost_model=cost_model)
+        twin = build_twin(run_dir, overrides=overrides, variant=variant, cost_model=cost_model,
+                          server_log=server_log)
         twin.fit(bootstrap=bootstrap, seed=seed)
     except InputError as exc:
         if not refusal_ok:
