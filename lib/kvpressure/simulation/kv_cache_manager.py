@@ -46,73 +46,106 @@ class KVCacheManager:
         if memo is not None and memo[0] is req and memo[1] == pool.version \
                 and memo[2] == req.num_tokens:
             return memo[3], memo[4]
-        cached = pool.cached
+        get = pool.cached.get
         hit: list[int] = []
-        for i in range((req.num_tokens - 1) // self.block_size):
-            entry = cached.get(req.block_key(i))
+        n = (req.num_tokens - 1) // self.block_size
+        # The keys of Request.block_key, shared ones first.
+        s = req.num_shared_blocks
+        if s > n:
+            s = n
+        g = req.group_key_base - 1
+        for i in range(s):
+            entry = get(g - i)
             if entry is None:
                 break
-            hit.append(entry if not isinstance(entry, dict) else next(iter(entry)))
+            hit.append(entry if entry.__class__ is not dict else next(iter(entry)))
+        else:
+            base = req.key_base
+            for i in range(s, n):
+                entry = get(base + i)
+                if entry is None:
+                    break
+                hit.append(entry if entry.__class__ is not dict else next(iter(entry)))
         h = len(hit) * self.block_size
         pool.watch = req.key_base >> KEY_SHIFT
         self._hit_memo = (req, pool.version, req.num_tokens, hit, h)
         return hit, h
 
     def num_evictable(self, blocks: list[int]) -> int:
+        """Blocks of ``blocks`` that sit in the free queue (no request holds them)."""
         ref = self.pool.ref_cnt
-        return sum(1 for b in blocks if ref[b] == 0)
+        return [ref[b] for b in blocks].count(0)
+
+    def _blocks_to_admit(self, req: Request, num_new_tokens: int, hit_blocks: list[int],
+                         num_hit_tokens: int, full_sequence_must_fit: bool,
+                         has_scheduled_reqs: bool) -> int:
+        """New blocks an admission pops, or -1 when one of its gates fails."""
+        B = self.block_size
+        mml = self.max_model_len
+        m = len(hit_blocks)
+        # The gates add the evictable hit blocks and the watermark to the need; taken off
+        # the free count instead, once for both gates.
+        free = self.pool.num_free_blocks
+        if m:
+            free -= self.num_evictable(hit_blocks)
+        w = self.watermark_blocks
+        if w and has_scheduled_reqs and req.status in (WAITING, PREEMPTED):
+            free -= w
+        if full_sequence_must_fit:
+            full = req.num_tokens
+            if full > mml:
+                full = mml
+            full = -(-full // B) - m
+            if full > 0 and full > free or free < 0:
+                return -1
+        total = num_hit_tokens + num_new_tokens
+        if total > mml:
+            total = mml
+        need = -(-total // B) - m
+        if need < 0:
+            need = 0
+        return need if need <= free else -1
 
     def can_admit(self, req: Request, num_new_tokens: int, hit_blocks: list[int],
                   num_hit_tokens: int, full_sequence_must_fit: bool,
                   has_scheduled_reqs: bool) -> bool:
         """The two gates of ``allocate_slots`` for a waiting/preempted request, no side effect."""
-        B = self.block_size
-        mml = self.max_model_len
-        free = self.pool.num_free_blocks
-        m = len(hit_blocks)
-        e = self.num_evictable(hit_blocks) if m else 0
-        w = (self.watermark_blocks
-             if has_scheduled_reqs and req.status in (WAITING, PREEMPTED) else 0)
-        if full_sequence_must_fit:
-            full = min(req.num_tokens, mml)
-            if max(-(-full // B) - m, 0) + e + w > free:
-                return False
-        need = max(-(-min(num_hit_tokens + num_new_tokens, mml) // B) - m, 0) + e
-        return need + w <= free
+        return self._blocks_to_admit(req, num_new_tokens, hit_blocks, num_hit_tokens,
+                                     full_sequence_must_fit, has_scheduled_reqs) >= 0
 
     def allocate_slots_waiting(self, req: Request, num_new_tokens: int, hit_blocks: list[int],
                                num_hit_tokens: int, full_sequence_must_fit: bool,
                                has_scheduled_reqs: bool) -> bool:
         """Admission of a request holding no blocks: gates, touch, pop, hash
         (docs/scheduler.md#kv-admit)."""
-        if not self.can_admit(req, num_new_tokens, hit_blocks, num_hit_tokens,
-                              full_sequence_must_fit, has_scheduled_reqs):
+        need = self._blocks_to_admit(req, num_new_tokens, hit_blocks, num_hit_tokens,
+                                     full_sequence_must_fit, has_scheduled_reqs)
+        if need < 0:
             return False
         self._hit_memo = None
         pool = self.pool
-        B = self.block_size
-        m = len(hit_blocks)
-        total = min(num_hit_tokens + num_new_tokens, self.max_model_len)
-        need = max(-(-total // B) - m, 0)
-        if m:
+        if hit_blocks:
             pool.touch(hit_blocks)
             req.blocks = hit_blocks + pool.get_new_blocks(need)
+            req.num_cached_blocks = len(hit_blocks)
         else:
             req.blocks = pool.get_new_blocks(need)
-        req.num_cached_blocks = m
+            req.num_cached_blocks = 0
         if self.enable_caching:
-            self.cache_blocks(req, min(num_hit_tokens + num_new_tokens, req.num_tokens))
+            total = num_hit_tokens + num_new_tokens
+            L = req.num_tokens
+            self.cache_blocks(req, total if total < L else L)
         return True
 
     def allocate_slots_running(self, req: Request, num_new_tokens: int) -> bool:
         """A running request's next chunk: blocks for ``c + n`` tokens, no watermark, no
         full-sequence gate."""
-        B = self.block_size
-        c = req.num_computed_tokens
+        total = req.num_computed_tokens + num_new_tokens
         blocks = req.blocks
-        need = -(-min(c + num_new_tokens, self.max_model_len) // B) - len(blocks)
-        pool = self.pool
+        mml = self.max_model_len
+        need = -(-(total if total < mml else mml) // self.block_size) - len(blocks)
         if need > 0:
+            pool = self.pool
             if need > pool.num_free_blocks:
                 return False
             if need == 1:
@@ -120,22 +153,43 @@ class KVCacheManager:
             else:
                 blocks.extend(pool.get_new_blocks(need))
         if self.enable_caching:
-            self.cache_blocks(req, min(c + num_new_tokens, req.num_tokens))
+            L = req.num_tokens
+            self.cache_blocks(req, total if total < L else L)
         return True
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
-        """Register the keys of the request's blocks that are full of known tokens."""
+        """Register the keys of the request's blocks that are full of known tokens
+        (``BlockPool.cache_block`` and ``Request.block_key``, inlined)."""
         num_full = num_tokens // self.block_size
         start = req.num_cached_blocks
         if num_full <= start:
             return
         pool = self.pool
         bh = pool.block_hash
+        cached = pool.cached
         blocks = req.blocks
+        s = req.num_shared_blocks
+        g = req.group_key_base - 1
+        base = req.key_base
+        shared = 0
         for i in range(start, num_full):
             b = blocks[i]
             if bh[b] is None:
-                pool.cache_block(b, req.block_key(i))
+                if i < s:
+                    key = g - i
+                    shared += 1
+                else:
+                    key = base + i
+                bh[b] = key
+                entry = cached.get(key)
+                if entry is None:
+                    cached[key] = b
+                elif entry.__class__ is dict:
+                    entry[b] = None
+                else:
+                    cached[key] = {entry: None, b: None}
+        if shared:
+            pool.version += shared
         req.num_cached_blocks = num_full
 
     def free(self, req: Request) -> None:
