@@ -63,7 +63,9 @@ def test_cli_twin_recommends_the_best_setting_within_the_limits(tmp_path, capsys
         assert lo <= mid <= hi
     best = rem["recommendation"]["setting"]
     allowed = [c for c in cands.values() if c["meets_limits"]]
-    assert best == max(allowed, key=lambda c: c["output_throughput"])["setting"]
+    top = max(allowed, key=lambda c: c["output_throughput"])
+    # the most throughput within the limits, when it gains 2% or more
+    assert best == (top["setting"] if top["throughput_change_pct"] >= 2.0 else "baseline")
     assert "UNTRUSTED" not in (out / "twin.md").read_text()
     table = pd.read_csv(out / "fit_table.csv")
     assert table["concurrency"].tolist() == [2, 4, 6, 8]

@@ -9,7 +9,8 @@ runs without preemption), and growing the pool through ``gpu_memory_utilization`
 Each setting is also priced under every bootstrap draw of the coefficients, on the same
 request set as the baseline, so the predicted change in throughput at the focus level comes
 with an interval. The recommendation is the setting (the baseline included) with the highest
-predicted throughput at the focus level whose TTFT and ITL percentiles meet the limits.
+predicted throughput at the focus level whose TTFT and ITL percentiles meet the limits, when
+it gains at least 2% over the baseline.
 """
 
 from __future__ import annotations
@@ -90,11 +91,14 @@ def _meets(point: Mapping[str, Any], limits: Mapping[str, float]) -> tuple[bool,
 
 def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float],
                      candidates: Mapping[str, Mapping[str, Any]] | None = None,
-                     latency_tolerance_pct: float | None = None) -> dict[str, Any]:
+                     latency_tolerance_pct: float | None = None,
+                     min_gain_pct: float = 2.0) -> dict[str, Any]:
     """The kit's remedy report on the twin, every candidate's predicted effect at ``focus``
     with its bootstrap interval, and the recommendation under ``limits``. Without limits and
     with ``latency_tolerance_pct``, the limits are the twin's own TTFT and ITL p95 at the
-    focus level that much worse (the report's rule: no more than 10% worse than now)."""
+    focus level that much worse (the report's rule: no more than 10% worse than now). A
+    setting gaining less than ``min_gain_pct`` at the focus level is not recommended (the
+    kit's threshold, ``analysis.recommendation``)."""
     from kvpressure.analysis.remedies import default_overrides, evaluate_remedies
 
     levels = sorted(twin.workloads)
@@ -161,10 +165,15 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
         })
     allowed = [r for r in table if r["meets_limits"]]
     if allowed:
-        best = max(allowed, key=lambda r: (r["output_throughput"], r["setting"] == "baseline"))
+        top = max(allowed, key=lambda r: (r["output_throughput"], r["setting"] == "baseline"))
+        # A gain below the kit's threshold is no reason to change a production setting.
+        small = top["setting"] != "baseline" and top["throughput_change_pct"] < min_gain_pct
+        best = next((r for r in table if r["setting"] == "baseline"), top) if small else top
         if best["setting"] == "baseline":
             text = (f"keep the current settings: no candidate raises throughput at concurrency "
-                    f"{focus} within the limits")
+                    f"{focus} by {min_gain_pct:g}% or more within the limits"
+                    + (f" (the best, {top['setting']}, "
+                       f"{top['throughput_change_pct']:+.1f}%)" if small else ""))
         else:
             lo, mid, hi = best["throughput_change_pct_p05_p50_p95"]
             change = ", ".join(f"{k}={v}" for k, v in best["overrides"].items())
