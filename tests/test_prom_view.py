@@ -80,11 +80,11 @@ def reference() -> list[dict]:
         return [json.loads(line) for line in fh]
 
 
-@pytest.mark.parametrize("event_driven", [True, False], ids=["event-driven", "step-by-step"])
-def test_every_sample_of_every_scrape_matches_vllm(reference, event_driven):
+@pytest.mark.parametrize("fast_path", ["leap", "lazy", "off"])
+def test_every_sample_of_every_scrape_matches_vllm(reference, fast_path):
     scenario = load_scenario(HEAVY)
     rec = _heavy_recorder(scenario)
-    simulate(scenario, recorder=rec, event_driven=event_driven)
+    simulate(scenario, recorder=rec, fast_path=fast_path)
     rec.finish()
     assert len(rec.scrapes) == len(reference) == 159
     families_seen = set()
@@ -168,16 +168,18 @@ def test_preemption_lag_and_counting_rules_by_hand():
     assert rec.h_preemptions.total == 1 and rec.h_prefill_kv.total == 68
 
 
-def test_timed_event_driven_view_equals_step_by_step():
-    """The decode leaps (split at scrape boundaries) give the same scrapes as single steps."""
+@pytest.mark.parametrize("fast_path", ["leap", "lazy"])
+def test_timed_fast_path_view_equals_step_by_step(fast_path):
+    """The decode leaps (split at scrape boundaries) and the lazy decoding head give the same
+    scrapes as single steps, in time."""
     from kvpressure.simulation.experiment import load_experiment
 
     exp = load_experiment("ci_small")
     texts = []
-    for event_driven in (True, False):
+    for path in (fast_path, "off"):
         point = exp.point(concurrency=32)
         simulate(point.scenario, cost_model=point.cost_model, recorder=point.recorder,
-                 event_driven=event_driven)
+                 fast_path=path)
         point.recorder.finish()
         texts.append(point.recorder.scrapes)
     fast, slow = texts

@@ -26,9 +26,9 @@ class PlainRecorder(PromRecorder):
         return super().__getattribute__(name)
 
 
-def _scrapes(sc, recorder_cls, event_driven):
+def _scrapes(sc, recorder_cls, fast_path):
     rec = recorder_cls.for_step_clock(sc, scrape_every_steps=7)
-    simulate(sc, recorder=rec, event_driven=event_driven)
+    simulate(sc, recorder=rec, fast_path=fast_path)
     rec.finish()
     return rec.to_jsonl()
 
@@ -37,9 +37,9 @@ def _scrapes(sc, recorder_cls, event_driven):
 @given(workloads())
 def test_bulk_paths_equal_per_output_path(data):
     sc = load_scenario(data)
-    plain = _scrapes(sc, PlainRecorder, False)
-    assert _scrapes(sc, PromRecorder, True) == plain
-    assert _scrapes(sc, PromRecorder, False) == plain
+    plain = _scrapes(sc, PlainRecorder, "off")
+    for fast_path in ("leap", "lazy", "off"):
+        assert _scrapes(sc, PromRecorder, fast_path) == plain, fast_path
 
 
 def test_plain_recorder_hides_the_bulk_hooks():
