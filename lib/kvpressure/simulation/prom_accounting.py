@@ -448,9 +448,12 @@ class PromAccounting:
         else:
             state = self._state
             cur = set(keys)
-            for key in stream - cur:
-                self._leave_stream(state(key))
-            newcomers = [(key, state(key)) for key in cur - stream]
+            newcomers = []
+            for key in stream ^ cur:  # the members that left and the newcomers, in one pass
+                if key in stream:
+                    self._leave_stream(state(key))
+                else:
+                    newcomers.append((key, state(key)))
             if newcomers:
                 st_t = self._stream_t
                 if len(newcomers) * 8 < len(keys):
@@ -476,7 +479,7 @@ class PromAccounting:
                     # Its fields are current up to this step; from here on they lag.
                     st.stream_join = count
                     st.key = key
-                stream.update(cur)
+                self._stream = cur
             else:
                 self._buffer_gap(t - self._stream_t, len(keys))
         if m:
