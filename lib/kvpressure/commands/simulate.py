@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             recorder = PromRecorder.for_step_clock(scenario)
     with output_folder(out_dir, "simulate", inputs=[path], force=args.force) as work:
         result = simulate(scenario, cost_model=cost_model, recorder=recorder,
-                          event_driven=not args.step_by_step)
+                          fast_path="off" if args.step_by_step else "leap")
         result.write(work)
     s = result.summary
     print(f"{scenario.name}: {s['steps']} steps, {s['num_requests']} requests, "

@@ -83,7 +83,7 @@ def _run_point(experiment: Experiment, job: _PointJob, out_dir: str) -> dict[str
                              overrides=job.overrides, variant=job.variant, seed=job.seed,
                              with_recorder=job.folder is not None)
     result = simulate(point.scenario, cost_model=point.cost_model, recorder=point.recorder,
-                      event_driven=True)
+                      fast_path="leap")
     if job.folder is not None:
         result.write(Path(out_dir) / job.folder)
     row = _row(experiment, job, point, result.summary)

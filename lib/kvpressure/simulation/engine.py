@@ -179,6 +179,8 @@ class Simulation:
         n0 = self.num_submitted
         if self.closed:
             concurrency = self.scenario.concurrency
+            if self.unfinished >= concurrency:
+                return 0
             t = self._step_start()
             while self.unfinished < concurrency and self.next_idx < len(order):
                 self._submit(order[self.next_idx], t)
@@ -252,7 +254,8 @@ class Simulation:
         hooks = self.hooks
         on_output = hooks.on_output
         step = self.step
-        t0 = self.step_start = self._step_start()
+        clock = self.clock
+        t0 = self.step_start = self.t if self.timed else clock.t0 + step * clock.dt
         out = sched.schedule(step)
         num_lazy = out.num_lazy
         # The members served this step, for the per-token recorder (before finishes leave).
@@ -268,7 +271,7 @@ class Simulation:
             t1 = t0 + duration
         else:
             duration = 0.0
-            t1 = self.clock.t0 + (step + 1) * self.clock.dt
+            t1 = clock.t0 + (step + 1) * clock.dt
         if num_lazy and self.timed:
             # Every lazy member's token: its gap is this step's (its last one ended at t0).
             self.lazy.record(t1 - t0, t1)
@@ -277,21 +280,8 @@ class Simulation:
         emitted = sched.update_from_output(out, step)
         num_finished = len(out.finished)
         if members:
-            # Members come first in scheduling order; brought up to date for the recorder.
-            if hooks.on_decode_tokens is not None:
-                # The bulk hook takes the plain decode tokens (its contract needs only the
-                # requests' identity); a member that finished still gets its own output.
-                if num_finished:
-                    hooks.on_decode_tokens([r for r in members if r.status <= PREEMPTED], t1)
-                    members = [r for r in members if r.status > PREEMPTED]
-                else:
-                    hooks.on_decode_tokens(members, t1)
-                    members = ()
-            lazy = self.lazy
-            for r in members:
-                if r.lz_d0 >= 0:  # a finished member left the head up to date
-                    lazy.sync(r)
-                on_output(r, t1, 1, r.status > PREEMPTED)
+            # Members come first in scheduling order.
+            self.report_head_tokens(members, num_finished, t1)
         if self.timed:
             self._stamp_tokens(out, emitted, t1)
         if on_output is not None:
@@ -323,6 +313,27 @@ class Simulation:
         self.step = step + 1
         self.t = t1
         return out.num_scheduled_tokens
+
+    def report_head_tokens(self, members: list[Request], num_finished: int, t1: float
+                           ) -> None:
+        """The per-token recorder's calls for the decoding head's tokens of one step (stamped
+        ``t1``); ``num_finished``: how many of the step's requests finished."""
+        hooks = self.hooks
+        if hooks.on_decode_tokens is not None:
+            # The bulk hook takes the plain decode tokens (its contract needs only the
+            # requests' identity); a member that finished still gets its own output.
+            if num_finished:
+                hooks.on_decode_tokens([r for r in members if r.status <= PREEMPTED], t1)
+                members = [r for r in members if r.status > PREEMPTED]
+            else:
+                hooks.on_decode_tokens(members, t1)
+                return
+        lazy = self.lazy
+        on_output = hooks.on_output
+        for r in members:
+            if r.lz_d0 >= 0:  # brought up to date (a finished member left up to date)
+                lazy.sync(r)
+            on_output(r, t1, 1, r.status > PREEMPTED)
 
     def _stamp_tokens(self, out: SchedulerOutput, emitted: list[Request], t1: float) -> None:
         """Time mode: token times and inter-token gaps of the requests that emitted one

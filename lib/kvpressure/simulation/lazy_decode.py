@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 
 
 class DecodeProgress:
-    """The exact path: no decoding head, every hook a no-op."""
+    """The exact path: no decoding head, every hook a no-op. The scheduler calls
+    ``serve_head`` and ``advance_head`` only while the head has members."""
 
     __slots__ = ()
 

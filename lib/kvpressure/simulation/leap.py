@@ -4,12 +4,12 @@ When every running request is a member of the lazy decoding head (``lazy_decode.
 decode, all fit the budget), and the head of the waiting queue cannot be admitted (no budget
 left, ``max_num_active_seqs`` reached, or its allocation gates fail; these stay failed while
 free blocks only shrink and ``running`` does not change), the next steps differ only by which
-requests cross a block boundary. A leap advances them up to, not including, the next event:
-a request's last token, an arrival, the first step whose crossings (taken in ``running``
-order, step by step) would exhaust the free blocks, or the step past the recorder's next
-scrape. The step of the event itself is an ordinary ``schedule()``: a leap finishes nothing,
-preempts nothing and admits nothing, so requests finish in one place
-(``Scheduler.update_from_output``).
+requests cross a block boundary. A leap advances them up to the next event: it ends with the
+step of a request's last token (whose finishes go through the scheduler's own
+``finish_requests``, as ``update_from_output``'s do), before an arrival, before the first
+step whose crossings (taken in ``running`` order, step by step) would exhaust the free
+blocks, or with the step whose outputs reach the recorder's next scrape. A leap preempts
+nothing and admits nothing.
 
 Blocks are popped in exactly the order the step-by-step path pops them (one
 ``get_new_blocks`` call for the whole leap), so the free queue, evictions and every row are
@@ -57,8 +57,10 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
             or num_running > sched.max_num_scheduled_tokens:
         return False
     clock = lazy.clock
-    # Steps before the first member's last token.
-    num_steps = lazy.next_finish() - clock
+    # Up to the step of the first member's last token, included: its update frees blocks,
+    # so nothing after it can be leapt without a fresh look.
+    until_finish = lazy.next_finish() - clock + 1
+    num_steps = until_finish
     if not sim.closed and not sim.time_arrivals and sim.next_idx < len(sim.order):
         num_steps = min(num_steps, sim.order[sim.next_idx].arrival_step - sim.step)
     if num_steps < 2:
@@ -131,24 +133,37 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
         for j in range(num_steps):
             for r in crossings[(j + 1) % block_size]:
                 kv.cache_blocks(r, r.num_computed_tokens + clock + j - r.lz_d0 + 1)
-    lazy.clock = clock + num_steps
-    usage = [1.0 - fa / pool.usage_denominator for fa in free_after]
-    _write_rows(sim, arrivals, num_steps, num_running, usage, t_start, durations, ends)
+    last = clock + num_steps - 1
+    finished = lazy.pop_finishing(last) if num_steps == until_finish else []
+    lazy.clock = last + 1
+    # The leap's batch for the recorder (running loses the finished requests).
+    members = list(running)
     if ends is not None:
         # Every member's tokens: the first follows the previous step's end, so all gaps are
         # step durations, shared by the members (their own counters follow from lazy.gaps
-        # when they are next synced).
+        # when they are next synced, so these come before the finishes).
         gaps = np.diff(ends, prepend=t_start).tolist()
         lazy.gaps.extend(gaps)
         lazy.ends.extend(ends.tolist())
         sim.itl_values.extend(gaps)
         sim.itl_weights.extend([num_running] * num_steps)
         times = ends
-        sim.t = float(ends[-1])
+        sim.t = t_end = float(ends[-1])
     else:
         t0, dt, step0 = sim.clock.t0, sim.clock.dt, sim.step
         times = [t0 + (step0 + j + 1) * dt for j in range(num_steps)]
-    _tell_recorder(sim, running, times, usage)
+        t_end = times[-1]
+    usage = [1.0 - fa / pool.usage_denominator for fa in free_after]
+    if finished:
+        # The last step's update_from_output.
+        sched.finish_requests(finished, sim.step + num_steps - 1)
+        sim.unfinished -= len(finished)
+        for r in finished:
+            r.finish_time_s = t_end
+    usage_last = pool.get_usage() if finished else usage[-1]
+    _write_rows(sim, arrivals, num_running, len(finished), usage, usage_last, t_start,
+                durations, ends)
+    _tell_recorder(sim, members, times, usage, len(finished), usage_last)
     sim.step += num_steps
     return True
 
@@ -173,11 +188,13 @@ def _steps_until(sim: Simulation, ends, num_steps: int, scrape_at: float) -> int
     return k
 
 
-def _write_rows(sim: Simulation, arrivals: int, num_steps: int, num_running: int,
-                usage: list[float], t_start: float, durations, ends) -> None:
+def _write_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: int,
+                usage: list[float], usage_last: float, t_start: float, durations, ends
+                ) -> None:
     """The leap's rows, by column (docs/scheduler.md#loop-row): every step serves the same
-    ``num_running`` members one decode token each and changes no queue; only the step, the
-    KV usage and the times differ."""
+    ``num_running`` members one decode token each and changes no queue but by the finishes
+    of its last step; only the step, the KV usage and the times differ."""
+    num_steps = len(usage)
     sched = sim.scheduler
     waiting = sched.waiting
     num_waiting = len(waiting)
@@ -199,8 +216,10 @@ def _write_rows(sim: Simulation, arrivals: int, num_steps: int, num_running: int
 
     cols["arrivals"].append(arrivals)
     cols["arrivals"].extend(zeros32[1:])
-    for name in ("num_running", "num_scheduled_reqs", "num_running_after"):
+    for name in ("num_running", "num_scheduled_reqs"):
         cols[name].extend(running32)
+    cols["num_running_after"].extend(running32[1:])
+    cols["num_running_after"].append(num_running - num_finished)
     for name in ("num_scheduled_tokens", "num_decode_tokens"):
         cols[name].extend(running64)
     for name in ("num_waiting", "num_waiting_after"):
@@ -211,33 +230,49 @@ def _write_rows(sim: Simulation, arrivals: int, num_steps: int, num_running: int
     for name in ("num_prefill_tokens", "recomputed_tokens", "prefix_cache_queries",
                  "prefix_cache_hits"):
         cols[name].extend(zeros)
-    for name in ("admitted_new", "resumed", "preemptions", "finished"):
+    for name in ("admitted_new", "resumed", "preemptions"):
         cols[name].extend(zeros32)
+    cols["finished"].extend(zeros32[1:])
+    cols["finished"].append(num_finished)
     cols["kv_usage"].extend(usage)
-    cols["kv_usage_after"].extend(usage)
+    cols["kv_usage_after"].extend(usage[:-1])
+    cols["kv_usage_after"].append(usage_last)
     if ends is not None:
         cols["time_s"].append(t_start)
         cols["time_s"].extend(ends[:-1].tolist())
         cols["step_duration_s"].extend(durations.tolist())
 
 
-def _tell_recorder(sim: Simulation, running: list, times, usage: list[float]) -> None:
-    """The leapt steps in aggregate: tokens, per-step gauges, then the scrapes due."""
+def _tell_recorder(sim: Simulation, members: list, times, usage: list[float],
+                   num_finished: int, usage_last: float) -> None:
+    """The leapt steps in aggregate (tokens, per-step gauges, the scrapes due); a last step
+    with finishes as a plain step."""
     hooks = sim.hooks
-    num_steps = len(usage)
-    if hooks.on_decode_leap is not None:
-        hooks.on_decode_leap(list(running), times)  # a copy: running changes later
     sched = sim.scheduler
-    num_running = len(running)
+    num_running = len(members)
     num_waiting = len(sched.waiting)
     num_deferred = len(sched.deferred_waiting)
-    if hooks.on_steps_end is not None:
-        zeros = [0] * num_steps
-        hooks.on_steps_end(times, [num_running] * num_steps, [num_waiting] * num_steps,
-                           [num_deferred] * num_steps, usage, zeros, zeros)
-    elif hooks.on_step_end is not None:
-        for j in range(num_steps):
-            hooks.on_step_end(float(times[j]), num_running, num_waiting, num_deferred,
-                              usage[j], 0, 0)
-    if hooks.maybe_scrape is not None:
-        hooks.maybe_scrape(float(times[-1]))
+    num_leapt = len(usage) - 1 if num_finished else len(usage)
+    if num_leapt:
+        if hooks.on_decode_leap is not None:
+            hooks.on_decode_leap(members, times[:num_leapt])
+        if hooks.on_steps_end is not None:
+            zeros = [0] * num_leapt
+            hooks.on_steps_end(times[:num_leapt], [num_running] * num_leapt,
+                               [num_waiting] * num_leapt, [num_deferred] * num_leapt,
+                               usage[:num_leapt], zeros, zeros)
+        elif hooks.on_step_end is not None:
+            for j in range(num_leapt):
+                hooks.on_step_end(float(times[j]), num_running, num_waiting, num_deferred,
+                                  usage[j], 0, 0)
+        if hooks.maybe_scrape is not None:
+            hooks.maybe_scrape(float(times[num_leapt - 1]))
+    if num_finished:
+        t_end = float(times[-1])
+        if hooks.on_output is not None:
+            sim.report_head_tokens(members, num_finished, t_end)
+        if hooks.on_step_end is not None:
+            hooks.on_step_end(t_end, num_running - num_finished, num_waiting, num_deferred,
+                              usage_last, 0, 0)
+        if hooks.maybe_scrape is not None:
+            hooks.maybe_scrape(t_end)

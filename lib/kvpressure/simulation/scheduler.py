@@ -210,12 +210,16 @@ class Scheduler:
         budget = self.max_num_scheduled_tokens  # #step-budget
         threshold = self.threshold()
         # Pass 1 over running: its decoding head (lazy_decode.py), then the rest.
-        req_index, budget, stopped = self.decode.serve_head(self, out, budget)
+        decode = self.decode
+        req_index, stopped = 0, False
+        if decode.num_members:
+            req_index, budget, stopped = decode.serve_head(self, out, budget)
         if not stopped:
             budget = self._schedule_running(out, req_index, budget, threshold)
         if not out.preempted:  # #adm-after-preemption
             self._schedule_waiting(out, budget, threshold, step)
-        self.decode.advance_head(out)
+        if decode.num_members:
+            decode.advance_head(out)
         self._update_after_schedule(out, step)
         return out
 
@@ -386,27 +390,30 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, step: int) -> list[Request]:
         """Finish and free the requests whose token reached ``max_tokens`` or
         ``max_model_len``, in scheduling order (docs/scheduler.md#upd-finish); the tokens
-        themselves were appended at the end of ``schedule()``. The one place where requests
-        finish.
+        themselves were appended at the end of ``schedule()``.
 
         Returns the requests that emitted a token, in scheduling order (finished ones have
         a finished status)."""
-        finished = out.finished
-        if finished:
-            kv = self.kv
-            decode = self.decode
-            for req in finished:
-                decode.leave(req)
-                req.status = FINISHED_LENGTH_CAPPED
-                req.finish_step = step
-                kv.free(req)
-                self.finished_req_ids.append(req.request_id)
-            running = self.running
-            if len(finished) * 8 < len(running):
-                # Few finishes: list.remove scans in C, in place.
-                for req in finished:
-                    running.remove(req)
-            else:
-                self.running = [r for r in running if r.status == RUNNING]
+        if out.finished:
+            self.finish_requests(out.finished, step)
         self.decode.extend_head(self.running, out.scheduled)
         return out.emitted
+
+    def finish_requests(self, finished: list[Request], step: int) -> None:
+        """The one place requests finish: each leaves ``running`` and its blocks are freed, in
+        the given (scheduling) order (docs/scheduler.md#upd-finish)."""
+        kv = self.kv
+        decode = self.decode
+        for req in finished:
+            decode.leave(req)
+            req.status = FINISHED_LENGTH_CAPPED
+            req.finish_step = step
+            kv.free(req)
+            self.finished_req_ids.append(req.request_id)
+        running = self.running
+        if len(finished) * 8 < len(running):
+            # Few finishes: list.remove scans in C, in place.
+            for req in finished:
+                running.remove(req)
+        else:
+            self.running = [r for r in running if r.status == RUNNING]

@@ -128,7 +128,7 @@ class ExperimentTarget:
         rows = []
         for level, point in zip(self.levels, points, strict=True):
             result = simulate(point.scenario, cost_model=point.cost_model, recorder=None,
-                              event_driven=True)
+                              fast_path="leap")
             rows.append(_level_row(level, result, point.scenario))
         return _record(config, status="ok", reason=None, seed=self.seed,
                        settings=_jsonable(settings), levels=rows)
