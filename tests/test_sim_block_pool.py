@@ -208,3 +208,77 @@ def test_pool_keeps_the_plain_queue_order_through_frees_hits_and_evictions(n, op
         assert [pool.ref_cnt[b] if b < len(pool.ref_cnt) else 0 for b in range(n)] == ref.ref
         for key in range(-2, 4):
             assert pool.get_cached_block(key) == ref.lookup(key)
+
+
+class _EagerOwnKeys(KVCacheManager):
+    """Every key enters the lookup map as soon as its block is keyed, as in vLLM."""
+
+    __slots__ = ()
+
+    def cache_blocks(self, req, num_tokens):
+        super().cache_blocks(req, num_tokens)
+        self._register_own_keys(req)
+
+
+@st.composite
+def _pressured_caching_workloads(draw):
+    B = draw(st.sampled_from([4, 16]))
+    reqs = []
+    for i in range(draw(st.integers(2, 12))):
+        r = {"id": f"q{i}", "prompt_len": draw(st.integers(1, 12 * B)),
+             "output_len": draw(st.integers(1, 6 * B)), "priority": draw(st.integers(0, 2))}
+        if draw(st.booleans()):
+            r["prefix_group"] = "g"
+        reqs.append(r)
+    longest = max(r["prompt_len"] + r["output_len"] for r in reqs)
+    s = {"num_gpu_blocks": -(-longest // B) + 1 + draw(st.integers(0, 12)), "block_size": B,
+         "max_num_seqs": draw(st.integers(1, 8)), "max_num_batched_tokens": 8 * B,
+         "enable_prefix_caching": True, "max_model_len": longest + 1,
+         "policy": draw(st.sampled_from(["fcfs", "priority"])),
+         "scheduler_reserve_full_isl": draw(st.booleans())}
+    return {"name": "keys", "mode": {"type": "closed", "concurrency": draw(st.integers(2, 8))},
+            "settings": s, "prefix_groups": {"g": {"length": draw(st.integers(0, 4)) * B}},
+            "requests": reqs}
+
+
+@settings_h(max_examples=120, deadline=None)
+@given(_pressured_caching_workloads())
+def test_own_keys_registered_at_preemption_decide_as_registered_at_once(data):
+    # A request's own keys enter the lookup map only when it is freed unfinished; vLLM
+    # registers them at once. Every row (prefix hits, evictions through usage, preemptions)
+    # and every request's counters must be the same, on small pools that preempt and re-hit.
+    import kvpressure.simulation.scheduler as scheduler_module
+    from kvpressure.simulation.engine import simulate
+    from kvpressure.simulation.scenario import load_scenario
+
+    lazy = simulate(load_scenario(data))
+    real = scheduler_module.KVCacheManager
+    scheduler_module.KVCacheManager = _EagerOwnKeys
+    try:
+        eager = simulate(load_scenario(data))
+    finally:
+        scheduler_module.KVCacheManager = real
+    assert lazy.steps_frame().equals(eager.steps_frame())
+    assert lazy.requests_frame().equals(eager.requests_frame())
+
+
+def test_a_resumed_request_finds_its_first_copy_of_a_block_it_computed_twice():
+    # B = 4, a 16-token prompt: 4 keyed blocks, but a lookup stops at (16 - 1) // 4 = 3, so
+    # the resumed request computes block 3 again in a new block: two blocks carry its key.
+    # Preempted once more with 17 tokens, its lookup reaches block 3 and must get the copy
+    # keyed first (vLLM's first stored), even though its own keys enter the map only when
+    # it is freed.
+    kv = KVCacheManager(16, 4, 8192, True)
+    p = Request("p", 16, 10, position=0, block_size=4)
+    assert kv.allocate_slots_waiting(p, 16, [], 0, True, False)
+    assert p.blocks == [1, 2, 3, 4]
+    kv.free(p)  # preempted: free queue 5..15, then 4, 3, 2, 1 (keyed, at the tail)
+    p.status = PREEMPTED
+    hit, h = kv.get_computed_blocks(p)
+    assert (hit, h) == ([1, 2, 3], 12)
+    assert kv.allocate_slots_waiting(p, 4, hit, h, True, True)
+    assert p.blocks == [1, 2, 3, 5]
+    p.num_tokens = 17
+    kv.free(p)
+    assert kv.pool.free_queue() == list(range(6, 16)) + [4, 5, 3, 2, 1]
+    assert kv.get_computed_blocks(p) == ([1, 2, 3, 4], 16)

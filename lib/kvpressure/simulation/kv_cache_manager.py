@@ -159,43 +159,79 @@ class KVCacheManager:
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Register the keys of the request's blocks that are full of known tokens
-        (``BlockPool.cache_block`` and ``Request.block_key``, inlined)."""
+        (``BlockPool.cache_block`` and ``Request.block_key``, inlined).
+
+        A block past the shared prefix gets a key of the request's own, which no other
+        request ever looks up: it is written on the block (what freeing and eviction read)
+        and enters the lookup map only if the request is freed unfinished
+        (``_register_own_keys``), the only case in which that key is looked up again."""
         num_full = num_tokens // self.block_size
         start = req.num_cached_blocks
         if num_full <= start:
             return
+        bh = self.pool.block_hash
+        blocks = req.blocks
+        s = req.num_shared_blocks
+        if start < s:
+            pool = self.pool
+            cached = pool.cached
+            g = req.group_key_base - 1
+            end = s if s < num_full else num_full
+            shared = 0
+            for i in range(start, end):
+                b = blocks[i]
+                if bh[b] is None:
+                    key = g - i
+                    shared += 1
+                    bh[b] = key
+                    entry = cached.get(key)
+                    if entry is None:
+                        cached[key] = b
+                    elif entry.__class__ is dict:
+                        entry[b] = None
+                    else:
+                        cached[key] = {entry: None, b: None}
+            if shared:
+                pool.version += shared
+            start = end
+        base = req.key_base
+        for i in range(start, num_full):
+            b = blocks[i]
+            if bh[b] is None:
+                bh[b] = base + i
+        req.num_cached_blocks = num_full
+
+    def _register_own_keys(self, req: Request) -> None:
+        """Put the request's own keyed blocks into the lookup map, in block order (the
+        order ``cache_blocks`` keyed them, so where a key is on several blocks the one
+        stored first still comes first); blocks already there stay as they are."""
         pool = self.pool
         bh = pool.block_hash
         cached = pool.cached
         blocks = req.blocks
-        s = req.num_shared_blocks
-        g = req.group_key_base - 1
         base = req.key_base
-        shared = 0
-        for i in range(start, num_full):
+        for i in range(req.num_shared_blocks, req.num_cached_blocks):
             b = blocks[i]
-            if bh[b] is None:
-                if i < s:
-                    key = g - i
-                    shared += 1
-                else:
-                    key = base + i
-                bh[b] = key
-                entry = cached.get(key)
-                if entry is None:
-                    cached[key] = b
-                elif entry.__class__ is dict:
+            key = base + i
+            if bh[b] != key:
+                continue
+            entry = cached.get(key)
+            if entry is None:
+                cached[key] = b
+            elif entry.__class__ is dict:
+                if b not in entry:
                     entry[b] = None
-                else:
-                    cached[key] = {entry: None, b: None}
-        if shared:
-            pool.version += shared
-        req.num_cached_blocks = num_full
+            elif entry != b:
+                cached[key] = {entry: None, b: None}
 
     def free(self, req: Request) -> None:
-        """Release all of a request's blocks, last block first (docs/scheduler.md#kv-free)."""
+        """Release all of a request's blocks, last block first (docs/scheduler.md#kv-free).
+        A request freed unfinished (preempted) will be looked up again: its own keys enter
+        the lookup map first."""
         blocks = req.blocks
         if blocks:
+            if self.enable_caching and req.status <= PREEMPTED:
+                self._register_own_keys(req)
             blocks.reverse()
             self.pool.free_blocks(blocks)
         req.blocks = NO_BLOCKS
