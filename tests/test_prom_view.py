@@ -241,7 +241,7 @@ def test_histogram_sum_is_the_one_by_one_running_sum(monkeypatch, numpy_loaded):
     import random
     import sys
 
-    from kvpressure.simulation.prom_accounting import running_sum
+    from kvpressure.simulation.prom_histogram import running_sum
 
     if not numpy_loaded:
         monkeypatch.setitem(sys.modules, "numpy", None)  # as on the step-clock simulate path

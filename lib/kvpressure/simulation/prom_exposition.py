@@ -18,7 +18,8 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvpressure.simulation.prom_accounting import Histogram, PromAccounting
+    from kvpressure.simulation.prom_accounting import PromAccounting
+    from kvpressure.simulation.prom_histogram import Histogram
 
 # --- vLLM 0.33.0's bucket families (v1/metrics/buckets.py) --------------------------------------
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
