@@ -106,18 +106,27 @@ def test_decode_takes_a_block_exactly_when_position_starts_one():
 
 
 @settings_h(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.integers(1, 5)), max_size=60))
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 5), st.booleans()), max_size=60))
 def test_stack_pool_without_caching_matches_the_linked_list(ops):
+    # The stack pool's request-order shortcuts (append_new_blocks, free_request_blocks)
+    # against the keyed pool's general calls.
     a, b = BlockPool(12, False), StackBlockPool(12)
     held_a, held_b = [], []
-    for alloc, k in ops:
+    for alloc, k, shortcut in ops:
         if alloc and a.num_free_blocks >= k:
             held_a.append(a.get_new_blocks(k))
-            held_b.append(b.get_new_blocks(k))
+            if shortcut and held_b:
+                b.append_new_blocks(held_b[-1], k)  # grows the last request ...
+                held_a[-2:] = [held_a[-2] + held_a[-1]]  # ... as the same blocks
+            else:
+                held_b.append(b.get_new_blocks(k))
         elif not alloc and held_a:
             i = k % len(held_a)
             a.free_blocks(list(reversed(held_a.pop(i))))
-            b.free_blocks(list(reversed(held_b.pop(i))))
+            if shortcut:
+                b.free_request_blocks(held_b.pop(i))
+            else:
+                b.free_blocks(list(reversed(held_b.pop(i))))
         assert a.free_queue() == b.free_queue()
         assert held_a == held_b
         assert a.num_free_blocks == b.num_free_blocks

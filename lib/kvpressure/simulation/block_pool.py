@@ -130,6 +130,16 @@ class BlockPool:
         self._evict(b)
         return b
 
+    def append_new_blocks(self, blocks: list[int], num_blocks: int) -> None:
+        """``blocks.extend(get_new_blocks(num_blocks))``."""
+        blocks.extend(self.get_new_blocks(num_blocks))
+
+    def free_request_blocks(self, blocks: list[int]) -> None:
+        """Release a request's blocks given in request order: last block first
+        (docs/scheduler.md#kv-free). ``blocks`` is consumed (reversed in place)."""
+        blocks.reverse()
+        self.free_blocks(blocks)
+
     def _evict(self, b: int) -> None:
         key = self.block_hash[b]
         self.block_hash[b] = None
@@ -284,6 +294,22 @@ class StackBlockPool(BlockPool):
             return self.stack.pop()
         self.lo += 1
         return self.lo - 1
+
+    def append_new_blocks(self, blocks: list[int], num_blocks: int) -> None:
+        stack = self.stack
+        if num_blocks <= len(stack):
+            # The top ``num_blocks`` of the stack, top first, straight into ``blocks``.
+            self.num_free_blocks -= num_blocks
+            blocks.extend(stack[:-num_blocks - 1:-1])
+            del stack[-num_blocks:]
+        else:
+            blocks.extend(self.get_new_blocks(num_blocks))
+
+    def free_request_blocks(self, blocks: list[int]) -> None:
+        # Released last block first, each prepended: the first block ends on top, which is
+        # the request's order pushed as it is.
+        self.stack.extend(blocks)
+        self.num_free_blocks += len(blocks)
 
     def touch(self, blocks: list[int]) -> None:
         raise AssertionError("no prefix hits without prefix caching")

@@ -151,7 +151,7 @@ class KVCacheManager:
             if need == 1:
                 blocks.append(pool.pop_one())
             else:
-                blocks.extend(pool.get_new_blocks(need))
+                pool.append_new_blocks(blocks, need)
         if self.enable_caching:
             L = req.num_tokens
             self.cache_blocks(req, total if total < L else L)
@@ -232,8 +232,7 @@ class KVCacheManager:
         if blocks:
             if self.enable_caching and req.status <= PREEMPTED:
                 self._register_own_keys(req)
-            blocks.reverse()
-            self.pool.free_blocks(blocks)
+            self.pool.free_request_blocks(blocks)
         req.blocks = NO_BLOCKS
         req.num_cached_blocks = 0
 
