@@ -42,13 +42,15 @@ class BlockPool:
         self.ref_cnt = [0]
         self.block_hash: list[int | None] = [None]
         # key -> block id, or key -> {block id: None} when several blocks carry the key;
-        # the first one stored is the one a lookup returns.
+        # the first one stored is the one a lookup returns. A key only its owner can look
+        # up may be on a block (``block_hash``) before it is here: the KV-cache manager adds
+        # it when the owner is freed unfinished (kv_cache_manager.py ``cache_blocks``).
         self.cached: dict[int, int | dict[int, None]] = {}
         self.usage_denominator = n - 1
         # Moves whenever the lookup of the watched request (``watch``: its key owner, see
         # request.py) could answer differently: a shared prefix-group key (negative) cached or
         # evicted, or one of its own keys evicted. Other keys belong to other requests; its own
-        # are cached only while it runs.
+        # are keyed only while it runs.
         self.version = 0
         self.watch = 0
 
