@@ -216,7 +216,7 @@ class Scheduler:
             req_index, budget, stopped = decode.serve_head(self, out, budget)
         if not stopped:
             budget = self._schedule_running(out, req_index, budget, threshold)
-        if not out.preempted:  # #adm-after-preemption
+        if not out.preempted and len(self.waiting):  # #adm-after-preemption
             self._schedule_waiting(out, budget, threshold, step)
         if decode.num_members:
             decode.advance_head(out)
@@ -331,9 +331,11 @@ class Scheduler:
         Freeing waits for ``update_from_output()``."""
         max_model_len = self.max_model_len
         total = prefill = decode = recomputed = 0
-        sum_decode_ctx = 0
+        sum_decode_ctx = prefill_seqs = sum_prefill_ctx = 0
+        sum_prefill_attn = 0.0
         emitted = out.emitted
         finished = out.finished
+        chunks = out.chunks
         for req, n in out.scheduled.items():
             start = req.num_computed_tokens
             end = start + n
@@ -354,16 +356,16 @@ class Scheduler:
                     finished.append(req)
                 continue
             prefill += n
-            out.num_prefill_seqs += 1
-            out.sum_prefill_attn += n * (start + n / 2)
-            out.sum_prefill_ctx += end
+            prefill_seqs += 1
+            sum_prefill_attn += n * (start + n / 2)
+            sum_prefill_ctx += end
             hwm = req.hwm  # high-water mark of c: recomputed tokens (#loop-row)
             again = 0
             if hwm > start:
                 again = (end if end < hwm else hwm) - start
                 recomputed += again
                 req.recomputed_tokens += again
-            out.chunks.append((start, n, again))
+            chunks.append((start, n, again))
             if end > hwm:
                 req.hwm = end
             req.num_computed_tokens = end
@@ -381,6 +383,9 @@ class Scheduler:
             if num_output >= req.max_tokens or length >= max_model_len:
                 finished.append(req)
         out.sum_decode_ctx += sum_decode_ctx
+        out.num_prefill_seqs = prefill_seqs
+        out.sum_prefill_attn = sum_prefill_attn
+        out.sum_prefill_ctx = sum_prefill_ctx
         out.num_scheduled_tokens += total
         out.num_prefill_tokens = prefill
         out.num_decode_tokens += decode
