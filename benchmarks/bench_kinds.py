@@ -17,6 +17,7 @@ is printed too. vLLM's results are cached in
 measures only the kit; ``--no-vllm`` uses the cache only.
 
     .venv/bin/python benchmarks/bench_kinds.py [--seeds 3] [--repeat 5] [--vllm-python PATH]
+    .venv/bin/python benchmarks/bench_kinds.py --profile first_chunk_admission
 """
 
 from __future__ import annotations
@@ -224,6 +225,23 @@ def vllm_rates(dicts: list[dict], python: str, use_cache_only: bool) -> dict[str
     return {d["name"]: cache[_key(d)] for d in dicts if _key(d) in cache}
 
 
+def profile_kind(kind: str, seeds: int, top: int = 25) -> None:
+    import cProfile
+    import pstats
+
+    if kind not in _kinds():
+        raise SystemExit(f"--profile: no kind {kind!r} (one of {', '.join(_kinds())})")
+    scs = [load_scenario(scenario_dict(kind, 1000 + s)) for s in range(seeds)]
+    for sc in scs:
+        simulate(sc)  # warm: imports and first-call costs stay out of the profile
+    prof = cProfile.Profile()
+    prof.enable()
+    for sc in scs:
+        simulate(sc)
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
@@ -233,7 +251,13 @@ def main() -> None:
     ap.add_argument("--no-vllm", action="store_true", help="use cached vLLM figures only")
     ap.add_argument("--kinds", default="", help="comma-separated subset")
     ap.add_argument("--json", default="", help="also write the rows here")
+    ap.add_argument("--profile", default="", metavar="KIND",
+                    help="instead of the table: cProfile's top entries (self time) over the "
+                         "kind's seeds, to see where its steps go")
     args = ap.parse_args()
+    if args.profile:
+        profile_kind(args.profile, args.seeds)
+        return
     kinds = [k for k in _kinds() if not args.kinds or k in args.kinds.split(",")]
     dicts = [scenario_dict(k, 1000 + s) for k in kinds for s in range(args.seeds)]
     vllm = vllm_rates(dicts, args.vllm_python, args.no_vllm)
