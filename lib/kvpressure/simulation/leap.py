@@ -137,7 +137,8 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
     finished = lazy.pop_finishing(last) if num_steps == until_finish else []
     lazy.clock = last + 1
     # The leap's batch for the recorder (running loses the finished requests).
-    members = list(running)
+    hooks = sim.hooks
+    members = list(running) if hooks.recorder is not None else running
     if ends is not None:
         # Every member's tokens: the first follows the previous step's end, so all gaps are
         # step durations, shared by the members (their own counters follow from lazy.gaps
@@ -163,7 +164,8 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
     usage_last = pool.get_usage() if finished else usage[-1]
     _write_rows(sim, arrivals, num_running, len(finished), usage, usage_last, t_start,
                 durations, ends)
-    _tell_recorder(sim, members, times, usage, len(finished), usage_last)
+    if hooks.recorder is not None:
+        _tell_recorder(sim, members, times, usage, len(finished), usage_last)
     sim.step += num_steps
     return True
 
@@ -210,33 +212,28 @@ def _write_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: 
     running64 = array("q", (num_running,)) * num_steps
     running32 = array("i", (num_running,)) * num_steps
     waiting32 = array("i", (num_waiting,)) * num_steps if num_waiting else zeros32
-
-    def repeated32(value: int):
-        return array("i", (value,)) * num_steps if value else zeros32
-
-    cols["arrivals"].append(arrivals)
-    cols["arrivals"].extend(zeros32[1:])
-    for name in ("num_running", "num_scheduled_reqs"):
+    for name in ("num_running", "num_scheduled_reqs", "num_running_after"):
         cols[name].extend(running32)
-    cols["num_running_after"].extend(running32[1:])
-    cols["num_running_after"].append(num_running - num_finished)
     for name in ("num_scheduled_tokens", "num_decode_tokens"):
         cols[name].extend(running64)
     for name in ("num_waiting", "num_waiting_after"):
         cols[name].extend(waiting32)
-    cols["num_waiting_new"].extend(repeated32(num_waiting - num_preempted))
-    cols["num_waiting_preempted"].extend(repeated32(num_preempted))
-    cols["num_waiting_deferred"].extend(repeated32(num_deferred))
+    for name, value in (("num_waiting_new", num_waiting - num_preempted),
+                        ("num_waiting_preempted", num_preempted),
+                        ("num_waiting_deferred", num_deferred)):
+        cols[name].extend(array("i", (value,)) * num_steps if value else zeros32)
     for name in ("num_prefill_tokens", "recomputed_tokens", "prefix_cache_queries",
                  "prefix_cache_hits"):
         cols[name].extend(zeros)
-    for name in ("admitted_new", "resumed", "preemptions"):
+    for name in ("arrivals", "admitted_new", "resumed", "preemptions", "finished"):
         cols[name].extend(zeros32)
-    cols["finished"].extend(zeros32[1:])
-    cols["finished"].append(num_finished)
     cols["kv_usage"].extend(usage)
-    cols["kv_usage_after"].extend(usage[:-1])
-    cols["kv_usage_after"].append(usage_last)
+    cols["kv_usage_after"].extend(usage)
+    # The first step's arrivals; the last step's finishes.
+    cols["arrivals"][-num_steps] = arrivals
+    cols["finished"][-1] = num_finished
+    cols["num_running_after"][-1] = num_running - num_finished
+    cols["kv_usage_after"][-1] = usage_last
     if ends is not None:
         cols["time_s"].append(t_start)
         cols["time_s"].extend(ends[:-1].tolist())
