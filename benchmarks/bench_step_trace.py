@@ -18,6 +18,10 @@ log copied to ``server.log``. Then, on that folder (or FOLDER):
   the ones fitted on the levels (``twin/fit.py``), and each twin's throughput error per level;
 * **preemptions per level**: measured, the twin replaying the requests in the order they
   finished (what the twin did before it read ``start_times``), and in the order they were sent;
+* ``--verify-vllm``: each level's closed loop as the twin simulates it (all ``C`` clients at
+  step 0, a finished request replaced at the next step) run through vLLM's own scheduler
+  (``kvpressure verify-vllm``): a match step for step means the twin's decisions are vLLM's,
+  and what remains between the twin and the real server is the timing of the real loop;
 * **the step sequences**: per level, the real one (from the log, from the level's first
   prefill) against the twin's simulation of the same requests: the first step where they
   differ, the steps until all ``C`` clients' first requests were scheduled, the mean number of
@@ -201,11 +205,45 @@ def compare(folder: Path) -> dict:
     return out
 
 
+def verify_decisions(folder: Path) -> dict:
+    """The twin's closed loop of every level run through vLLM's own scheduler
+    (``kvpressure verify-vllm``, the CPU build of ``scripts/vllm-env.sh``): whether the
+    simulation's decisions are vLLM's on the same input, step for step."""
+    import tempfile
+
+    from kvpressure.simulation.scenario import SETTING_NAMES
+    from kvpressure.twin.api import build_twin
+
+    twin = build_twin(folder)
+    venv = _bench_twin()._vllm_env()
+    with tempfile.TemporaryDirectory(prefix="bench_step_trace_") as tmp:
+        files = []
+        for c, w in sorted(twin.workloads.items()):
+            path = Path(tmp) / f"twin_c{c}.json"
+            path.write_text(json.dumps({
+                "name": f"twin_c{c}", "seed": 0, "mode": {"type": "closed", "concurrency": c},
+                "settings": {k: v for k, v in twin.settings.items() if k in SETTING_NAMES},
+                "requests": w.requests()}))
+            files.append(str(path))
+        got = subprocess.run([str(ROOT / ".venv" / "bin" / "kvpressure"), "verify-vllm",
+                              "--vllm-python", str(venv / "bin" / "python"), "--json", *files],
+                             capture_output=True, text=True)
+    rows = [json.loads(line) for line in got.stdout.splitlines() if line.startswith("{")]
+    print(f"verify-vllm (rc {got.returncode}): " + "; ".join(
+        f"{r['workload']}: " + ("match" if r["matches"] else
+                                f"differs from step {r['first_divergence']}")
+        + f" ({r['steps_vllm']} steps)" for r in rows),
+        flush=True)
+    return {"returncode": got.returncode, "workloads": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", nargs="?", type=Path, default=OUT / "step_trace_real")
     ap.add_argument("--real", action="store_true", help="measure the folder first")
     ap.add_argument("--port", type=int, default=18479)
+    ap.add_argument("--verify-vllm", action="store_true",
+                    help="also run each level's closed loop through vLLM's own scheduler")
     args = ap.parse_args()
     doc: dict = {}
     if args.real:
@@ -214,6 +252,8 @@ def main() -> int:
         print(f"{args.folder}: no measured sweep; run with --real first", file=sys.stderr)
         return 2
     doc.update(compare(args.folder))
+    if args.verify_vllm:
+        doc["verify_vllm"] = verify_decisions(args.folder)
     OUT.mkdir(parents=True, exist_ok=True)
     name = "bench_step_trace.json" if args.folder == OUT / "step_trace_real" else (
         f"bench_step_trace.{args.folder.name}.json")
