@@ -216,7 +216,7 @@ def test_sample_values_are_written_as_the_client_library_writes_them():
 
     from prometheus_client.utils import floatToGoString
 
-    from kvpressure.simulation.prom_view import format_value
+    from kvpressure.simulation.prom_exposition import count_text, format_value
 
     rng = random.Random(7)
     values = [0.0, -0.0, 1.0, math.inf, -math.inf, math.nan, 999999.0, 1e6, 1234567.0, 1e21,
@@ -225,6 +225,11 @@ def test_sample_values_are_written_as_the_client_library_writes_them():
     values += [float(rng.randint(0, 10**12)) for _ in range(5000)]
     for v in values:
         assert format_value(v) == floatToGoString(v), v
+    # counts (histogram buckets) have their own formatter, exact on either side of 10**6
+    counts = [0, 1, 9, 10, 999_999, 1_000_000, 1_000_001, 1_234_567, 10**7, 2**53]
+    counts += [rng.randint(0, 10**rng.randint(1, 12)) for _ in range(5000)]
+    for n in counts:
+        assert count_text(n) == floatToGoString(n) == format_value(n), n
 
 
 def _one_by_one(total: float, values: list[float], times: list[int]) -> float:

@@ -107,6 +107,14 @@ def _format_value(value: float) -> str:
 _format_value_cached = lru_cache(maxsize=1 << 16)(_format_value)
 
 
+@lru_cache(maxsize=1 << 16)
+def count_text(n: int) -> str:
+    """``format_value`` of a count (a non-negative int): ``N.0`` below a million, where the
+    general rule has no exponent, so a count seen for the first time (a histogram's growing
+    cumulative counts) costs one string format."""
+    return f"{n}.0" if n < 1_000_000 else _format_value(n)
+
+
 def label_string(pairs: Mapping[str, str]) -> str:
     """``{k="v",...}`` with the labels sorted and escaped as the client library does."""
     return _labels_cached(tuple(sorted((str(k), str(v)) for k, v in pairs.items())))
@@ -147,10 +155,8 @@ class _HistogramSlot:
         n, total, counts = h.numbers()
         if n != self.n or total != self.total:
             self.n, self.total = n, total
-            # Cumulative counts are non-negative ints: the memoised formatter is exact for
-            # them (no negative zero to tell apart).
-            self.values = [*map(_format_value_cached, accumulate(counts)),
-                           format_value(n), format_value(total)]
+            self.values = [*map(count_text, accumulate(counts)), count_text(n),
+                           format_value(total)]
         return self.values
 
 
