@@ -138,3 +138,12 @@ def test_a_twin_with_a_server_log_fits_its_step_time_on_the_steps(tmp_path):
     assert fit.theta["ttft_offset"] == pytest.approx(TTFT_OFFSET, rel=0.1)
     report = twin.fit_report()
     assert report.table["output_throughput_error_pct"].abs().max() < 3.0
+
+
+def test_a_named_server_log_that_does_not_exist_is_refused_naming_the_option(tmp_path):
+    from kvpressure.errors import InputError
+    from kvpressure.twin.step_trace import find_step_trace
+
+    with pytest.raises(InputError, match=r"--server-log .*nope\.log: no such file"):
+        find_step_trace(tmp_path, tmp_path / "nope.log")
+    assert find_step_trace(tmp_path) is None  # no log in the folder: the level fit is used
