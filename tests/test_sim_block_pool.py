@@ -291,3 +291,33 @@ def test_a_resumed_request_finds_its_first_copy_of_a_block_it_computed_twice():
     kv.free(p)
     assert kv.pool.free_queue() == list(range(6, 16)) + [4, 5, 3, 2, 1]
     assert kv.get_computed_blocks(p) == ([1, 2, 3, 4], 16)
+
+
+def test_evictable_hit_blocks_are_the_ones_no_request_holds():
+    kv = KVCacheManager(10, 4, 8192, True)
+    a = Request("a", 16, 4, position=0, prefix_group="g", prefix_len=16, group_index=0,
+                block_size=4)
+    b = Request("b", 12, 4, position=1, prefix_group="g", prefix_len=16, group_index=0,
+                block_size=4)
+    assert kv.allocate_slots_waiting(a, 16, [], 0, True, False)  # blocks 1-4, all keyed
+    hit, h = kv.get_computed_blocks(b)  # (12 - 1) // 4 = 2 blocks
+    assert (hit, h) == ([1, 2], 8)
+    assert kv.num_evictable(hit) == 0 and kv.num_evictable([3]) == 0
+    kv.free(a)
+    assert kv.num_evictable(hit) == 2 and kv.num_evictable([4]) == 1
+    kv.pool.touch([2])
+    assert kv.num_evictable([1, 2, 3, 4]) == 3 and kv.num_evictable([]) == 0
+    # A 20-token request of the group hits blocks 1-4 (cap (20 - 1) // 4 = 4), of which 1, 3
+    # and 4 are free: it needs cdiv(20, 4) - 4 = 1 new block plus the 3 it takes out of the
+    # free queue. 5 usable blocks, 4 free (5 never used, 4, 3, 1): it fits exactly.
+    kv = KVCacheManager(6, 4, 8192, True)
+    assert kv.allocate_slots_waiting(a, 16, [], 0, True, False)
+    kv.free(a)
+    kv.pool.touch([2])
+    c = Request("c", 20, 4, position=2, prefix_group="g", prefix_len=20, group_index=0,
+                block_size=4)
+    hit, h = kv.get_computed_blocks(c)
+    assert (hit, h, kv.pool.num_free_blocks) == ([1, 2, 3, 4], 16, 4)
+    assert kv.can_admit(c, 4, hit, h, True, True)
+    kv.pool.pop_one()  # block 5: one free block fewer
+    assert not kv.can_admit(c, 4, hit, h, True, True)

@@ -3,6 +3,8 @@ with ``FullAttentionManager``): prefix-cache lookup, ``allocate_slots``, ``free`
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from kvpressure.simulation.block_pool import BlockPool, StackBlockPool
 from kvpressure.simulation.request import KEY_SHIFT, NO_BLOCKS, PREEMPTED, WAITING, Request
 
@@ -73,8 +75,10 @@ class KVCacheManager:
 
     def num_evictable(self, blocks: list[int]) -> int:
         """Blocks of ``blocks`` that sit in the free queue (no request holds them)."""
-        ref = self.pool.ref_cnt
-        return [ref[b] for b in blocks].count(0)
+        if len(blocks) > 1:
+            # One C call reads every count (a hit is often tens of blocks long).
+            return itemgetter(*blocks)(self.pool.ref_cnt).count(0)
+        return 1 if blocks and self.pool.ref_cnt[blocks[0]] == 0 else 0
 
     def _blocks_to_admit(self, req: Request, num_new_tokens: int, hit_blocks: list[int],
                          num_hit_tokens: int, full_sequence_must_fit: bool,
