@@ -121,8 +121,9 @@ def fit_step_trace(steps: pd.DataFrame, *, windows: list[tuple[float, float]] | 
     if windows:
         work = pd.concat([in_window(work, a, b) for a, b in windows]).drop_duplicates("line")
     if len(work) < MIN_STEPS:
-        raise FitRefused(f"the step trace has {len(work)} step(s) inside the measured levels: "
-                         f"at least {MIN_STEPS} are needed to fit the step time on them")
+        raise FitRefused(f"the step trace has {len(work)} step(s) inside the measured levels' "
+                         f"time windows: at least {MIN_STEPS} are needed to fit the step time "
+                         "on them (is the server log from the same run?)")
     notes: list[str] = []
     a = _features(work)
     y = work["elapsed_s"].to_numpy(float)
