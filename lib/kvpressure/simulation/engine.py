@@ -214,10 +214,11 @@ class Simulation:
         sched = self.scheduler
         leaps = self.leaps
         lazy = self.lazy
+        num_requests = len(self.order)
         idle_steps = 0
         while True:
             arrivals = self._submit_arrivals()
-            if self.unfinished == 0 and self.next_idx >= len(self.order):
+            if self.unfinished == 0 and self.next_idx >= num_requests:
                 # The reference harness stops once every request has finished; the empty step after
                 # a drain (docs/scheduler.md#loop-drain) is recorded only when more arrivals follow.
                 break
@@ -265,7 +266,7 @@ class Simulation:
         members = sched.running[:num_lazy] if num_lazy and on_output is not None else ()
         waiting = sched.waiting
         num_running = len(sched.running)
-        num_waiting = len(waiting)
+        num_waiting = len(waiting.q)
         num_waiting_preempted = waiting.num_preempted
         pool = sched.kv.pool
         usage = pool.get_usage()
@@ -291,7 +292,7 @@ class Simulation:
             for r in emitted:
                 on_output(r, t1, 1, r.status > PREEMPTED)
         self.unfinished -= num_finished
-        num_waiting_after = len(waiting)
+        num_waiting_after = len(waiting.q)
         num_running_after = len(sched.running)
         num_deferred = len(sched.deferred_waiting)
         usage_after = pool.get_usage()

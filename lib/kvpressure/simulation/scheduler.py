@@ -144,7 +144,7 @@ class Scheduler:
         self.waiting.add(req)
 
     def has_requests(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0 or bool(self.finished_req_ids)
+        return bool(self.running or self.waiting.q or self.finished_req_ids)
 
     def num_waiting(self) -> int:
         return len(self.waiting)
@@ -153,7 +153,7 @@ class Scheduler:
     def threshold(self) -> int:
         """``T`` of this step: 0 when at most one request is running or waiting
         (docs/scheduler.md#step-threshold)."""
-        if len(self.running) + len(self.waiting) <= 1:
+        if len(self.running) + len(self.waiting.q) <= 1:
             return 0
         return self.long_prefill_token_threshold
 
@@ -216,7 +216,7 @@ class Scheduler:
             req_index, budget, stopped = decode.serve_head(self, out, budget)
         if not stopped:
             budget = self._schedule_running(out, req_index, budget, threshold)
-        if not out.preempted and len(self.waiting):  # #adm-after-preemption
+        if not out.preempted and self.waiting.q:  # #adm-after-preemption
             self._schedule_waiting(out, budget, threshold, step)
         if decode.num_members:
             decode.advance_head(out)
@@ -290,7 +290,8 @@ class Scheduler:
         scheduled = out.scheduled
         max_active = self.max_num_active_seqs
         full_isl = self.reserve_full_isl
-        while budget > 0 and len(waiting):
+        queue = waiting.q
+        while budget > 0 and queue:
             if len(running) >= max_active:
                 break
             req = waiting.peek()
