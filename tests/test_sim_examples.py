@@ -4,6 +4,9 @@ free-queue states. Steps are numbered from 0, like the reference runs and the do
 
 from __future__ import annotations
 
+import pytest
+
+from kvpressure.errors import InputError
 from kvpressure.simulation.engine import FAST_PATHS, simulate
 from kvpressure.simulation.request import PREEMPTED, RUNNING
 from kvpressure.simulation.scenario import load_scenario
@@ -196,3 +199,10 @@ def test_idle_gap_jump_records_one_empty_step_after_the_drain():
         res = simulate(sc, fast_path=fast_path)
         assert list(res.steps.columns["step"]) == [0, 1, 2, 10]
         assert res.steps.columns["num_scheduled_tokens"][2] == 0
+
+
+def test_an_unknown_fast_path_is_refused_by_name():
+    sc = load_scenario({"settings": {"num_gpu_blocks": 100},
+                        "requests": [{"id": "A", "prompt_len": 10, "output_len": 2}]})
+    with pytest.raises(InputError, match="fast_path: 'fast' is not one of off, lazy, leap"):
+        simulate(sc, fast_path="fast")

@@ -16,7 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true",
                         help="write into an existing non-empty output folder")
     parser.add_argument("--step-by-step", action="store_true",
-                        help="disable the event-driven fast path (same results, slower)")
+                        help="the exact path alone, no fast path (fast_path='off': same "
+                             "results, slower)")
     parser.add_argument("--no-metrics", action="store_true",
                         help="skip the Prometheus view (metrics.prom.jsonl): faster, but no "
                              "scrapes to ingest")

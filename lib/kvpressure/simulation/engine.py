@@ -25,7 +25,6 @@ seconds (0 for a step that schedules no token), and the next step starts when it
 from __future__ import annotations
 
 import time as _time
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,14 +57,8 @@ class StepClock:
 
 
 def simulate(scenario: Scenario, cost_model: Any = None, recorder: Recorder | Any = None,
-             fast_path: str = "leap", clock: StepClock | None = None,
-             event_driven: bool | None = None) -> SimResult:
-    """Run the scenario through vLLM 0.33.0's scheduler model; see the module docstring.
-    ``event_driven`` is the former name of the switch (True: ``"leap"``, False: ``"off"``)."""
-    if event_driven is not None:
-        warnings.warn("simulate(event_driven=...) is deprecated: use fast_path='leap' or "
-                      "fast_path='off'", DeprecationWarning, stacklevel=2)
-        fast_path = "leap" if event_driven else "off"
+             fast_path: str = "leap", clock: StepClock | None = None) -> SimResult:
+    """Run the scenario through vLLM 0.33.0's scheduler model; see the module docstring."""
     return Simulation(scenario, cost_model, recorder, fast_path, clock).run()
 
 

@@ -9,7 +9,7 @@ from typing import Any
 @dataclass
 class StepFeatures:
     """Work of one step; each field is a scalar, or a numpy array with one entry per step
-    when the event-driven path prices a run of decode-only steps at once.
+    when a leap (``leap.py``) prices a run of decode-only steps at once.
 
     * ``num_prefill_tokens``: tokens of prefill chunks (prompt, recompute, resumed prefill).
     * ``num_decode_seqs``: requests decoding one token.
