@@ -331,7 +331,7 @@ class Scheduler:
         ``update_from_output()`` reads it, and one pass over the batch is cheaper than two.
         Freeing waits for ``update_from_output()``."""
         max_model_len = self.max_model_len
-        total = prefill = decode = recomputed = 0
+        total = prefill = decode_tokens = recomputed = 0
         sum_decode_ctx = prefill_seqs = sum_prefill_ctx = 0
         sum_prefill_attn = 0.0
         emitted = out.emitted
@@ -343,7 +343,7 @@ class Scheduler:
             total += n
             if not req.is_prefill_chunk:
                 # A decode token is never below the high-water mark (it writes position L-1).
-                decode += 1
+                decode_tokens += 1
                 sum_decode_ctx += end
                 req.num_computed_tokens = end
                 req.hwm = end
@@ -389,7 +389,7 @@ class Scheduler:
         out.sum_prefill_ctx = sum_prefill_ctx
         out.num_scheduled_tokens += total
         out.num_prefill_tokens = prefill
-        out.num_decode_tokens += decode
+        out.num_decode_tokens += decode_tokens
         out.num_decode_seqs = out.num_decode_tokens
         out.recomputed_tokens = recomputed
 
