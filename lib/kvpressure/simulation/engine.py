@@ -64,7 +64,8 @@ def simulate(scenario: Scenario, cost_model: Any = None, recorder: Recorder | An
 
 class Simulation:
     """One run: ``Simulation(...).run()`` is ``simulate(...)``. Between steps (from a
-    recorder hook) ``scheduler`` and ``decode`` may be read, not changed."""
+    recorder hook) ``scheduler`` and ``decode`` may be read, not changed; ``lazy`` is
+    ``decode`` when a fast path is on, else None."""
 
     def __init__(self, scenario: Scenario, cost_model: Any = None,
                  recorder: Recorder | Any = None, fast_path: str = "leap",
