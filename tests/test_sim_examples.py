@@ -10,7 +10,7 @@ from kvpressure.errors import InputError
 from kvpressure.simulation.engine import FAST_PATHS, simulate
 from kvpressure.simulation.request import PREEMPTED, RUNNING
 from kvpressure.simulation.scenario import load_scenario
-from sim_helpers import ManualLoop, settings
+from sim_helpers import LinearCost, ManualLoop, settings
 
 
 def _names(out) -> dict[str, int]:
@@ -206,3 +206,87 @@ def test_an_unknown_fast_path_is_refused_by_name():
                         "requests": [{"id": "A", "prompt_len": 10, "output_len": 2}]})
     with pytest.raises(InputError, match="fast_path: 'fast' is not one of off, lazy, leap"):
         simulate(sc, fast_path="fast")
+
+
+def _closed(concurrency: int, reqs: list[tuple[str, int, int]], **mode) -> dict:
+    return {"mode": {"type": "closed", "concurrency": concurrency, **mode},
+            "settings": {"num_gpu_blocks": 100},
+            "requests": [{"id": i, "prompt_len": p, "output_len": o} for i, p, o in reqs]}
+
+
+def test_closed_loop_client_back_two_steps_late_leaves_the_engine_idle():
+    # One client, return_steps 2. A (3 tokens) is submitted and scheduled at step 0 and samples
+    # its tokens in steps 0, 1, 2: it finishes in step 2. Its client submits B before step
+    # 2 + 1 + 2 = 5. Step 3 is the empty step after the drain (the finished id is still to be
+    # reported, as in the open loop's idle gap); step 4 does not exist (nothing to run). B runs
+    # its prompt at step 5 and its last token at step 6.
+    sc = load_scenario(_closed(1, [("A", 10, 3), ("B", 10, 2)], return_steps=2))
+    for fast_path in FAST_PATHS:
+        res = simulate(sc, fast_path=fast_path)
+        A, B = res.requests
+        assert (A.submit_step, A.first_sched_step, A.finish_step) == (0, 0, 2)
+        assert (B.submit_step, B.first_sched_step, B.finish_step) == (5, 5, 6)
+        c = res.steps.columns
+        assert list(c["step"]) == [0, 1, 2, 3, 5, 6]
+        assert list(c["arrivals"]) == [1, 0, 0, 0, 1, 0]
+        assert c["num_scheduled_tokens"][3] == 0
+    # Without the lag, B is submitted right after A's finish (before step 3).
+    res = simulate(load_scenario(_closed(1, [("A", 10, 3), ("B", 10, 2)])))
+    assert [r.submit_step for r in res.requests] == [0, 3]
+
+
+def test_closed_loop_idle_steps_waiting_for_a_client_take_no_time():
+    sc = load_scenario(_closed(1, [("A", 10, 3), ("B", 10, 2)], return_steps=2))
+    for fast_path in FAST_PATHS:
+        res = simulate(sc, cost_model=LinearCost(), fast_path=fast_path)
+        A, B = res.requests
+        c = res.steps.columns
+        # The client comes back at the start of step 5, which is when the last step before it
+        # (the empty step 3, of no duration) ended: A's finish time.
+        assert B.submit_time_s == A.finish_time_s == c["time_s"][3]
+        assert c["step_duration_s"][3] == 0.0
+        assert c["time_s"][4] == B.submit_time_s
+
+
+def test_closed_loop_late_client_overlaps_the_other_clients_request():
+    # Two clients, return_steps 2: A (3 tokens) and B (6 tokens) start at step 0; A finishes in
+    # step 2, so C is submitted before step 5, the step of B's last token. With no lag C would
+    # be submitted before step 3.
+    reqs = [("A", 10, 3), ("B", 10, 6), ("C", 10, 2)]
+    for k, c_submit in ((0, 3), (2, 5)):
+        sc = load_scenario(_closed(2, reqs, return_steps=k))
+        for fast_path in FAST_PATHS:
+            res = simulate(sc, fast_path=fast_path)
+            A, B, C = res.requests
+            assert (A.finish_step, B.finish_step) == (2, 5)
+            assert (C.submit_step, C.first_sched_step, C.finish_step) == \
+                (c_submit, c_submit, c_submit + 1)
+            assert list(res.steps.columns["step"]) == list(range(max(6, c_submit + 2)))
+            # Steps 3 and 4 run B alone while C's client is away.
+            assert [res.steps.columns["num_scheduled_reqs"][s] for s in (3, 4)] == \
+                ([2, 2] if k == 0 else [1, 1])
+
+
+def test_closed_loop_first_request_alone():
+    # first_alone: the first client submits before step 0, the others before step 1.
+    sc = load_scenario(_closed(3, [("A", 10, 4), ("B", 10, 4), ("C", 10, 4), ("D", 10, 2)],
+                               first_alone=True))
+    for fast_path in FAST_PATHS:
+        res = simulate(sc, fast_path=fast_path)
+        assert [r.submit_step for r in res.requests] == [0, 1, 1, 4]
+        assert list(res.steps.columns["arrivals"][:2]) == [1, 2]
+        assert res.summary["mode"] == {"type": "closed", "concurrency": 3, "first_alone": True}
+
+
+@pytest.mark.parametrize("mode, message", [
+    ({"type": "closed", "concurrency": 2, "return_steps": -1}, "mode.return_steps must be >= 0"),
+    ({"type": "closed", "concurrency": 2, "return_steps": 1.5},
+     "mode.return_steps must be an integer"),
+    ({"type": "closed", "concurrency": 2, "first_alone": "yes"},
+     "mode.first_alone must be true or false"),
+    ({"type": "open", "return_steps": 1}, "mode.return_steps applies to a closed loop only"),
+])
+def test_closed_loop_lag_settings_refused_by_name(mode, message):
+    with pytest.raises(InputError, match=message):
+        load_scenario({"mode": mode, "settings": {"num_gpu_blocks": 100},
+                       "requests": [{"id": "A", "prompt_len": 10, "output_len": 2}]})

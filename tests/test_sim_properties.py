@@ -4,6 +4,8 @@ recorder calls)."""
 
 from __future__ import annotations
 
+from collections import deque
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -112,3 +114,53 @@ def test_fast_path_equals_exact_path_in_time(data, scrape):
         else:
             assert v == b.summary[k], k
     assert rec_a.aggregate() == rec_b.aggregate()
+
+
+def _closed_with_lag(data: dict, k: int, first_alone: bool) -> dict:
+    data["mode"] = {**data["mode"], "return_steps": k, "first_alone": first_alone}
+    return data
+
+
+def _returns_follow_the_rule(res) -> None:
+    """The i-th request submitted (i >= concurrency) is submitted exactly before step
+    f + 1 + return_steps, f the step of the (i - concurrency)-th finish: clients come back
+    first finished, first back, and the loop never passes a return."""
+    sc = res.scenario
+    conc, k = sc.concurrency, sc.return_steps
+    by_submit = sorted(res.requests, key=lambda r: r.arrival_time)
+    finishes = sorted(r.finish_step for r in res.requests)
+    first = [0] + [1 if sc.first_alone else 0] * (conc - 1)
+    for i, r in enumerate(by_submit):
+        expected = first[i] if i < conc else finishes[i - conc] + 1 + k
+        assert r.submit_step == expected, (r.request_id, i)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.integers(0, 6), st.booleans(), st.booleans())
+def test_late_clients_same_on_every_fast_path(data, k, first_alone, timed):
+    if data["mode"]["type"] != "closed":
+        data["mode"] = {"type": "closed", "concurrency": 3}
+    sc = load_scenario(_closed_with_lag(data, k, first_alone))
+    cost = LinearCost if timed else (lambda: None)
+    runs = [simulate(sc, cost_model=cost(), recorder=RecordingRecorder(0.05 if timed else None),
+                     fast_path=fp) for fp in ("off", "lazy", "leap")]
+    for other in runs[1:]:
+        assert other.steps_csv() == runs[0].steps_csv()
+        assert other.requests_csv() == runs[0].requests_csv()
+        assert other.recorder.aggregate() == runs[0].recorder.aggregate()
+    _returns_follow_the_rule(runs[0])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_client_return_queue_without_lag_is_the_plain_closed_loop(data):
+    # The queue of client returns, forced on with no lag, gives the plain loop's bytes.
+    if data["mode"]["type"] != "closed":
+        data["mode"] = {"type": "closed", "concurrency": 3}
+    sc = load_scenario(data)
+    plain = simulate(sc, fast_path="leap")
+    sim = Simulation(sc, fast_path="leap")
+    sim.client_returns = deque([0] * sc.concurrency)
+    queued = sim.run()
+    _same(plain, queued)
+    _returns_follow_the_rule(plain)

@@ -25,6 +25,7 @@ seconds (0 for a step that schedules no token), and the next step starts when it
 from __future__ import annotations
 
 import time as _time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,15 @@ class Simulation:
             self.scheduler.on_preempt = lambda r: on_preempted(r, self.step_start)
         self.steps = StepsTable(self.timed)
         self.closed = scenario.mode == "closed"
+        # A closed loop whose clients come back late (docs/scheduler.md#loop-closed): the step
+        # before which each idle client submits, oldest first. Finishes come in step order and
+        # the lag is the same for all, so the queue stays sorted. Without a lag the loop keeps
+        # its plain count (``unfinished < concurrency``), which is the same rule.
+        self.client_returns: deque[int] | None = None
+        if self.closed and (scenario.return_steps or scenario.first_alone):
+            c = scenario.concurrency or 0
+            self.client_returns = deque([0] + [1 if scenario.first_alone else 0] * (c - 1))
+        self.return_steps = scenario.return_steps
         self.time_arrivals = (not self.closed
                               and any(r.arrival_time_s is not None for r in self.requests))
         if self.time_arrivals and not self.timed:
@@ -171,7 +181,16 @@ class Simulation:
     def _submit_arrivals(self) -> int:
         order = self.order
         n0 = self.num_submitted
-        if self.closed:
+        if self.client_returns is not None:
+            returns = self.client_returns
+            if not returns or returns[0] > self.step:
+                return 0
+            t = self._step_start()
+            while returns and returns[0] <= self.step and self.next_idx < len(order):
+                returns.popleft()
+                self._submit(order[self.next_idx], t)
+                self.next_idx += 1
+        elif self.closed:
             concurrency = self.scenario.concurrency
             if self.unfinished >= concurrency:
                 return 0
@@ -192,8 +211,30 @@ class Simulation:
                 self.next_idx += 1
         return self.num_submitted - n0
 
+    def client_finished(self, num_finished: int, step: int) -> None:
+        """Requests finished in ``step``: their clients submit again before step
+        ``step + 1 + return_steps``."""
+        self.unfinished -= num_finished
+        if self.client_returns is not None and num_finished:
+            self.client_returns.extend([step + 1 + self.return_steps] * num_finished)
+
+    def next_return_step(self) -> int | None:
+        """The step before which a client comes back with a request still to send, if any."""
+        returns = self.client_returns
+        if returns and self.next_idx < len(self.order):
+            return returns[0]
+        return None
+
     def _jump_to_next_arrival(self) -> bool:
-        if self.closed or self.next_idx >= len(self.order):
+        if self.closed:
+            # An idle engine waits for the next client; its idle steps take no time (timed
+            # runs) or only their clock ticks (step runs).
+            nxt = self.next_return_step()
+            if nxt is None:
+                return False
+            self.step = max(self.step, nxt)
+            return True
+        if self.next_idx >= len(self.order):
             return False
         nxt = self.order[self.next_idx]
         if self.time_arrivals:
@@ -285,7 +326,8 @@ class Simulation:
         if on_output is not None:
             for r in emitted:
                 on_output(r, t1, 1, r.status > PREEMPTED)
-        self.unfinished -= num_finished
+        if num_finished:
+            self.client_finished(num_finished, step)
         num_waiting_after = len(waiting.q)
         num_running_after = len(sched.running)
         num_deferred = len(sched.deferred_waiting)

@@ -61,7 +61,12 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
     # so nothing after it can be leapt without a fresh look.
     until_finish = lazy.next_finish() - clock + 1
     num_steps = until_finish
-    if not sim.closed and not sim.time_arrivals and sim.next_idx < len(sim.order):
+    if sim.client_returns is not None:
+        # A client coming back submits before its step: the leap ends before it.
+        back = sim.next_return_step()
+        if back is not None:
+            num_steps = min(num_steps, back - sim.step)
+    elif not sim.closed and not sim.time_arrivals and sim.next_idx < len(sim.order):
         num_steps = min(num_steps, sim.order[sim.next_idx].arrival_step - sim.step)
     if num_steps < 2:
         return False
@@ -158,7 +163,7 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
     if finished:
         # The last step's update_from_output.
         sched.finish_requests(finished, sim.step + num_steps - 1)
-        sim.unfinished -= len(finished)
+        sim.client_finished(len(finished), sim.step + num_steps - 1)
         for r in finished:
             r.finish_time_s = t_end
     usage_last = pool.get_usage() if finished else usage[-1]

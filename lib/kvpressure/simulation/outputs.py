@@ -157,6 +157,11 @@ class SimResult:
         mode: dict[str, Any] = {"type": sc.mode}
         if sc.mode == "closed":
             mode["concurrency"] = sc.concurrency
+            # Written only when set, so that runs without a lag keep their bytes.
+            if sc.return_steps:
+                mode["return_steps"] = sc.return_steps
+            if sc.first_alone:
+                mode["first_alone"] = True
         s: dict[str, Any] = {
             "workload": sc.name,
             "mode": mode,

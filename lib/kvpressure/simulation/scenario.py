@@ -100,6 +100,10 @@ class Scenario:
     requests: list[RequestSpec]
     annotations: dict[str, Any] = field(default_factory=dict)
     source: str = "<dict>"
+    # Closed loop only (docs/interfaces.md#scenario-json): how many engine steps a client takes
+    # to come back after its request finishes, and whether the first request starts alone.
+    return_steps: int = 0
+    first_alone: bool = False
 
 
 def _where(source: str) -> str:
@@ -172,12 +176,28 @@ def load_scenario(source: str | Path | dict | list,
     mode = mode_raw.get("type", "open")
     if mode not in ("open", "closed"):
         raise InputError(f"{where}: mode.type: unknown mode {mode!r} (open or closed)")
-    refuse_unknown(mode_raw, ("type", "concurrency"), f"{where}: mode")
+    refuse_unknown(mode_raw, ("type", "concurrency", "return_steps", "first_alone"),
+                   f"{where}: mode")
     concurrency = None
+    return_steps = 0
+    first_alone = False
     if mode == "closed":
         if "concurrency" not in mode_raw:
             raise InputError(f"{where}: mode.concurrency is required for a closed loop")
         concurrency = _int(mode_raw["concurrency"], "mode.concurrency", where, 1)
+        return_steps = _int(mode_raw.get("return_steps", 0), "mode.return_steps", where, 0)
+        if return_steps > MAX_ARRIVAL_STEP:
+            raise InputError(f"{where}: mode.return_steps {return_steps} is beyond the last "
+                             f"step the simulation can count ({MAX_ARRIVAL_STEP})")
+        first_alone = mode_raw.get("first_alone", False)
+        if not isinstance(first_alone, bool):
+            raise InputError(f"{where}: mode.first_alone must be true or false, got "
+                             f"{first_alone!r}")
+    else:
+        for key in ("return_steps", "first_alone"):
+            if key in mode_raw:
+                raise InputError(f"{where}: mode.{key} applies to a closed loop only "
+                                 "(mode.type is open)")
     settings_raw = data.get("settings", {})
     if not isinstance(settings_raw, dict):
         raise InputError(f"{where}: settings must be an object")
@@ -241,8 +261,11 @@ def load_scenario(source: str | Path | dict | list,
             raise InputError(f"{where}: {ctx}: prefix_len given without prefix_group")
         requests.append(RequestSpec(rid, prompt_len, output_len, arrival_step, arrival_time_s,
                                     priority, group, prefix_len))
-    return _build(name, description, seed, mode, concurrency, settings_raw, groups, requests,
-                  annotations, where, explicit=set(settings_raw))
+    sc = _build(name, description, seed, mode, concurrency, settings_raw, groups, requests,
+                annotations, where, explicit=set(settings_raw))
+    sc.return_steps = return_steps
+    sc.first_alone = first_alone
+    return sc
 
 
 def _build(name, description, seed, mode, concurrency, settings_raw, groups, requests,
