@@ -44,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the server's log, started with --enable-logging-iteration-details: "
                         "the step time is fitted on its steps (default: RUN_DIR/server.log when "
                         "it has them)")
+    parser.add_argument("--return-steps", type=int, metavar="R",
+                        help="engine steps a client takes to send its next request after a "
+                             "finish, at every level (docs/scheduler.md#loop-closed-return; "
+                             "default: estimated from the server's step trace, else from the "
+                             "client turnaround over the fitted step time)")
 
 
 def _overrides(items: list[str]) -> dict[str, str]:
@@ -61,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from kvpressure.twin.remedies import parse_limits
 
     limits = parse_limits(args.limits)
+    if args.return_steps is not None and args.return_steps < 0:
+        raise InputError(f"--return-steps must be >= 0, got {args.return_steps}")
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
     if args.out.exists() and not args.out.is_dir():
@@ -78,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     summary = make_twin_folder(args.run_dir, args.out, limits=limits, focus=args.focus,
                                overrides=_overrides(args.overrides), cost_model=cost_model,
                                variant=args.variant, bootstrap=args.bootstrap, seed=args.seed,
-                               remedies=not args.no_remedies, server_log=args.server_log)
+                               remedies=not args.no_remedies, server_log=args.server_log,
+                               return_steps=args.return_steps)
     print(json.dumps(summary, indent=2, default=str))
     return 0

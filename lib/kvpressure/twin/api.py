@@ -28,6 +28,7 @@ from kvpressure.twin.basis import LevelBasis, simulate_basis
 from kvpressure.twin.fit import PARAMETERS, TwinFit, fit_step_time
 from kvpressure.twin.fit_report import FitVerdict, comparison_table, verdict
 from kvpressure.twin.measured import Measured, load_measured
+from kvpressure.twin.return_lag import ReturnLag, from_step_trace, from_turnaround, given
 from kvpressure.twin.settings import twin_settings
 from kvpressure.twin.simulate import simulate_level
 from kvpressure.twin.workload import LevelWorkload, level_workloads
@@ -58,6 +59,9 @@ class Twin:
     timings: dict[str, float] = field(default_factory=dict)
     step_trace: pd.DataFrame | None = None
     """The server's own steps (``ingestion.iteration_log``): the step time is fitted on them."""
+    return_lag: ReturnLag | None = None
+    """The clients' return in engine steps (``return_lag.py``); None until estimated (the
+    client turnaround route needs the fitted step time)."""
 
     # --- fit ------------------------------------------------------------------------------
     def basis(self, concurrency: int, overrides: Mapping[str, Any] | None = None
@@ -96,7 +100,38 @@ class Twin:
                                         seed=seed, **kw)
         self.timings["fit_s"] = time.perf_counter() - t
         self.report = None
+        if self.return_lag is None:
+            self._lag_from_turnaround(chosen)
+            if any(self.return_lag.return_steps.values()):
+                # The lag changes the decisions the bases hold: simulate and fit again.
+                return self.fit(levels=levels, bootstrap=bootstrap, seed=seed,
+                                min_levels=min_levels)
         return self.fitted
+
+    def _lag_from_turnaround(self, levels: list[int]) -> None:
+        """The return lag from the client-side turnaround over the fitted mean step time of
+        each fitted level (the others take the median of those)."""
+        coef = np.array(list(self.fitted.step_coefficients().values()), dtype=float)
+        step_s = {c: float(self.bases[c].time("duration", coef)) / max(self.bases[c].steps, 1)
+                  for c in levels}
+        gaps = {c: v["client_gap_s"] for c, v in self.turnaround()["per_level"].items()}
+        lag = from_turnaround(gaps, step_s)
+        rest = [c for c in self.workloads if c not in lag.return_steps]
+        if rest:
+            k = int(np.median(list(lag.return_steps.values()))) if lag.return_steps else 0
+            lag.return_steps.update({c: k for c in rest})
+        if any(lag.return_steps.values()):
+            self.set_return_lag(lag)
+        else:
+            self.return_lag = lag  # no lag: the bases and the fit stand
+
+    def set_return_lag(self, lag: ReturnLag) -> None:
+        """Use ``lag`` for every level from now on (kept bases are simulated again)."""
+        self.return_lag = lag
+        self.workloads = lag.apply(self.workloads)
+        self.bases.clear()
+        self.fitted = None
+        self.report = None
 
     def require_fit(self, what: str) -> TwinFit:
         if self.fitted is None:
@@ -189,8 +224,20 @@ class Twin:
 
     def turnaround_assumption(self) -> str:
         got = self.turnaround()
-        head = ("closed loop without think time: a finished request's client resubmits at "
-                "the next engine step (vllm bench serve --request-rate inf --max-concurrency C)")
+        lag = self.return_lag
+        if lag is None or not (any(lag.return_steps.values()) or lag.first_alone):
+            head = ("closed loop without think time: a finished request's client resubmits "
+                    "at the next engine step (vllm bench serve --request-rate inf "
+                    "--max-concurrency C)")
+        else:
+            per = ", ".join(f"c={c}: {k}" for c, k in sorted(lag.return_steps.items()))
+            head = ("closed loop without think time (vllm bench serve --request-rate inf "
+                    "--max-concurrency C): a finished request's client resubmits before step "
+                    f"s + 1 + R after its finish in step s, R in engine steps ({per})"
+                    + ("; the first request of each level starts one step ahead of the others"
+                       if lag.first_alone else ""))
+        if lag is not None:
+            head += f"; return lag {lag.source}"
         eng, cli = got["engine_gap_s"], got["client_gap_s"]
         if not (np.isfinite(eng) or np.isfinite(cli)):
             return head + "; the data has no measure of the real client's turnaround"
@@ -209,14 +256,18 @@ class Twin:
 def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None,
                variant: str | None = None, cost_model: Any = None,
                workloads: Mapping[int, LevelWorkload] | None = None,
-               server_log: str | Path | None = None) -> Twin:
+               server_log: str | Path | None = None,
+               return_steps: int | None = None) -> Twin:
     """The twin of the server measured in ``run_dir``: settings and workload from the data.
 
     ``overrides`` replace engine settings (``{"num_gpu_blocks": 512}``); ``cost_model`` (a
     ``StepCostModel`` from the hardware and model profiles) supplies the coefficients the data
     cannot identify; ``workloads`` replace the per-level request sets. A server log with
     vLLM's iteration details (``server_log``, else ``server.log`` in ``run_dir``) gives the
-    step time from the server's own steps (``step_trace.py``).
+    step time from the server's own steps (``step_trace.py``). ``return_steps``: the
+    clients' return lag in engine steps at every level (docs/scheduler.md#loop-closed-return);
+    by default estimated from the step trace, else from the client turnaround once the step
+    time is fitted (``return_lag.py``).
     """
     from kvpressure.twin.step_time import profile_priors
 
@@ -230,6 +281,14 @@ def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = Non
     name = getattr(getattr(cost_model, "geometry", None), "name", "profile")
     from kvpressure.twin.step_trace import find_step_trace
 
-    return Twin(measured, settings, source, loads, priors,
-                f"profile roofline ({name})" if priors else "profile",
-                step_trace=find_step_trace(Path(run_dir), server_log))
+    trace = find_step_trace(Path(run_dir), server_log)
+    twin = Twin(measured, settings, source, loads, priors,
+                f"profile roofline ({name})" if priors else "profile", step_trace=trace)
+    lag = None
+    if trace is not None:
+        lag = from_step_trace(trace, measured.levels, settings, loads, return_steps)
+    if lag is None and return_steps is not None:
+        lag = given(return_steps, list(loads))
+    if lag is not None:
+        twin.set_return_lag(lag)
+    return twin

@@ -36,7 +36,9 @@ def build_scenario(settings: Mapping[str, Any], workload: LevelWorkload, name: s
     return load_scenario({
         "name": f"{name}/c{workload.concurrency}",
         "seed": 0,
-        "mode": {"type": "closed", "concurrency": int(workload.concurrency)},
+        "mode": {"type": "closed", "concurrency": int(workload.concurrency),
+                 "return_steps": int(workload.return_steps),
+                 "first_alone": bool(workload.first_alone)},
         "settings": {k: v for k, v in settings.items() if k in SETTING_NAMES},
         "requests": requests,
     })

@@ -38,6 +38,7 @@ def twin_document(twin: Any, remedies: dict[str, Any] | None, label: str | None 
         "remedies": remedies,
         "assumptions": twin.assumptions(),
         "client_turnaround": twin.turnaround(),
+        "return_lag": None if twin.return_lag is None else to_jsonable(twin.return_lag),
         "timings_s": {k: round(v, 3) for k, v in twin.timings.items()},
     }
 
@@ -151,7 +152,8 @@ def make_twin_folder(run_dir: str | Path, out_dir: str | Path, *,
                      variant: str | None = None, bootstrap: int = 200, seed: int = 0,
                      remedies: bool = True, refusal_ok: bool = False,
                      latency_tolerance_pct: float | None = None, label: str | None = None,
-                     server_log: str | Path | None = None) -> dict[str, Any]:
+                     server_log: str | Path | None = None,
+                     return_steps: int | None = None) -> dict[str, Any]:
     """Build, fit, check the twin of ``run_dir`` and write its folder; returns a summary.
 
     The one call a report stage needs. With ``refusal_ok``, data the twin cannot be fitted to
@@ -159,14 +161,15 @@ def make_twin_folder(run_dir: str | Path, out_dir: str | Path, *,
     raising. ``latency_tolerance_pct`` applies when ``limits`` is empty
     (``remedies.predict_remedies``); ``label`` names the measured data in the files instead
     of ``run_dir``'s path; ``server_log`` is the server's log with its iteration details
-    (``api.build_twin``).
+    (``api.build_twin``); ``return_steps`` the clients' return lag in engine steps, instead
+    of the twin's estimate (``api.build_twin``).
     """
     from kvpressure.errors import InputError
     from kvpressure.twin.api import build_twin
 
     try:
         twin = build_twin(run_dir, overrides=overrides, variant=variant, cost_model=cost_model,
-                          server_log=server_log)
+                          server_log=server_log, return_steps=return_steps)
         twin.fit(bootstrap=bootstrap, seed=seed)
     except InputError as exc:
         if not refusal_ok:

@@ -24,6 +24,11 @@ class LevelWorkload:
     output_lens: tuple[int, ...]
     exact: bool
     """True: the measured requests' own lengths; False: the level's mean lengths."""
+    return_steps: int = 0
+    """Engine steps a client takes to send its next request after a finish
+    (docs/scheduler.md#loop-closed-return)."""
+    first_alone: bool = False
+    """The level's first request reaches the engine one step ahead of the others."""
 
     @property
     def num_requests(self) -> int:
@@ -46,6 +51,8 @@ class LevelWorkload:
             "output_len_mean": sum(self.output_lens) / n,
             "prompt_len_range": [min(self.prompt_lens), max(self.prompt_lens)],
             "output_len_range": [min(self.output_lens), max(self.output_lens)],
+            "return_steps": self.return_steps,
+            "first_alone": self.first_alone,
         }
 
 
