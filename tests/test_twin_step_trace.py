@@ -89,10 +89,12 @@ def test_windows_keep_only_the_steps_of_the_levels():
     assert fit.busy_seconds == 3  # seconds t0+3..t0+5: their neighbours are in the window
 
 
-def _log_line(t: float, i: int, prefill: int, decode: int, elapsed: float) -> str:
+def _log_line(t: float, i: int, prefill: int, decode: int, elapsed: float,
+              context: int | None = None) -> str:
     when = _dt.datetime.fromtimestamp(t, _dt.UTC)
+    context = int(prefill > 0) if context is None else context
     return (f"{when:%Y-%m-%dT%H:%M:%S.%f}Z (APIServer pid=1) INFO {when:%m-%d %H:%M:%S} "
-            f"[loggers.py:199] Engine 000: Iteration({i}): {int(prefill > 0)} context requests, "
+            f"[loggers.py:199] Engine 000: Iteration({i}): {context} context requests, "
             f"{prefill} context tokens, {decode} generation requests, {decode} generation tokens,"
             f" iteration elapsed time: {elapsed * 1000:.2f} ms, CPU KV cache usage: 50.0%\n")
 
@@ -117,10 +119,13 @@ def test_a_twin_with_a_server_log_fits_its_step_time_on_the_steps(tmp_path):
         steps = simulate(build_scenario(SETTINGS, loads[c]),
                          cost_model=TwinStepTime(TRUE)).steps_frame()
         start = t
-        for p, d, dur in zip(steps["num_prefill_tokens"], steps["num_decode_tokens"],
-                             steps["step_duration_s"], strict=True):
+        # The requests of a step: its decoding ones and the rest (prompts, as vLLM counts
+        # context requests), which the twin's return lag is read from.
+        for p, d, n, dur in zip(steps["num_prefill_tokens"], steps["num_decode_tokens"],
+                                steps["num_scheduled_reqs"], steps["step_duration_s"],
+                                strict=True):
             t += dur
-            lines.append(_log_line(t, i, int(p), int(d), 0.8 * dur))
+            lines.append(_log_line(t, i, int(p), int(d), 0.8 * dur, int(n - d)))
             i += 1
         windows.append((start, t))
         t += 5.0
@@ -131,6 +136,9 @@ def test_a_twin_with_a_server_log_fits_its_step_time_on_the_steps(tmp_path):
 
     twin = build_twin(folder)
     assert twin.step_trace is not None and len(twin.step_trace) == i
+    # The sweep's clients came back at the next step, all together: so reads the trace.
+    assert set(twin.return_lag.return_steps.values()) == {0}
+    assert not twin.return_lag.first_alone
     fit = twin.fit(bootstrap=50)
     for p in ("t0", "t_prefill_token", "t_decode_seq"):
         assert fit.source[p].startswith("step trace")

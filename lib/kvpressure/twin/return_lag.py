@@ -10,7 +10,7 @@ premise, ``basis.py``). Two estimates, best first:
   client is away, its slot is empty; where the waiting queue never empties, no lag changes a
   step and the level says nothing); the levels that say nothing take the turnaround in seconds
   of the ones that do, over their own step period. Whether the first request ran alone is read
-  off each level's first logged step;
+  off each level's first logged step (where the twin's would take more than one);
 * **from the client turnaround in seconds** (``turnaround.py``): the client-side gap of each
   level over the fitted mean step time at that level, rounded. It misses the API server's
   share (inside TTFT), so it can only understate the lag.
@@ -86,12 +86,22 @@ def _calibrate(settings: Mapping[str, Any], w: LevelWorkload, target: float) -> 
     return k
 
 
-def first_request_alone(windows: Mapping[int, pd.DataFrame]) -> bool:
-    """Whether most levels' first logged step prefilled a single request (levels of one
-    client say nothing)."""
-    multi = [c for c in windows if c > 1]
-    alone = [c for c in multi if int(windows[c]["context_requests"].iloc[0]) == 1]
-    return bool(multi) and 2 * len(alone) > len(multi)
+def first_request_alone(windows: Mapping[int, pd.DataFrame], settings: Mapping[str, Any],
+                        workloads: Mapping[int, LevelWorkload]) -> bool:
+    """Whether, in most levels whose first step would take more than one request had all
+    clients arrived together (the token budget may leave room for only one prompt), the
+    server's first logged step prefilled a single request."""
+    from kvpressure.twin.basis import build_scenario
+
+    votes = []
+    for c, real in windows.items():
+        if c < 2:
+            continue
+        w = dataclasses.replace(workloads[c], return_steps=0, first_alone=False)
+        together = simulate(build_scenario(settings, w)).steps.columns["admitted_new"][0]
+        if together > 1:
+            votes.append(int(real["context_requests"].iloc[0]) == 1)
+    return 2 * sum(votes) > len(votes)
 
 
 def from_step_trace(steps: pd.DataFrame, levels: pd.DataFrame, settings: Mapping[str, Any],
@@ -107,7 +117,7 @@ def from_step_trace(steps: pd.DataFrame, levels: pd.DataFrame, settings: Mapping
     windows = {c: s for c, s in windows.items() if len(s)}
     if not windows:
         return None
-    first_alone = first_request_alone(windows)
+    first_alone = first_request_alone(windows, settings, workloads)
     if return_steps is not None:
         lag = given(return_steps, list(workloads), first_alone)
         lag.source += ("; the first request of a level ran alone (step trace)" if first_alone
