@@ -11,8 +11,8 @@ premise, ``basis.py``). Two estimates, best first:
   step and the level says nothing); the levels that say nothing take the turnaround in seconds
   of the ones that do, over their own step period. Whether the first request ran alone is read
   off each level's first logged step (where the twin's would take more than one);
-* **from the client turnaround in seconds** (``turnaround.py``): the client-side gap of each
-  level over the fitted mean step time at that level, rounded. It misses the API server's
+* **from the client turnaround in seconds** (``turnaround.py``): the median client-side gap
+  over the levels, over the fitted mean step time at each level, rounded. It misses the API server's
   share (inside TTFT), so it can only understate the lag.
 """
 
@@ -151,18 +151,18 @@ def from_step_trace(steps: pd.DataFrame, levels: pd.DataFrame, settings: Mapping
 
 
 def from_turnaround(gaps_s: Mapping[int, float], step_s: Mapping[int, float]) -> ReturnLag:
-    """The lag per level from the client-side turnaround in seconds over the mean step time;
-    a level without a measured gap takes the median of the others."""
+    """The lag per level: the median client-side turnaround over the levels (one level's mean
+    gap, from a few dozen requests, scatters by several milliseconds, more than a step) over
+    the level's mean step time, rounded."""
     known = [g for g in gaps_s.values() if math.isfinite(g)]
     median = float(np.median(known)) if known else 0.0
     out: dict[int, int] = {}
     per: dict[int, dict[str, Any]] = {}
     for c, dt in step_s.items():
-        g = gaps_s.get(c, math.nan)
-        g = g if math.isfinite(g) else median
-        k = int(round(g / dt)) if dt > 0 and math.isfinite(dt) else 0
+        k = int(round(median / dt)) if dt > 0 and math.isfinite(dt) else 0
         out[c] = max(0, min(k, MAX_RETURN_STEPS))
-        per[c] = {"return_steps": out[c], "client_gap_s": g, "mean_step_s": dt}
+        per[c] = {"return_steps": out[c], "client_gap_s": gaps_s.get(c, math.nan),
+                  "mean_step_s": dt}
     return ReturnLag(out, False, "from the client-side turnaround (bench start times and "
                      f"latencies, median {median * 1000:.1f} ms) over the fitted mean step time "
                      "of each level, rounded; it misses the API server's share, so it can "
