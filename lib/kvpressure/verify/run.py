@@ -34,6 +34,8 @@ def _job_entry(sc: Scenario, out: Path) -> dict:
         "seed": sc.seed,
         "mode": sc.mode,
         "concurrency": sc.concurrency,
+        "return_steps": sc.return_steps,
+        "first_alone": sc.first_alone,
         "settings": sc.settings.to_dict(),
         "requests": [asdict(r) for r in sc.requests],
         "steps_csv": str(out / f"{sc.name}.vllm.steps.csv"),

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import deque
 
 VOCAB = 30000
 # Scheduler arguments passed on, with vLLM 0.33.0's defaults (a release without one of them
@@ -168,6 +169,12 @@ def run_workload(w: dict, model: _Model) -> int:
     by_id = {t.spec["id"]: t for t in tracked}
     closed = w["mode"] == "closed"
     concurrency = w.get("concurrency") or 0
+    # Clients that come back late (docs/scheduler.md#loop-closed-return): the step before
+    # which each idle client submits, oldest first.
+    return_steps = w.get("return_steps") or 0
+    returns = None
+    if closed and (return_steps or w.get("first_alone")):
+        returns = deque([0] + [1 if w.get("first_alone") else 0] * (concurrency - 1))
     # Open loop: submission order is (arrival_step, list order), docs/scheduler.md#loop-open.
     order = tracked if closed else sorted(tracked, key=lambda t: t.spec.get("arrival_step", 0))
     next_idx = 0
@@ -190,7 +197,13 @@ def run_workload(w: dict, model: _Model) -> int:
 
     while True:
         arrivals = 0
-        if closed:
+        if returns is not None:
+            while next_idx < len(order) and returns and returns[0] <= step:
+                returns.popleft()
+                submit(order[next_idx])
+                next_idx += 1
+                arrivals += 1
+        elif closed:
             while next_idx < len(order) and unfinished < concurrency:
                 submit(order[next_idx])
                 next_idx += 1
@@ -204,6 +217,10 @@ def run_workload(w: dict, model: _Model) -> int:
             # The reference runs end with the last finish: no empty step after it.
             break
         if not sched.has_requests():
+            if returns and next_idx < len(order):
+                # Nothing in the engine until the next client comes back.
+                step = max(step, returns[0])
+                continue
             if not closed:
                 # Nothing in the engine and the next arrival lies ahead: jump
                 # (docs/scheduler.md#loop-open).
@@ -270,6 +287,8 @@ def run_workload(w: dict, model: _Model) -> int:
                 t.finish_step = step
                 finished += 1
                 unfinished -= 1
+                if returns is not None:
+                    returns.append(step + 1 + return_steps)
         run_after, wait_after = sched.get_request_counts()
         rows.append((step, arrivals, num_running, len(req_ids), num_waiting, n_wait_new,
                      n_wait_pre, len(sched.deferred_waiting), kv_usage, total, prefill, decode,
