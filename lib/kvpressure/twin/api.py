@@ -234,8 +234,8 @@ class Twin:
             head = ("closed loop without think time (vllm bench serve --request-rate inf "
                     "--max-concurrency C): a finished request's client resubmits before step "
                     f"s + 1 + R after its finish in step s, R in engine steps ({per})"
-                    + ("; the first request of each level starts one step ahead of the others"
-                       if lag.first_alone else ""))
+                    + ("; the first request of each level starts one step ahead of the others "
+                       "(as the server's step trace shows)" if lag.first_alone else ""))
         if lag is not None:
             head += f"; return lag {lag.source}"
         eng, cli = got["engine_gap_s"], got["client_gap_s"]
@@ -248,9 +248,10 @@ class Twin:
         if np.isfinite(cli):
             parts.append(f"{cli * 1000:.0f} ms of it at the client, between the response's end "
                          "and the next request sent (bench start times and latencies)")
+        lagged = lag is not None and any(lag.return_steps.values())
         return (head + "; measured, a real client's slot stays empty " + "; ".join(parts)
-                + ": the twin keeps its slots fuller than the server saw at low concurrency, "
-                "where the engine is rarely full")
+                + ("" if lagged else ": the twin keeps its slots fuller than the server saw "
+                   "at low concurrency, where the engine is rarely full"))
 
 
 def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None,

@@ -119,10 +119,7 @@ def from_step_trace(steps: pd.DataFrame, levels: pd.DataFrame, settings: Mapping
         return None
     first_alone = first_request_alone(windows, settings, workloads)
     if return_steps is not None:
-        lag = given(return_steps, list(workloads), first_alone)
-        lag.source += ("; the first request of a level ran alone (step trace)" if first_alone
-                       else "")
-        return lag
+        return given(return_steps, list(workloads), first_alone)
     per: dict[int, dict[str, Any]] = {}
     lag_s: list[float] = []
     for c, real in sorted(windows.items()):
@@ -146,7 +143,7 @@ def from_step_trace(steps: pd.DataFrame, levels: pd.DataFrame, settings: Mapping
         out[c] = int(d["return_steps"])
     source = (f"from the server's step trace (mean requests scheduled per step matched, "
               f"{len(lag_s)} of {len(per)} levels informative, about {turnaround * 1000:.0f} ms "
-              f"a return){'; the first request of a level ran alone' if first_alone else ''}")
+              "a return)")
     return ReturnLag(out, first_alone, source, per)
 
 
