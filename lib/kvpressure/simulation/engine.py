@@ -20,6 +20,9 @@ Clock: without a cost model, step ``k`` starts at ``clock.t0 + k * clock.dt`` (t
 harness: 1.0 + k * 0.015625 s) and its outputs are stamped one step later. With a cost model,
 step ``k`` starts at ``time_s`` (0 at the start), lasts ``cost_model.step_time(features)``
 seconds (0 for a step that schedules no token), and the next step starts when it ends.
+A closed loop's late clients (``mode.return_steps``, docs/scheduler.md#loop-closed-return) are
+counted in steps in both clocks: an engine with nothing to run jumps to the step of the next
+return, which with a cost model starts when the last step that ran ended.
 """
 
 from __future__ import annotations
