@@ -188,6 +188,7 @@ INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 256, 128, 0.25
 PROMPTS_PER_LEVEL = 48
 REAL_LEVELS = (2, 3, 4, 6, 8, 12, 16, 24)
 REUSE = False  # --reuse
+ONLY_REMEDIES: set[str] | None = None  # --remedies
 
 
 def _uptime() -> str:
@@ -234,7 +235,10 @@ def _start(venv: Path, model: Path, blocks: int, engine: dict, port: int, log: P
             "--max-num-seqs", str(engine["max_num_seqs"]),
             "--max-num-batched-tokens", str(engine["max_num_batched_tokens"]),
             "--scheduler-reserve-full-isl" if engine["scheduler_reserve_full_isl"]
-            else "--no-scheduler-reserve-full-isl"]
+            else "--no-scheduler-reserve-full-isl",
+            # One log line per engine step: the twin fits its step time and the clients'
+            # return lag on the server's own steps (twin/step_trace.py, twin/return_lag.py).
+            "--enable-logging-iteration-details"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     fh = log.open("w")
     # A session of its own: stopping it ends the API server and its engine-core child together.
@@ -402,6 +406,9 @@ def _real_setup(k: int, setup: dict, venv: Path, models: Path, work: Path, port:
             # chunked prefill in pieces smaller than a prompt: more steps, each cheaper
             "max_num_batched_tokens_128": {"max_num_batched_tokens": 128},
         }
+    if ONLY_REMEDIES is not None:
+        remedies_to_measure = {name: ov for name, ov in remedies_to_measure.items()
+                               if name in ONLY_REMEDIES}
     twin, remedies, summary = _twin_on(folder, OUT / "twin_real" / setup["name"], focus,
                                        remedies_to_measure)
     summary.update(name=setup["name"], model=setup["model"], blocks=setup["blocks"],
@@ -514,11 +521,15 @@ def main() -> int:
                     help="where the real sweeps and models go")
     ap.add_argument("--port", type=int, default=18471)
     ap.add_argument("--setups", help="comma-separated names of the real setups to run")
+    ap.add_argument("--remedies", help="comma-separated names of the remedies to measure "
+                    "(default: all)")
     ap.add_argument("--reuse", action="store_true",
                     help="keep sweeps already measured in --work; refit the twins on them")
     args = ap.parse_args()
-    global REUSE
+    global REUSE, ONLY_REMEDIES
     REUSE = args.reuse
+    if args.remedies:
+        ONLY_REMEDIES = set(args.remedies.split(","))
     result: dict = {"uptime": _uptime()}
     if not args.no_sim:
         result["simulated"] = simulated()
