@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_twin.py                 # (a) and (b), simulated, ~1 min
     .venv/bin/python benchmarks/bench_twin.py --real          # plus (c), real vLLM, ~30 min
     .venv/bin/python benchmarks/bench_twin.py --real --no-sim --reuse   # refit on kept sweeps
+    .venv/bin/python benchmarks/bench_twin.py --ab max_num_seqs_pool --rounds 2   # A/B/A/B
 
 (a) **The simulation itself.** Sweeps simulated with known step-time coefficients (two sets:
     per-step dominated, as a CPU server, and per-token dominated), times multiplied by seeded
@@ -488,6 +489,63 @@ def _remedy_entry(twin, remedies: dict, rname: str, ov: dict, measured: pd.DataF
     return entry
 
 
+AB_LEVELS = (4, 8, 16, 24)
+
+
+def ab(remedy: str, rounds: int, work: Path, port: int) -> dict:
+    """The first setup's baseline (A) and one remedy (B) measured alternately, A B A B ..., on
+    restarted servers at a few levels: the machine's speed drifts between runs by about as much
+    as a small remedy changes throughput, so a change is read as the mean over rounds, against
+    the spread between rounds and against c=4, where a remedy on ``max_num_seqs`` (at or above
+    what the pool holds) or on the pool (nothing preempted there) has nothing to change. The
+    twin is fitted on the first A run and predicts B."""
+    from kvpressure.twin.remedies import pool_holds
+    from kvpressure.twin.workload import LevelWorkload
+
+    setup = REAL_SETUPS[0]
+    venv = _vllm_env()
+    model = _model(venv, setup["model"], work / "models")
+    first = LevelWorkload(0, (INPUT_LEN,), (OUTPUT_LEN,), True)
+    holds = pool_holds({"block_size": BLOCK_SIZE, "num_gpu_blocks": setup["blocks"]}, first)
+    overrides = {"max_num_seqs_pool": {"max_num_seqs": holds},
+                 "pool_doubled": {"num_gpu_blocks": 2 * setup["blocks"]}}[remedy]
+    base = work / f"ab_{remedy}"
+    curves: dict[str, list[pd.DataFrame]] = {"A": [], "B": []}
+    for r in range(rounds):
+        for arm in ("A", "B"):
+            ov = overrides if arm == "B" else {}
+            engine = {**setup["engine"], **{k: v for k, v in ov.items() if k != "num_gpu_blocks"}}
+            folder = base / f"{arm}{r}"
+            print(f"(ab) {remedy} round {r} {arm}: measuring ({_uptime()})", flush=True)
+            _measure(venv, model, ov.get("num_gpu_blocks", setup["blocks"]), engine, folder,
+                     port, AB_LEVELS)
+            curves[arm].append(_curve(folder))
+    from kvpressure.twin.api import build_twin
+
+    twin = build_twin(base / "A0")
+    twin.fit(bootstrap=100)
+    thr = "output_throughput"
+    rows = []
+    for c in AB_LEVELS:
+        per_round = [_pct(b.loc[c, thr], a.loc[c, thr])
+                     for a, b in zip(curves["A"], curves["B"], strict=True)]
+        base_pred = twin.predict_level(c, {})[thr]
+        pred = twin.predict_level(c, overrides)[thr]
+        rows.append({"concurrency": c,
+                     "measured_change_pct_per_round": [round(x, 2) for x in per_round],
+                     "measured_change_pct_mean": round(float(np.mean(per_round)), 2),
+                     "predicted_change_pct": round(_pct(pred, base_pred), 2),
+                     "a_runs_spread_pct": round(float(
+                         (max(a.loc[c, thr] for a in curves["A"])
+                          - min(a.loc[c, thr] for a in curves["A"]))
+                         / np.mean([a.loc[c, thr] for a in curves["A"]]) * 100), 2)})
+        print(f"    c={c}: measured {rows[-1]['measured_change_pct_mean']:+.1f}% "
+              f"(rounds {', '.join(f'{x:+.1f}' for x in per_round)}), predicted "
+              f"{rows[-1]['predicted_change_pct']:+.1f}%", flush=True)
+    return {"remedy": remedy, "overrides": overrides, "rounds": rounds, "levels": rows,
+            "uptime_after": _uptime()}
+
+
 def _noise(venv: Path, model: Path, setup: dict, folder: Path, work: Path, port: int,
            levels: tuple[int, ...]) -> dict:
     """The same setup measured a second time on a restarted server: the run-to-run spread
@@ -523,6 +581,9 @@ def main() -> int:
     ap.add_argument("--setups", help="comma-separated names of the real setups to run")
     ap.add_argument("--remedies", help="comma-separated names of the remedies to measure "
                     "(default: all)")
+    ap.add_argument("--ab", metavar="REMEDY", help="measure the first setup's baseline and "
+                    "this remedy alternately (max_num_seqs_pool or pool_doubled)")
+    ap.add_argument("--rounds", type=int, default=2, help="A/B rounds for --ab")
     ap.add_argument("--reuse", action="store_true",
                     help="keep sweeps already measured in --work; refit the twins on them")
     args = ap.parse_args()
@@ -530,6 +591,13 @@ def main() -> int:
     REUSE = args.reuse
     if args.remedies:
         ONLY_REMEDIES = set(args.remedies.split(","))
+    if args.ab:
+        out = ab(args.ab, args.rounds, args.work, args.port)
+        OUT.mkdir(parents=True, exist_ok=True)
+        path = OUT / f"bench_twin_ab_{args.ab}.json"
+        path.write_text(json.dumps(_rounded(out), indent=2, default=str) + "\n")
+        print(f"written: {path}")
+        return 0
     result: dict = {"uptime": _uptime()}
     if not args.no_sim:
         result["simulated"] = simulated()
