@@ -22,7 +22,7 @@ with replacement and the free coefficients refitted, ``bootstrap`` times, seeded
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,7 +121,7 @@ def design(measured_levels: pd.DataFrame, bases: Mapping[int, LevelBasis]) -> pd
     return pd.DataFrame(out, columns=["concurrency", "stat", "y", "weight", *PARAMETERS])
 
 
-def _uniqueness(a: np.ndarray) -> np.ndarray:
+def uniqueness(a: np.ndarray) -> np.ndarray:
     """Per column: length of its part outside the span of the other columns / its length."""
     norms = np.linalg.norm(a, axis=0)
     out = np.zeros(a.shape[1])
@@ -146,19 +146,35 @@ def _to_drop(full: np.ndarray, free: list[str], worst: int, u: np.ndarray) -> st
         if rank[cand] >= rank[free[worst]]:
             break
         rest = [p for p in free if p != cand]
-        u2 = _uniqueness(full[:, [PARAMETERS.index(p) for p in rest]])
+        u2 = uniqueness(full[:, [PARAMETERS.index(p) for p in rest]])
         if u2[rest.index(free[worst])] >= MIN_UNIQUE:
             return cand
     return free[worst]
 
 
-def _solve(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+def solve_nonnegative(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares on columns scaled to unit length (coefficients that differ by
+    orders of magnitude, seconds per step against seconds per token, converge alike)."""
     from scipy.optimize import nnls
 
     scale = np.linalg.norm(a, axis=0)
     scale[scale == 0] = 1.0
     x, _ = nnls(a / scale, y, maxiter=50 * a.shape[1])
     return x / scale
+
+
+def bootstrap_intervals(draws: np.ndarray, names: Sequence[str], varied: set[str],
+                        theta: Mapping[str, float]) -> dict[str, tuple[float, float]]:
+    """The 5-95% interval of each name's column of bootstrap ``draws``; a name the bootstrap did
+    not vary (fixed, or no draws) gets its point value at both ends."""
+    interval = {}
+    for j, p in enumerate(names):
+        if p in varied and len(draws):
+            lo, hi = np.percentile(draws[:, j], [5, 95])
+            interval[p] = (float(lo), float(hi))
+        else:
+            interval[p] = (theta[p], theta[p])
+    return interval
 
 
 def fit_step_time(measured_levels: pd.DataFrame, bases: Mapping[int, LevelBasis], *,
@@ -195,7 +211,7 @@ def fit_step_time(measured_levels: pd.DataFrame, bases: Mapping[int, LevelBasis]
     uniq_all: dict[str, float] = {}
     while free:
         idx = [PARAMETERS.index(p) for p in free]
-        u = _uniqueness(full[:, idx])
+        u = uniqueness(full[:, idx])
         for p, v in zip(free, u, strict=True):
             uniq_all[p] = float(v)
         worst = int(np.argmin(u))
@@ -221,7 +237,7 @@ def fit_step_time(measured_levels: pd.DataFrame, bases: Mapping[int, LevelBasis]
     fixed_vec = np.array([theta.get(p, 0.0) if p not in free else 0.0 for p in PARAMETERS])
     idx = [PARAMETERS.index(p) for p in free]
     target = y_rel - full @ fixed_vec
-    x = _solve(full[:, idx], target)
+    x = solve_nonnegative(full[:, idx], target)
     for p, v in zip(free, x, strict=True):
         theta[p], source[p] = float(v), "fitted"
     # Bootstrap over levels.
@@ -232,15 +248,9 @@ def fit_step_time(measured_levels: pd.DataFrame, bases: Mapping[int, LevelBasis]
     for b in range(max(bootstrap, 0)):
         pick = rng.integers(0, len(levels), size=len(levels))
         sel = np.concatenate([by_level[i] for i in pick])
-        xb = _solve(full[sel][:, idx], target[sel])
+        xb = solve_nonnegative(full[sel][:, idx], target[sel])
         draws[b, idx] = xb
-    interval = {}
-    for j, p in enumerate(PARAMETERS):
-        if p in free and len(draws):
-            lo, hi = np.percentile(draws[:, j], [5, 95])
-            interval[p] = (float(lo), float(hi))
-        else:
-            interval[p] = (theta[p], theta[p])
+    interval = bootstrap_intervals(draws, PARAMETERS, set(free), theta)
     vec = np.array([theta[p] for p in PARAMETERS])
     fitted = rows[list(PARAMETERS)].to_numpy(float) @ vec
     table = rows[["concurrency", "stat", "y"]].rename(columns={"y": "measured"}).copy()

@@ -33,7 +33,16 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.twin.basis import LevelBasis
-from kvpressure.twin.fit import MIN_UNIQUE, PARAMETERS, FitRefused, TwinFit, design
+from kvpressure.twin.fit import (
+    MIN_UNIQUE,
+    PARAMETERS,
+    FitRefused,
+    TwinFit,
+    bootstrap_intervals,
+    design,
+    solve_nonnegative,
+    uniqueness,
+)
 from kvpressure.twin.step_time import COEFFICIENTS
 
 TRACED = ("t0", "t_prefill_token", "t_decode_seq")
@@ -73,29 +82,6 @@ def _features(frame: pd.DataFrame) -> np.ndarray:
                             frame["num_decode_tokens"].to_numpy(float)])
 
 
-def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    from scipy.optimize import nnls
-
-    scale = np.linalg.norm(a, axis=0)
-    scale[scale == 0] = 1.0
-    x, _ = nnls(a / scale, y, maxiter=50 * a.shape[1])
-    return x / scale
-
-
-def _distinct(a: np.ndarray) -> np.ndarray:
-    """Per column: the share of it outside the span of the others (0: the data never moves it
-    apart from them)."""
-    out = np.zeros(a.shape[1])
-    for j in range(a.shape[1]):
-        norm = np.linalg.norm(a[:, j])
-        if norm == 0:
-            continue
-        others = np.delete(a, j, axis=1)
-        coef, *_ = np.linalg.lstsq(others, a[:, j], rcond=None)
-        out[j] = np.linalg.norm(a[:, j] - others @ coef) / norm
-    return out
-
-
 def busy_seconds(steps: pd.DataFrame) -> pd.DataFrame:
     """Per second of the log with steps in it and in the seconds on both sides: the number of
     steps, their summed work and summed elapsed time."""
@@ -127,7 +113,7 @@ def fit_step_trace(steps: pd.DataFrame, *, windows: list[tuple[float, float]] | 
     notes: list[str] = []
     a = _features(work)
     y = work["elapsed_s"].to_numpy(float)
-    distinct = _distinct(a)
+    distinct = uniqueness(a)
     keep = [j for j in range(3) if distinct[j] >= MIN_UNIQUE]
     if 0 not in keep:
         raise FitRefused("the step trace cannot tell the per-step cost from the per-token and "
@@ -145,7 +131,7 @@ def fit_step_trace(steps: pd.DataFrame, *, windows: list[tuple[float, float]] | 
         theta[p] = float((priors or {}).get(p, 0.0))
         source[p] = (f"{prior_source} (not in the step trace: {why})" if priors and p in priors
                      else f"default 0 (not in the step trace: {why}; no profile)")
-    x_el = _nnls(a[:, keep], y)
+    x_el = solve_nonnegative(a[:, keep], y)
     resid = y - a[:, keep] @ x_el
     residual_rel = float(np.sqrt(np.mean(resid ** 2)) / np.mean(y)) if np.mean(y) > 0 else 0.0
 
@@ -166,9 +152,9 @@ def fit_step_trace(steps: pd.DataFrame, *, windows: list[tuple[float, float]] | 
         # Seconds sum many steps: their per-step and per-sequence parts move apart only where
         # the batch size changes between seconds (between levels); a term they cannot tell
         # apart from the others is left out of this part.
-        sub = [k for k, d in enumerate(_distinct(b_rows)) if d >= MIN_UNIQUE or k == 0]
+        sub = [k for k, d in enumerate(uniqueness(b_rows)) if d >= MIN_UNIQUE or k == 0]
         x_out = np.zeros(len(keep))
-        x_out[sub] = _nnls(b_rows[:, sub], gap)
+        x_out[sub] = solve_nonnegative(b_rows[:, sub], gap)
         b_rows = b_rows[:, sub]
         out_idx = sub
     for k, j in enumerate(keep):
@@ -181,18 +167,12 @@ def fit_step_trace(steps: pd.DataFrame, *, windows: list[tuple[float, float]] | 
     cols = [COEFFICIENTS.index(TRACED[j]) for j in keep]
     for b in range(max(bootstrap, 0)):
         pick = rng.integers(0, len(work), size=len(work))
-        xb = _nnls(a[pick][:, keep], y[pick])
+        xb = solve_nonnegative(a[pick][:, keep], y[pick])
         if out_idx:
             sp = rng.integers(0, len(busy), size=len(busy))
-            xb[out_idx] += _nnls(b_rows[sp], gap[sp])
+            xb[out_idx] += solve_nonnegative(b_rows[sp], gap[sp])
         draws[b, cols] = xb
-    interval = {}
-    for i, p in enumerate(COEFFICIENTS):
-        if i in cols and len(draws):
-            lo, hi = np.percentile(draws[:, i], [5, 95])
-            interval[p] = (float(lo), float(hi))
-        else:
-            interval[p] = (theta[p], theta[p])
+    interval = bootstrap_intervals(draws, COEFFICIENTS, {COEFFICIENTS[i] for i in cols}, theta)
     gaps = np.diff(work["iteration"].to_numpy())
     skipped = int(np.sum(gaps[gaps > 1] - 1)) if len(gaps) else 0
     if skipped:
