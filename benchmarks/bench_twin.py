@@ -21,7 +21,7 @@
     client, ``--no-report``), ``kvpressure ingest`` its bench results and scrape log into the
     folder's ``report/``, build and fit the twin, compare per level (preemptions also summed
     over the levels at and past the measured knee), fit on half the levels and predict the
-    rest. On the first setup, the remedies (``max_num_seqs`` lowered to what the pool holds;
+    rest. On the first setup and on the one whose curve falls, the remedies (``max_num_seqs`` lowered to what the pool holds;
     the pool doubled, more KV memory, an effect well above a level's noise;
     ``max_num_batched_tokens`` 128, so prompts are prefilled in chunks) are predicted on the
     twin, then measured on a restarted server and compared: errors per level for throughput
@@ -165,7 +165,7 @@ def simulated(noises=(0.0, 0.01, 0.03)) -> dict:
 
 # --- (c): real vLLM ---------------------------------------------------------------------------
 REAL_SETUPS = [
-    # name, model shape, num_gpu_blocks, engine args; the first one gets its remedies measured
+    # name, model shape, num_gpu_blocks, engine args; the first one (and any with "remedies") gets its remedies measured
     {"name": "mid_pool64_fullisl", "model": "mid", "blocks": 64,
      "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 1024,
                 "scheduler_reserve_full_isl": True}},
@@ -175,6 +175,13 @@ REAL_SETUPS = [
     {"name": "wide_pool64_fullisl", "model": "wide", "blocks": 64,
      "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 1024,
                 "scheduler_reserve_full_isl": True}},
+    # A curve that falls: admission by first chunk with prompts prefilled in 128-token chunks
+    # lets more requests in than the pool holds, and with no prefix cache every preemption
+    # recomputes its whole context. Its remedies are measured too: their effect is well
+    # above the machine's drift between runs, so the sign of the change can be read.
+    {"name": "mid_pool64_chunk128_nocache", "model": "mid", "blocks": 64, "remedies": True,
+     "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 128,
+                "scheduler_reserve_full_isl": False, "enable_prefix_caching": False}},
 ]
 MODEL_SHAPES = {
     "mid": None,  # scripts/build-tiny-model.py as it is: hidden 512, 8 layers
@@ -237,6 +244,8 @@ def _start(venv: Path, model: Path, blocks: int, engine: dict, port: int, log: P
             "--max-num-batched-tokens", str(engine["max_num_batched_tokens"]),
             "--scheduler-reserve-full-isl" if engine["scheduler_reserve_full_isl"]
             else "--no-scheduler-reserve-full-isl",
+            "--enable-prefix-caching" if engine.get("enable_prefix_caching", True)
+            else "--no-enable-prefix-caching",
             # One log line per engine step: the twin fits its step time and the clients'
             # return lag on the server's own steps (twin/step_trace.py, twin/return_lag.py).
             "--enable-logging-iteration-details"]
@@ -399,14 +408,16 @@ def _real_setup(k: int, setup: dict, venv: Path, models: Path, work: Path, port:
     first = LevelWorkload(0, (INPUT_LEN,), (OUTPUT_LEN,), True)
     holds = pool_holds({"block_size": BLOCK_SIZE, "num_gpu_blocks": setup["blocks"]}, first)
     remedies_to_measure = {}
-    if k == 0:
+    with_remedies = setup.get("remedies", k == 0)
+    if with_remedies:
         remedies_to_measure = {
             "max_num_seqs_pool": {"max_num_seqs": holds},
             # more KV memory: an effect well above the noise of a level on this machine
             "pool_doubled": {"num_gpu_blocks": 2 * setup["blocks"]},
-            # chunked prefill in pieces smaller than a prompt: more steps, each cheaper
-            "max_num_batched_tokens_128": {"max_num_batched_tokens": 128},
         }
+        if setup["engine"]["max_num_batched_tokens"] > 128:
+            # chunked prefill in pieces smaller than a prompt: more steps, each cheaper
+            remedies_to_measure["max_num_batched_tokens_128"] = {"max_num_batched_tokens": 128}
     if ONLY_REMEDIES is not None:
         remedies_to_measure = {name: ov for name, ov in remedies_to_measure.items()
                                if name in ONLY_REMEDIES}
@@ -422,7 +433,7 @@ def _real_setup(k: int, setup: dict, venv: Path, models: Path, work: Path, port:
         {c: base.loc[c, "preemptions"] for c in levels if c in base.index},
         {c: t["preemptions"] for c, t in twin_base.items()}, knee)
     summary["client_turnaround"] = twin.turnaround()
-    if k == 0:
+    if with_remedies:
         summary["noise"] = _noise(venv, model, setup, folder, work, port, levels)
     summary["remedies_measured"] = []
     for rname, ov in remedies_to_measure.items():
