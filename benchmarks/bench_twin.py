@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_twin.py                 # (a) and (b), simulated, ~1 min
     .venv/bin/python benchmarks/bench_twin.py --real          # plus (c), real vLLM, ~30 min
     .venv/bin/python benchmarks/bench_twin.py --real --no-sim --reuse   # refit on kept sweeps
-    .venv/bin/python benchmarks/bench_twin.py --ab max_num_seqs_pool --rounds 2   # A/B/A/B
+    .venv/bin/python benchmarks/bench_twin.py --ab max_num_seqs_pool,pool_doubled --rounds 4 \
+        --ab-setup mid_pool64_chunk128_nocache      # remedies against the baseline in turn
 
 (a) **The simulation itself.** Sweeps simulated with known step-time coefficients (two sets:
     per-step dominated, as a CPU server, and per-token dominated), times multiplied by seeded
@@ -21,10 +22,11 @@
     client, ``--no-report``), ``kvpressure ingest`` its bench results and scrape log into the
     folder's ``report/``, build and fit the twin, compare per level (preemptions also summed
     over the levels at and past the measured knee), fit on half the levels and predict the
-    rest. On the first setup and on the one whose curve falls, the remedies (``max_num_seqs`` lowered to what the pool holds;
-    the pool doubled, more KV memory, an effect well above a level's noise;
-    ``max_num_batched_tokens`` 128, so prompts are prefilled in chunks) are predicted on the
-    twin, then measured on a restarted server and compared: errors per level for throughput
+    rest. On the first setup and on the one whose curve falls, the remedies (``max_num_seqs``
+    lowered to what the pool holds; the pool doubled, more KV memory, an effect well above a
+    level's noise; ``max_num_batched_tokens`` 128, so prompts are prefilled in chunks, where
+    they were not; admission by the full prompt, where it was by the first chunk) are
+    predicted on the twin, then measured on a restarted server and compared: errors per level for throughput
     and preemptions, and the change in throughput predicted vs measured both at the focus
     level and as the change of the mean over the levels at and past the knee (with the
     spread of the per-level changes). The baseline is measured a second time on a restarted
@@ -297,13 +299,7 @@ def _measure(venv: Path, model: Path, blocks: int, engine: dict, folder: Path, p
     try:
         startup = _wait(port, proc, log)
         t = time.perf_counter()
-        args = [KVP, "collect", f"http://127.0.0.1:{port}", "--levels",
-                ",".join(map(str, levels)), "--out", str(folder), "--input-len",
-                str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--range-ratio",
-                str(RANGE_RATIO), "--prompts-per-level", str(PROMPTS_PER_LEVEL),
-                "--load-engine", "builtin", "--no-report", "--cooldown", "2",
-                "--engine-args", json.dumps({**engine, "enable_chunked_prefill": True})]
-        subprocess.run(args, check=False)
+        _collect(port, folder, levels, engine)
         sweep = time.perf_counter() - t
     finally:
         _stop(proc)
@@ -315,6 +311,18 @@ def _measure(venv: Path, model: Path, blocks: int, engine: dict, folder: Path, p
     timing = {"startup_s": round(startup, 1), "sweep_s": round(sweep, 1), "uptime": _uptime()}
     stamp.write_text(json.dumps(timing) + "\n")
     return timing
+
+
+def _collect(port: int, folder: Path, levels: tuple[int, ...], engine: dict) -> None:
+    """``kvpressure collect`` of ``levels`` against the server on ``port`` (builtin closed-loop
+    client, the same seeded prompts at every call)."""
+    subprocess.run([KVP, "collect", f"http://127.0.0.1:{port}", "--levels",
+                    ",".join(map(str, levels)), "--out", str(folder), "--input-len",
+                    str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--range-ratio",
+                    str(RANGE_RATIO), "--prompts-per-level", str(PROMPTS_PER_LEVEL),
+                    "--load-engine", "builtin", "--no-report", "--cooldown", "2",
+                    "--engine-args", json.dumps({**engine, "enable_chunked_prefill": True})],
+                   check=False)
 
 
 def _curve(runs_dir: Path) -> pd.DataFrame:
@@ -402,19 +410,16 @@ def _real_setup(k: int, setup: dict, venv: Path, models: Path, work: Path, port:
     folder = work / setup["name"]
     print(f"(c) {setup['name']}: measuring ({_uptime()})", flush=True)
     timing = _measure(venv, model, setup["blocks"], setup["engine"], folder, port, levels)
-    from kvpressure.twin.remedies import pool_holds
-    from kvpressure.twin.workload import LevelWorkload
-
-    first = LevelWorkload(0, (INPUT_LEN,), (OUTPUT_LEN,), True)
-    holds = pool_holds({"block_size": BLOCK_SIZE, "num_gpu_blocks": setup["blocks"]}, first)
     remedies_to_measure = {}
     with_remedies = setup.get("remedies", k == 0)
     if with_remedies:
-        remedies_to_measure = {
-            "max_num_seqs_pool": {"max_num_seqs": holds},
-            # more KV memory: an effect well above the noise of a level on this machine
-            "pool_doubled": {"num_gpu_blocks": 2 * setup["blocks"]},
-        }
+        # the pool doubled (more KV memory): an effect well above the noise of a level here
+        remedies_to_measure = {name: _remedy_overrides(setup, name)
+                               for name in ("max_num_seqs_pool", "pool_doubled")}
+        if not setup["engine"]["scheduler_reserve_full_isl"]:
+            # admission by the full prompt, vLLM 0.33's rule, instead of by the first chunk
+            remedies_to_measure["full_isl_admission"] = _remedy_overrides(
+                setup, "full_isl_admission")
         if setup["engine"]["max_num_batched_tokens"] > 128:
             # chunked prefill in pieces smaller than a prompt: more steps, each cheaper
             remedies_to_measure["max_num_batched_tokens_128"] = {"max_num_batched_tokens": 128}
@@ -500,61 +505,146 @@ def _remedy_entry(twin, remedies: dict, rname: str, ov: dict, measured: pd.DataF
     return entry
 
 
-AB_LEVELS = (4, 8, 16, 24)
+AB_LEVELS = (4, 8, 24)
 
 
-def ab(remedy: str, rounds: int, work: Path, port: int) -> dict:
-    """The first setup's baseline (A) and one remedy (B) measured alternately, A B A B ..., on
-    restarted servers at a few levels: the machine's speed drifts between runs by about as much
-    as a small remedy changes throughput, so a change is read as the mean over rounds, against
-    the spread between rounds and against c=4, where a remedy on ``max_num_seqs`` (at or above
-    what the pool holds) or on the pool (nothing preempted there) has nothing to change. The
-    twin is fitted on the first A run and predicts B."""
+def _remedy_overrides(setup: dict, remedy: str) -> dict:
     from kvpressure.twin.remedies import pool_holds
     from kvpressure.twin.workload import LevelWorkload
 
-    setup = REAL_SETUPS[0]
-    venv = _vllm_env()
-    model = _model(venv, setup["model"], work / "models")
     first = LevelWorkload(0, (INPUT_LEN,), (OUTPUT_LEN,), True)
     holds = pool_holds({"block_size": BLOCK_SIZE, "num_gpu_blocks": setup["blocks"]}, first)
-    overrides = {"max_num_seqs_pool": {"max_num_seqs": holds},
-                 "pool_doubled": {"num_gpu_blocks": 2 * setup["blocks"]}}[remedy]
-    base = work / f"ab_{remedy}"
-    curves: dict[str, list[pd.DataFrame]] = {"A": [], "B": []}
-    for r in range(rounds):
-        for arm in ("A", "B"):
-            ov = overrides if arm == "B" else {}
-            engine = {**setup["engine"], **{k: v for k, v in ov.items() if k != "num_gpu_blocks"}}
-            folder = base / f"{arm}{r}"
-            print(f"(ab) {remedy} round {r} {arm}: measuring ({_uptime()})", flush=True)
-            _measure(venv, model, ov.get("num_gpu_blocks", setup["blocks"]), engine, folder,
-                     port, AB_LEVELS)
-            curves[arm].append(_curve(folder))
-    from kvpressure.twin.api import build_twin
+    return {"max_num_seqs_pool": {"max_num_seqs": holds},
+            "pool_doubled": {"num_gpu_blocks": 2 * setup["blocks"]},
+            "full_isl_admission": {"scheduler_reserve_full_isl": True}}[remedy]
 
-    twin = build_twin(base / "A0")
+
+def _bench_result(folder: Path, concurrency: int) -> dict:
+    return json.loads((folder / "bench" / f"c{concurrency}.json").read_text())
+
+
+def ab(remedies: list[str], rounds: int, work: Path, port: int,
+       setup_name: str | None = None) -> dict:
+    """A setup's baseline and some remedies on servers started once and kept up (one each),
+    measured in turn: each round runs every level on every server back to back, the order
+    rotated from one level and round to the next (a drift within a round then cancels over
+    the rounds). The machine's speed drifts between runs by as much as a small remedy changes
+    throughput, and a drift slower than a round cancels in each pair's own change (the remedy
+    against the baseline of the same round and level): the change per level is the mean over
+    the rounds with its 95% interval (``twin.validation.paired_change``). c=4 is the control
+    for a remedy on ``max_num_seqs`` (at or above what the pool holds) or on the pool (nothing
+    preempted there). The idle servers wait on their request queues.
+
+    The twin is fitted on the setup's sweep measured by ``--real`` (8 levels on a restarted
+    server) and predicts each remedy against the baseline at each level."""
+    from kvpressure.twin.api import build_twin
+    from kvpressure.twin.validation import paired_change
+
+    setup = (next((s for s in REAL_SETUPS if s["name"] == setup_name), None) if setup_name
+             else REAL_SETUPS[0])
+    if setup is None:
+        raise SystemExit(f"--ab-setup {setup_name}: not one of "
+                         f"{', '.join(s['name'] for s in REAL_SETUPS)}")
+    fitted_on = work / setup["name"]
+    if not (fitted_on / "report" / "runs.csv").is_file():
+        raise SystemExit(f"--ab: no measured sweep in {fitted_on} to fit the twin on; run "
+                         f"--real --no-sim --setups {setup['name']} --work {work} first")
+    venv = _vllm_env()
+    model = _model(venv, setup["model"], work / "models")
+    arms = {"baseline": {}, **{name: _remedy_overrides(setup, name) for name in remedies}}
+    names = list(arms)
+    ports = {arm: port + k for k, arm in enumerate(names)}
+    engines = {arm: {**setup["engine"], **{k: v for k, v in ov.items() if k != "num_gpu_blocks"}}
+               for arm, ov in arms.items()}
+    base = work / f"ab_{setup['name']}"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    procs: dict[str, subprocess.Popen] = {}
+    runs: list[dict] = []
+    try:
+        for arm, ov in arms.items():
+            procs[arm] = _start(venv, model, ov.get("num_gpu_blocks", setup["blocks"]),
+                                engines[arm], ports[arm], base / f"{arm}.server.log")
+        for arm in arms:
+            _wait(ports[arm], procs[arm], base / f"{arm}.server.log")
+        for r in range(rounds):
+            print(f"(ab) {setup['name']} round {r} ({_uptime()})", flush=True)
+            for k, c in enumerate(AB_LEVELS):
+                shift = (r + k) % len(names)
+                for arm in names[shift:] + names[:shift]:
+                    folder = base / f"r{r}_c{c}_{arm}"
+                    _collect(ports[arm], folder, (c,), engines[arm])
+                    got = _bench_result(folder, c)
+                    runs.append({"round": r, "concurrency": c, "arm": arm,
+                                 "output_throughput": got["output_throughput"],
+                                 "completed": got["completed"], "folder": folder.name})
+    finally:
+        for proc in procs.values():
+            _stop(proc)
+    # Preemptions from each run's own scrape log, read once nothing is measuring.
+    for run in runs:
+        run["preemptions"] = _ingested_preemptions(base / run["folder"], engines[run["arm"]],
+                                                   run["concurrency"])
+    frame = pd.DataFrame(runs)
+    frame.to_csv(base / "runs.csv", index=False)
+    twin = build_twin(fitted_on)
     twin.fit(bootstrap=100)
+    knee = twin.fit_report().verdict.knee["measured"]
+    tail = [c for c in AB_LEVELS if knee is None or c >= knee]
     thr = "output_throughput"
-    rows = []
-    for c in AB_LEVELS:
-        per_round = [_pct(b.loc[c, thr], a.loc[c, thr])
-                     for a, b in zip(curves["A"], curves["B"], strict=True)]
-        base_pred = twin.predict_level(c, {})[thr]
-        pred = twin.predict_level(c, overrides)[thr]
-        rows.append({"concurrency": c,
-                     "measured_change_pct_per_round": [round(x, 2) for x in per_round],
-                     "measured_change_pct_mean": round(float(np.mean(per_round)), 2),
-                     "predicted_change_pct": round(_pct(pred, base_pred), 2),
-                     "a_runs_spread_pct": round(float(
-                         (max(a.loc[c, thr] for a in curves["A"])
-                          - min(a.loc[c, thr] for a in curves["A"]))
-                         / np.mean([a.loc[c, thr] for a in curves["A"]]) * 100), 2)})
-        print(f"    c={c}: measured {rows[-1]['measured_change_pct_mean']:+.1f}% "
-              f"(rounds {', '.join(f'{x:+.1f}' for x in per_round)}), predicted "
-              f"{rows[-1]['predicted_change_pct']:+.1f}%", flush=True)
-    return {"remedy": remedy, "overrides": overrides, "rounds": rounds, "levels": rows,
-            "uptime_after": _uptime()}
+    baseline_twin = {c: twin.predict_level(c, {})[thr] for c in AB_LEVELS}
+
+    def arm_values(arm: str, c: int, col: str = thr) -> list[float]:
+        sel = frame[(frame["arm"] == arm) & (frame["concurrency"] == c)].sort_values("round")
+        return sel[col].tolist()
+
+    def tail_means(arm: str) -> list[float]:
+        return [float(np.mean([arm_values(arm, c)[r] for c in tail])) for r in range(rounds)]
+
+    out = {"setup": setup["name"], "rounds": rounds, "levels": list(AB_LEVELS),
+           "fitted_on": str(fitted_on), "knee_measured": knee, "remedies": {}}
+    for name in remedies:
+        ov = arms[name]
+        predicted = {c: twin.predict_level(c, ov)[thr] for c in AB_LEVELS}
+        rows = []
+        print(f"    {name} {ov}:", flush=True)
+        for c in AB_LEVELS:
+            change = paired_change(arm_values("baseline", c), arm_values(name, c))
+            pred = _pct(predicted[c], baseline_twin[c])
+            rows.append({"concurrency": c, "measured": change, "predicted_change_pct": pred,
+                         "preemptions_baseline": arm_values("baseline", c, "preemptions"),
+                         "preemptions_remedy": arm_values(name, c, "preemptions"),
+                         "preemptions_twin": twin.predict_level(c, ov)["preemptions"]})
+            lo, hi = change["interval_pct"]
+            print(f"      c={c}: measured {change['mean_pct']:+.1f}% (95% {lo:+.1f} to "
+                  f"{hi:+.1f}; rounds {', '.join(f'{x:+.1f}' for x in change['per_pair_pct'])})"
+                  f", predicted {pred:+.1f}%", flush=True)
+        # Past the knee: per round, the mean over those levels, paired the same way.
+        tail_change = paired_change(tail_means("baseline"), tail_means(name))
+        tail_pred = _pct(np.mean([predicted[c] for c in tail]),
+                         np.mean([baseline_twin[c] for c in tail]))
+        lo, hi = tail_change["interval_pct"]
+        print(f"      past the knee (c>={knee}): measured {tail_change['mean_pct']:+.1f}% "
+              f"(95% {lo:+.1f} to {hi:+.1f}), predicted {tail_pred:+.1f}%", flush=True)
+        out["remedies"][name] = {
+            "overrides": ov, "levels": rows,
+            "past_knee": {"levels": tail, "measured": tail_change,
+                          "predicted_change_pct": tail_pred,
+                          "error_pp": tail_pred - tail_change["mean_pct"]}}
+    out["runs"] = runs
+    out["uptime_after"] = _uptime()
+    return out
+
+
+def _ingested_preemptions(folder: Path, engine: dict, concurrency: int) -> float | None:
+    isl = "true" if engine["scheduler_reserve_full_isl"] else "false"
+    done = subprocess.run([KVP, "ingest", str(folder / "bench"), str(folder / "metrics.prom.jsonl"),
+                           "--run", "load", "--out", str(folder / "report"),
+                           "--scheduler-reserve-full-isl", isl], capture_output=True)
+    if done.returncode != 0:
+        return None
+    cur = _curve(folder)
+    return float(cur.loc[concurrency, "preemptions"]) if concurrency in cur.index else None
 
 
 def _noise(venv: Path, model: Path, setup: dict, folder: Path, work: Path, port: int,
@@ -592,8 +682,10 @@ def main() -> int:
     ap.add_argument("--setups", help="comma-separated names of the real setups to run")
     ap.add_argument("--remedies", help="comma-separated names of the remedies to measure "
                     "(default: all)")
-    ap.add_argument("--ab", metavar="REMEDY", help="measure the first setup's baseline and "
-                    "this remedy alternately (max_num_seqs_pool or pool_doubled)")
+    ap.add_argument("--ab", metavar="REMEDIES", help="measure a setup's baseline and these "
+                    "remedies (comma-separated: max_num_seqs_pool, pool_doubled, "
+                    "full_isl_admission) in turn on live servers, one each")
+    ap.add_argument("--ab-setup", help="the setup for --ab (default: the first)")
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds for --ab")
     ap.add_argument("--reuse", action="store_true",
                     help="keep sweeps already measured in --work; refit the twins on them")
@@ -603,9 +695,9 @@ def main() -> int:
     if args.remedies:
         ONLY_REMEDIES = set(args.remedies.split(","))
     if args.ab:
-        out = ab(args.ab, args.rounds, args.work, args.port)
+        out = ab(args.ab.split(","), args.rounds, args.work, args.port, args.ab_setup)
         OUT.mkdir(parents=True, exist_ok=True)
-        path = OUT / f"bench_twin_ab_{args.ab}.json"
+        path = OUT / f"bench_twin_ab_{out['setup']}.json"
         path.write_text(json.dumps(_rounded(out), indent=2, default=str) + "\n")
         print(f"written: {path}")
         return 0

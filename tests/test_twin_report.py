@@ -20,7 +20,12 @@ from kvpressure.stages.files import read_stage
 from kvpressure.stages.results import VerdictResult
 from kvpressure.twin.in_report import read_report_twin, show_report_twin
 from kvpressure.twin.turnaround import client_gaps, engine_gap_s
-from kvpressure.twin.validation import past_knee_change, preemption_errors, run_to_run
+from kvpressure.twin.validation import (
+    paired_change,
+    past_knee_change,
+    preemption_errors,
+    run_to_run,
+)
 
 DATA = REPO_ROOT / "tests" / "data" / "twin_real"
 LOG = DATA / "metrics.prom.jsonl.gz"
@@ -190,3 +195,22 @@ def test_run_to_run_and_preemptions_past_the_knee_on_hand_worked_examples():
     assert pre["past_knee_error_pct"] == pytest.approx(100 * (32 / 30 - 1))
     assert pre["per_level"][4]["error_pct"] == pytest.approx(40.0)
     assert math.isnan(pre["per_level"][2]["error_pct"])
+
+
+def test_the_paired_change_cancels_the_drift_between_pairs_on_a_hand_worked_example():
+    # the machine doubles its speed between the first pair and the second: each pair's own
+    # change (+10, +10, +5%) is what is averaged, not the arms' means
+    got = paired_change([100.0, 200.0, 100.0], [110.0, 220.0, 105.0])
+    assert got["per_pair_pct"] == pytest.approx([10.0, 10.0, 5.0])
+    assert got["mean_pct"] == pytest.approx(25 / 3)
+    # std (ddof=1) sqrt(25/3), standard error 5/3, t(0.975, 2 degrees of freedom) 4.3027
+    half = 4.302653 * 5 / 3
+    assert got["interval_pct"] == pytest.approx([25 / 3 - half, 25 / 3 + half], rel=1e-5)
+    assert got["sign"] == 1
+    # one pair up, one down: the interval holds 0 and no sign is claimed
+    assert paired_change([100.0, 100.0], [110.0, 95.0])["sign"] is None
+    assert paired_change([100.0, 100.0], [80.0, 85.0])["sign"] == -1
+    one = paired_change([100.0], [120.0])
+    assert one["mean_pct"] == pytest.approx(20.0) and one["sign"] is None
+    with pytest.raises(ValueError, match="same number"):
+        paired_change([100.0], [1.0, 2.0])

@@ -99,3 +99,32 @@ def preemption_errors(measured: Mapping[int, float], twin: Mapping[int, float],
     return {"per_level": per, "past_knee_levels": tail, "past_knee_measured": sm,
             "past_knee_twin": st,
             "past_knee_error_pct": 100.0 * (st / sm - 1.0) if sm else math.nan}
+
+
+def paired_change(baseline: Sequence[float], remedy: Sequence[float],
+                  confidence: float = 0.95) -> dict[str, Any]:
+    """A remedy's change read from paired runs: ``baseline[i]`` and ``remedy[i]`` measured
+    back to back, so a drift of the machine slower than one pair cancels in each pair's own
+    change. The mean of the per-pair changes (%) with its two-sided Student-t interval, and
+    the sign when the interval excludes 0 (``None`` when it does not: the runs cannot tell
+    the change from nothing)."""
+    from scipy import stats
+
+    if len(baseline) != len(remedy):
+        raise ValueError("paired_change: baseline and remedy need the same number of runs")
+    pairs = [(float(a), float(b)) for a, b in zip(baseline, remedy, strict=True)
+             if _finite(a) and _finite(b) and float(a)]
+    per = np.array([100.0 * (b / a - 1.0) for a, b in pairs])
+    n = len(per)
+    if n == 0:
+        return {"pairs": 0, "per_pair_pct": [], "mean_pct": math.nan,
+                "interval_pct": [math.nan, math.nan], "sign": None}
+    mean = float(per.mean())
+    if n == 1:
+        lo = hi = math.nan
+    else:
+        half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * per.std(ddof=1) / math.sqrt(n))
+        lo, hi = mean - half, mean + half
+    sign = None if not (lo > 0 or hi < 0) else (1 if lo > 0 else -1)
+    return {"pairs": n, "per_pair_pct": per.tolist(), "mean_pct": mean,
+            "interval_pct": [lo, hi], "sign": sign}
