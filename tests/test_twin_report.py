@@ -209,7 +209,10 @@ def test_the_paired_change_cancels_the_drift_between_pairs_on_a_hand_worked_exam
     assert got["sign"] == 1
     # one pair up, one down: the interval holds 0 and no sign is claimed
     assert paired_change([100.0, 100.0], [110.0, 95.0])["sign"] is None
-    assert paired_change([100.0, 100.0], [80.0, 85.0])["sign"] == -1
+    # -20, -15, -18%: mean -17.7, standard error 1.45, half-width 4.30 x 1.45 = 6.3
+    assert paired_change([100.0, 100.0, 100.0], [80.0, 85.0, 82.0])["sign"] == -1
+    # two pairs alone (t with 1 degree of freedom is 12.7) cannot claim it
+    assert paired_change([100.0, 100.0], [80.0, 85.0])["sign"] is None
     one = paired_change([100.0], [120.0])
     assert one["mean_pct"] == pytest.approx(20.0) and one["sign"] is None
     with pytest.raises(ValueError, match="same number"):
