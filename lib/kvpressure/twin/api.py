@@ -282,7 +282,10 @@ def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = Non
     name = getattr(getattr(cost_model, "geometry", None), "name", "profile")
     from kvpressure.twin.step_trace import find_step_trace
 
-    trace = find_step_trace(Path(run_dir), server_log)
+    starts = (pd.to_numeric(measured.levels["t_start"], errors="coerce")
+              if "t_start" in measured.levels else pd.Series(dtype=float))
+    near = float(starts.min()) if starts.notna().any() else None
+    trace = find_step_trace(Path(run_dir), server_log, near)
     twin = Twin(measured, settings, source, loads, priors,
                 f"profile roofline ({name})" if priors else "profile", step_trace=trace)
     lag = None

@@ -23,6 +23,7 @@ bootstrap over steps and busy seconds together (drawn with replacement, refitted
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -232,10 +233,17 @@ def twin_fit(trace: StepTraceFit, measured_levels: pd.DataFrame,
 SERVER_LOG = "server.log"
 
 
-def find_step_trace(run_dir: Path, server_log: str | Path | None = None) -> pd.DataFrame | None:
+def find_step_trace(run_dir: Path, server_log: str | Path | None = None,
+                    near: float | None = None) -> pd.DataFrame | None:
     """The server's step trace: from ``server_log`` when given (it must exist), else from
     ``server.log`` in ``run_dir`` or its parent (a sweep folder whose ``report/`` was passed);
-    None when there is no log or it has no iteration-details line."""
+    None when there is no log or it has no iteration-details line.
+
+    vLLM's log lines carry no year. ``near`` (unix time of the first measured level) sets it:
+    a log copied or checked out later has a modification time that says nothing of when it
+    was written. The server started before the measurement, so a first step after ``near``
+    (by more than a day, the slack for a log written in another zone) means the log began the
+    year before."""
     from kvpressure.errors import InputError
     from kvpressure.ingestion.iteration_log import iteration_steps
 
@@ -249,7 +257,13 @@ def find_step_trace(run_dir: Path, server_log: str | Path | None = None) -> pd.D
         if not found:
             return None
         path = found[0]
-    steps = iteration_steps(path)
+    if near is None or not math.isfinite(near):
+        steps = iteration_steps(path)
+    else:
+        year = _dt.datetime.fromtimestamp(near).year
+        steps = iteration_steps(path, year=year)
+        if len(steps) and steps["t"].iloc[0] > near + 86400.0:
+            steps = iteration_steps(path, year=year - 1)
     return steps if len(steps) else None
 
 
