@@ -17,7 +17,7 @@ export MPLBACKEND := Agg
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 unexport JUPYTER_PATH
 
-.PHONY: report test test-fast e2e lab bench lock lint clean help
+.PHONY: report test test-fast e2e lab bench native lock lint clean help
 
 help:
 	@echo "make report   run the investigation on the built-in seed case -> reports/$(NAME)/"
@@ -27,6 +27,7 @@ help:
 	@echo "              kvpressure verify-vllm against that vLLM's scheduler"
 	@echo "make lab      open the notebooks in JupyterLab"
 	@echo "make bench    speed and memory benchmarks (benchmarks/)"
+	@echo "make native   compile the simulation's exact step with mypyc (used when built)"
 	@echo "make lock     re-lock dependencies and export requirements-lock.txt"
 
 $(UV):
@@ -46,6 +47,7 @@ test: test-fast e2e
 # The inner loop: lint, pytest on tests/ (without tests/e2e) and nbval on notebooks/.
 test-fast: $(VENV)/.synced
 	scripts/system-deps.sh
+	$(MAKE) native
 	$(BIN)/ruff check lib tests benchmarks
 	$(BIN)/python -m kvpressure.pipeline.lab --install-filter --verify
 	$(BIN)/pytest tests
@@ -76,7 +78,14 @@ lab: $(VENV)/.lab
 	$(BIN)/python -m kvpressure.pipeline.lab $(LAB_CHOOSE) --install-filter --start -- $(LAB_ARGS)
 
 bench: $(VENV)/.synced
+	$(MAKE) native || echo "bench: no compiled simulation, its sources are measured"
 	$(BIN)/python benchmarks/run_all.py
+
+# The simulation's exact step compiled with mypyc (needs a C compiler); without it, or once a
+# compiled module's source is edited, the simulation runs its sources (simulation/native.py).
+native: $(VENV)/.synced
+	$(UV) sync --locked --extra test --extra dask --extra native --inexact
+	$(BIN)/python scripts/build_native.py
 
 lock: | $(UV)
 	$(UV) lock

@@ -14,7 +14,9 @@ each vLLM workload in the driver's interpreter, around each ``simulate`` call he
 included): on a shared machine, wall times swing with other processes; the wall-time ratio
 is printed too. vLLM's results are cached in
 ``benchmarks/out/bench_kinds.vllm.json`` (keyed by the workload's bytes), so a second run
-measures only the kit; ``--no-vllm`` uses the cache only.
+measures only the kit; ``--no-vllm`` uses the cache only. The kit runs its compiled exact step
+when ``make native`` built it (``KVPRESSURE_NATIVE=0`` measures the sources; ``bench_native.py``
+compares the two).
 
     .venv/bin/python benchmarks/bench_kinds.py [--seeds 3] [--repeat 5] [--vllm-python PATH]
     .venv/bin/python benchmarks/bench_kinds.py --profile first_chunk_admission
@@ -36,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "lib"))
 
+from kvpressure.simulation import native  # noqa: E402
 from kvpressure.simulation.engine import simulate  # noqa: E402
 from kvpressure.simulation.scenario import load_scenario  # noqa: E402
 
@@ -273,6 +276,8 @@ def main() -> None:
             walls[name].append(res.timing["loop_wall_s"])
             steps[name] = len(res.steps)
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("simulation: " + ("compiled (make native)" if native.active() else
+                            "sources (no compiled set matches them, or KVPRESSURE_NATIVE=0)"))
     print("CPU time of vLLM's loop (verify-vllm driver) and of the whole simulate() call; "
           "per kind, the seed with the lowest ratio")
     print(f"{'kind':26s} {'steps':>7s} {'vLLM st/s':>10s} {'kit st/s':>10s} {'ratio':>7s}"

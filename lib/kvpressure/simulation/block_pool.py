@@ -20,6 +20,7 @@ says. Memory follows the blocks a run has used, not the pool's nominal size: ``r
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 from kvpressure.simulation.request import KEY_SHIFT
 
@@ -39,13 +40,14 @@ class BlockPool:
         self.stack: list[int] = []
         self.lru: OrderedDict[int, None] = OrderedDict()
         self.num_free_blocks = n - 1
-        self.ref_cnt = [0]
-        self.block_hash: list[int | None] = [None]
+        # Typed Any: the pool without prefix caching derives them (``StackBlockPool``).
+        self.ref_cnt: Any = [0]
+        self.block_hash: Any = [None]
         # key -> block id, or key -> {block id: None} when several blocks carry the key;
         # the first one stored is the one a lookup returns. A key only its owner can look
         # up may be on a block (``block_hash``) before it is here: the KV-cache manager adds
         # it when the owner is freed unfinished (kv_cache_manager.py ``cache_blocks``).
-        self.cached: dict[int, int | dict[int, None]] = {}
+        self.cached: dict[int, Any] = {}  # int | dict[int, None], told apart by class
         self.usage_denominator = n - 1
         # Moves whenever the lookup of the watched request (``watch``: its key owner, see
         # request.py) could answer differently: a shared prefix-group key (negative) cached or
@@ -256,7 +258,7 @@ class StackBlockPool(BlockPool):
         self.stack: list[int] = []
         self.lo = 1
         self.num_free_blocks = n - 1
-        self.block_hash = _NoKeys()  # type: ignore[assignment]
+        self.block_hash = _NoKeys()
         self.cached = {}
         self.usage_denominator = n - 1
         self.version = 0
@@ -266,7 +268,7 @@ class StackBlockPool(BlockPool):
         return self.stack[::-1] + list(range(self.lo, self.num_gpu_blocks))
 
     @property
-    def ref_cnt(self) -> list[int]:  # type: ignore[override]
+    def ref_cnt(self) -> list[int]:
         ref = [1] * self.lo + [0] * (self.num_gpu_blocks - self.lo)
         ref[0] = 0
         for b in self.stack:

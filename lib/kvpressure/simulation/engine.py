@@ -92,7 +92,7 @@ class Simulation:
             for i, r in enumerate(scenario.requests)]
         # Looked up once (recorder.py): a recorder may implement only part of the contract.
         self.hooks = hooks = RecorderHooks(recorder)
-        self.lazy = LazyDecode(s.block_size, s.max_model_len, self.timed) \
+        self.lazy = LazyDecode(int(s.block_size), int(s.max_model_len), self.timed) \
             if fast_path != "off" else None
         self.decode: DecodeProgress = self.lazy or DecodeProgress()
         # A per-token recorder without the leap's bulk hook would miss the leapt tokens.
@@ -194,7 +194,7 @@ class Simulation:
                 self._submit(order[self.next_idx], t)
                 self.next_idx += 1
         elif self.closed:
-            concurrency = self.scenario.concurrency
+            concurrency = self.scenario.concurrency or 0  # set in every closed loop
             if self.unfinished >= concurrency:
                 return 0
             t = self._step_start()
@@ -239,11 +239,11 @@ class Simulation:
             return True
         if self.next_idx >= len(self.order):
             return False
-        nxt = self.order[self.next_idx]
+        head = self.order[self.next_idx]
         if self.time_arrivals:
-            self.t = max(self.t, nxt.arrival_time_s or 0.0)
+            self.t = max(self.t, head.arrival_time_s or 0.0)
         else:
-            self.step = max(self.step, nxt.arrival_step)
+            self.step = max(self.step, head.arrival_step)
         return True
 
     # -- main loop ------------------------------------------------------------------------
@@ -266,7 +266,8 @@ class Simulation:
                 break
             # A leap needs every running request in the decoding head (checked first here:
             # most steps of a busy run fail there).
-            if leaps and lazy.num_members == len(sched.running) and try_leap(self, arrivals):
+            if leaps and lazy is not None and lazy.num_members == len(sched.running) \
+                    and try_leap(self, arrivals):
                 idle_steps = 0
                 continue
             num_tokens = self._step(arrivals)
@@ -314,9 +315,10 @@ class Simulation:
         else:
             duration = 0.0
             t1 = clock.t0 + (step + 1) * clock.dt
-        if num_lazy and self.timed:
+        lazy = self.lazy
+        if num_lazy and self.timed and lazy is not None:
             # Every lazy member's token: its gap is this step's (its last one ended at t0).
-            self.lazy.record(t1 - t0, t1)
+            lazy.record(t1 - t0, t1)
             self.itl_values.append(t1 - t0)
             self.itl_weights.append(num_lazy)
         emitted = sched.update_from_output(out, step)
@@ -374,6 +376,8 @@ class Simulation:
                 return
         lazy = self.lazy
         on_output = hooks.on_output
+        if on_output is None or lazy is None:
+            return  # not called without a per-token recorder, nor without a decoding head
         for r in members:
             if r.lz_d0 >= 0:  # brought up to date (a finished member left up to date)
                 lazy.sync(r)

@@ -9,7 +9,7 @@ never probes per step, and the engine falls back where the contract says so.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from kvpressure.simulation.request import Request
@@ -83,6 +83,18 @@ class RecorderHooks:
 
     __slots__ = (*_HOOKS, "recorder", "scrape_clock")
 
+    # Set from the recorder by name (``_HOOKS``); declared for the type checker.
+    on_arrival: Callable[..., Any] | None
+    on_scheduled: Callable[..., Any] | None
+    on_preempted: Callable[..., Any] | None
+    on_output: Callable[..., Any] | None
+    on_decode_tokens: Callable[..., Any] | None
+    on_decode_leap: Callable[..., Any] | None
+    on_step_end: Callable[..., Any] | None
+    on_steps_end: Callable[..., Any] | None
+    maybe_scrape: Callable[..., Any] | None
+    finish: Callable[..., Any] | None
+
     def __init__(self, recorder: Recorder | Any | None) -> None:
         self.recorder = recorder
         for name in _HOOKS:
@@ -91,4 +103,5 @@ class RecorderHooks:
         self.scrape_clock = getattr(recorder, "next_scrape_time", None) is not None
 
     def next_scrape_time(self) -> float | None:
-        return self.recorder.next_scrape_time if self.scrape_clock else None
+        recorder = self.recorder
+        return recorder.next_scrape_time if self.scrape_clock and recorder is not None else None

@@ -4,6 +4,7 @@ simulation reports about it."""
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class RequestStatus(IntEnum):
@@ -108,8 +109,9 @@ class Request:
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
         self.num_preemptions = 0
-        # A list while the request holds blocks (admission makes a new one).
-        self.blocks: list[int] | tuple[int, ...] = NO_BLOCKS
+        # A list while the request holds blocks (admission makes a new one), else the
+        # shared empty tuple: typed Any, as a union would need narrowing at every append.
+        self.blocks: Any = NO_BLOCKS
         self.num_cached_blocks = 0
         self.is_prefill_chunk = True
         self.hwm = 0

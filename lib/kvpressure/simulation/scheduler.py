@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from kvpressure.simulation.kv_cache_manager import KVCacheManager
 from kvpressure.simulation.lazy_decode import DecodeProgress
@@ -74,7 +76,9 @@ class WaitingQueue:
 
     def __init__(self, priority: bool) -> None:
         self.priority = priority
-        self.q: deque[Request] | list[tuple[int, int, Request]] = [] if priority else deque()
+        # A deque of requests (FCFS) or a heap of (priority, arrival_time, request)
+        # (PRIORITY): typed Any, as every use knows which from ``priority``.
+        self.q: Any = [] if priority else deque()
         self.num_preempted = 0
 
     def __len__(self) -> int:
@@ -108,21 +112,23 @@ class WaitingQueue:
 class Scheduler:
     """Queues, budgets and the two scheduling passes (docs/scheduler.md sections 1-2)."""
 
-    def __init__(self, settings, decode: DecodeProgress | None = None) -> None:
+    def __init__(self, settings: Any, decode: DecodeProgress | None = None) -> None:
         """``decode``: where the decoding head of ``running`` is kept (``lazy_decode.py``);
         by default nowhere (every request keeps its own counters)."""
         s = settings
         self.settings = s
-        self.block_size = s.block_size
-        self.max_model_len = s.max_model_len
-        self.max_num_scheduled_tokens = s.max_num_batched_tokens
-        self.max_num_active_seqs = s.max_num_active_seqs or s.max_num_seqs
-        self.long_prefill_token_threshold = s.long_prefill_token_threshold
-        self.chunked_prefill = s.enable_chunked_prefill
-        self.reserve_full_isl = s.scheduler_reserve_full_isl
+        # Plain typed numbers: the compiled step (native.py) works on them natively, and
+        # settings may come with numpy scalars.
+        self.block_size = int(s.block_size)
+        self.max_model_len = int(s.max_model_len)
+        self.max_num_scheduled_tokens = int(s.max_num_batched_tokens)
+        self.max_num_active_seqs = int(s.max_num_active_seqs or s.max_num_seqs)
+        self.long_prefill_token_threshold = int(s.long_prefill_token_threshold)
+        self.chunked_prefill = bool(s.enable_chunked_prefill)
+        self.reserve_full_isl = bool(s.scheduler_reserve_full_isl)
         self.priority_policy = s.policy == "priority"
-        self.kv = KVCacheManager(s.num_gpu_blocks, s.block_size, s.max_model_len,
-                                 s.enable_prefix_caching, s.watermark)
+        self.kv = KVCacheManager(int(s.num_gpu_blocks), self.block_size, self.max_model_len,
+                                 bool(s.enable_prefix_caching), float(s.watermark))
         self.running: list[Request] = []
         self.waiting = WaitingQueue(self.priority_policy)
         # Waiting requests skipped by the admission scan or enqueued blocked
@@ -134,9 +140,9 @@ class Scheduler:
         self.finished_req_ids: list[str] = []
         # Optional callbacks ``f(req)`` at each admission / preemption, called at the moment
         # it happens inside schedule() (the engine stamps them with the step's start).
-        self.on_admit = None
-        self.on_preempt = None
-        self.decode = decode if decode is not None else DecodeProgress()
+        self.on_admit: Callable[[Request], None] | None = None
+        self.on_preempt: Callable[[Request], None] | None = None
+        self.decode: DecodeProgress = decode if decode is not None else DecodeProgress()
 
     # -- queue entry ----------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
