@@ -6,6 +6,7 @@ here the same runs go through the compiled set in a child process."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -60,12 +61,23 @@ def test_anything_but_a_build_of_these_sources_is_left_alone(tmp_path, monkeypat
     assert path == ["/src"]
 
 
-def test_the_stamp_covers_every_compiled_module():
+def test_the_stamp_covers_every_compiled_module_and_what_it_imports():
     digests = native.expected_stamp()["sources"]
-    assert sorted(digests) == sorted(native.COMPILED)
-    for name in native.COMPILED:
+    assert sorted(digests) == sorted(native.STAMPED)
+    for name in native.STAMPED:
         assert digests[name] == hashlib.sha256(
             (native.SOURCE_DIR / f"{name}.py").read_bytes()).hexdigest()
+    # A module of the package that compiled code imports is read by its declared types: an
+    # edit to it must make the set stale as well.
+    imported = set()
+    for name in native.COMPILED:
+        tree = ast.parse((native.SOURCE_DIR / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module \
+                    and node.module.startswith("kvpressure.simulation."):
+                imported.add(node.module.rsplit(".", 1)[1])
+    assert set(native.COMPILED) <= set(native.STAMPED)
+    assert imported <= set(native.STAMPED), imported - set(native.STAMPED)
 
 
 # -- the compiled set against the sources ------------------------------------------------------

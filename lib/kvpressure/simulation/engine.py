@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import time as _time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from kvpressure.errors import InputError
@@ -40,6 +39,7 @@ from kvpressure.simulation.recorder import Recorder, RecorderHooks
 from kvpressure.simulation.request import PREEMPTED, Request
 from kvpressure.simulation.scenario import Scenario
 from kvpressure.simulation.scheduler import Scheduler, SchedulerOutput
+from kvpressure.simulation.step_clock import StepClock
 from kvpressure.simulation.step_features import StepFeatures
 
 __all__ = ["FAST_PATHS", "Simulation", "SimulationStalled", "StepClock", "StepFeatures",
@@ -50,14 +50,6 @@ FAST_PATHS = ("off", "lazy", "leap")
 
 class SimulationStalled(InputError):
     """The workload cannot make progress (a request can never be admitted)."""
-
-
-@dataclass(frozen=True)
-class StepClock:
-    """The fixed clock of step-level runs: step ``k`` starts at ``t0 + k * dt``."""
-
-    t0: float = 1.0
-    dt: float = 0.015625
 
 
 def simulate(scenario: Scenario, cost_model: Any = None, recorder: Recorder | Any = None,
@@ -81,6 +73,9 @@ class Simulation:
         self.cost_model = cost_model
         self.recorder = recorder
         self.clock = clock or StepClock()
+        # Read at every step: kept as plain floats (the clock is a Python dataclass).
+        self.clock_t0: float = self.clock.t0
+        self.clock_dt: float = self.clock.dt
         self.timed = cost_model is not None
         groups = {g: i for i, g in enumerate(scenario.prefix_groups)}
         self.requests = [
@@ -144,7 +139,7 @@ class Simulation:
     def _step_start(self) -> float:
         if self.timed:
             return self.t
-        return self.clock.t0 + self.step * self.clock.dt
+        return self.clock_t0 + self.step * self.clock_dt
 
     def _price(self, out: SchedulerOutput) -> float:
         if out.num_scheduled_tokens == 0:
@@ -297,8 +292,9 @@ class Simulation:
         hooks = self.hooks
         on_output = hooks.on_output
         step = self.step
-        clock = self.clock
-        t0 = self.step_start = self.t if self.timed else clock.t0 + step * clock.dt
+        clock_t0 = self.clock_t0
+        clock_dt = self.clock_dt
+        t0 = self.step_start = self.t if self.timed else clock_t0 + step * clock_dt
         out = sched.schedule(step)
         num_lazy = out.num_lazy
         # The members served this step, for the per-token recorder (before finishes leave).
@@ -314,7 +310,7 @@ class Simulation:
             t1 = t0 + duration
         else:
             duration = 0.0
-            t1 = clock.t0 + (step + 1) * clock.dt
+            t1 = clock_t0 + (step + 1) * clock_dt
         lazy = self.lazy
         if num_lazy and self.timed and lazy is not None:
             # Every lazy member's token: its gap is this step's (its last one ended at t0).

@@ -1,12 +1,15 @@
 """The simulation's hot modules compiled by mypyc, used when built (``make native``).
 
-The modules of ``COMPILED`` (the exact step and what it calls) are plain typed Python;
-``scripts/build_native.py`` compiles them with mypyc into ``native_dir()`` (in the virtual
-environment) with a stamp of their sources. When ``kvpressure.simulation`` is imported, the
-compiled set is put ahead of the sources only if the stamp matches the sources as they are
-now and this interpreter: an edited module sends the whole set back to the sources (half a
-set could mix two versions of one class), and nothing has to be rebuilt for a change to take
-effect. ``KVPRESSURE_NATIVE=0`` keeps the sources. The compiled set decides exactly as the
+The modules of ``COMPILED`` (the exact step, what it calls, and the loop around it) are plain
+typed Python; ``scripts/build_native.py`` compiles them with mypyc into ``native_dir()`` (in the
+virtual environment) with a stamp of the sources of ``STAMPED`` (those modules and the ones
+they import, whose classes compiled code reads by their declared types). When
+``kvpressure.simulation`` is imported, the compiled set is put ahead of the sources only if the
+stamp matches the sources as they are now and this interpreter: an edited module sends the
+whole set back to the sources (half a set could mix two versions of one class), and nothing
+has to be rebuilt for a change to take effect. A compiled class cannot be subclassed by Python
+code, and a compiled dataclass's class attributes are descriptors: what others subclass or read
+that way stays out of ``COMPILED``. ``KVPRESSURE_NATIVE=0`` keeps the sources. The compiled set decides exactly as the
 sources do (tests/test_sim_native.py compares the bytes of every output).
 """
 
@@ -18,7 +21,11 @@ import os
 import sys
 from pathlib import Path
 
-COMPILED = ("request", "block_pool", "kv_cache_manager", "lazy_decode", "scheduler")
+COMPILED = ("request", "block_pool", "kv_cache_manager", "lazy_decode", "scheduler", "engine")
+# The compiled code reads these modules' classes by their declared types: a change to them
+# makes the set stale too.
+STAMPED = (*COMPILED, "leap", "outputs", "recorder", "scenario", "step_clock",
+           "step_features")
 STAMP = "stamp.json"
 SOURCE_DIR = Path(__file__).resolve().parent
 
@@ -33,7 +40,7 @@ def native_dir() -> Path:
 def expected_stamp() -> dict[str, object]:
     """The stamp a build from the sources as they are now, for this interpreter, writes."""
     digests = {name: hashlib.sha256((SOURCE_DIR / f"{name}.py").read_bytes()).hexdigest()
-               for name in COMPILED}
+               for name in STAMPED}
     return {"cache_tag": sys.implementation.cache_tag, "sources": digests}
 
 
