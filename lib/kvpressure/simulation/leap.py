@@ -19,7 +19,7 @@ identical.
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvpressure.simulation.step_features import StepFeatures
 
@@ -53,7 +53,7 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
     running = sched.running
     num_running = len(running)
     # Every running request must be a member (so all decode) and be served.
-    if num_running == 0 or lazy.num_members != num_running \
+    if lazy is None or num_running == 0 or lazy.num_members != num_running \
             or num_running > sched.max_num_scheduled_tokens:
         return False
     clock = lazy.clock
@@ -95,11 +95,11 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
     if sim.timed:
         import numpy as np
 
-        j = np.arange(num_steps)
+        js = np.arange(num_steps)
         sum_ctx = lazy.sum_off + num_running * (clock + 1)  # Σ (num_computed_tokens + 1)
         f = StepFeatures(np.zeros(num_steps, dtype=np.int64),
                          np.full(num_steps, num_running, dtype=np.int64),
-                         np.zeros(num_steps, dtype=np.int64), sum_ctx + num_running * j,
+                         np.zeros(num_steps, dtype=np.int64), sum_ctx + num_running * js,
                          np.zeros(num_steps), np.zeros(num_steps, dtype=np.int64))
         durations = np.broadcast_to(
             np.asarray(sim.cost_model.step_time(f), dtype=float), (num_steps,))
@@ -118,7 +118,7 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
     if num_steps < 2:
         return False
     del free_after[num_steps:]
-    if ends is not None:
+    if ends is not None and durations is not None:
         durations = durations[:num_steps]
         ends = ends[:num_steps]
     # Pop the crossing blocks in step order, running order within a step: one
@@ -153,7 +153,7 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
         lazy.ends.extend(ends.tolist())
         sim.itl_values.extend(gaps)
         sim.itl_weights.extend([num_running] * num_steps)
-        times = ends
+        times: Any = ends
         sim.t = t_end = float(ends[-1])
     else:
         t0, dt, step0 = sim.clock.t0, sim.clock.dt, sim.step
