@@ -34,13 +34,14 @@ from typing import Any
 from kvpressure.errors import InputError
 from kvpressure.simulation.lazy_decode import DecodeProgress, LazyDecode
 from kvpressure.simulation.leap import try_leap
-from kvpressure.simulation.outputs import SimResult, StepRow, StepsTable, percentile
+from kvpressure.simulation.outputs import SimResult, percentile
 from kvpressure.simulation.recorder import Recorder, RecorderHooks
 from kvpressure.simulation.request import PREEMPTED, Request
 from kvpressure.simulation.scenario import Scenario
 from kvpressure.simulation.scheduler import Scheduler, SchedulerOutput
 from kvpressure.simulation.step_clock import StepClock
 from kvpressure.simulation.step_features import StepFeatures
+from kvpressure.simulation.steps_table import StepsTable
 
 __all__ = ["FAST_PATHS", "Simulation", "SimulationStalled", "StepClock", "StepFeatures",
            "simulate"]
@@ -333,9 +334,9 @@ class Simulation:
         num_running_after = len(sched.running)
         num_deferred = len(sched.deferred_waiting)
         usage_after = pool.get_usage()
-        # StepRow's fields in order, as a tuple display (keyword construction would cost
-        # about a microsecond a step, a tenth of a busy step).
-        self.steps.append(StepRow._make((
+        # StepRow's fields in order, as a plain tuple (the table stores columns: a named
+        # row would be built only to be taken apart).
+        self.steps.append((
             step, arrivals, num_running,  # step, arrivals, num_running
             len(out.scheduled) + num_lazy,  # num_scheduled_reqs
             num_waiting, num_waiting - num_waiting_preempted,  # num_waiting, num_waiting_new
@@ -346,7 +347,7 @@ class Simulation:
             len(out.preempted), num_finished,  # preemptions, finished
             num_running_after, num_waiting_after, usage_after,  # *_after
             out.prefix_cache_queries, out.prefix_cache_hits,  # same names
-            t0, duration)))  # time_s, step_duration_s
+            t0, duration))  # time_s, step_duration_s
         if hooks.on_step_end is not None:
             hooks.on_step_end(t1, num_running_after, num_waiting_after, num_deferred,
                               usage_after, out.prefix_cache_queries, out.prefix_cache_hits)

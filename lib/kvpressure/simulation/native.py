@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 COMPILED = ("request", "block_pool", "kv_cache_manager", "lazy_decode", "scheduler", "engine",
-            "leap")
+            "leap", "steps_table")
 # The compiled code reads these modules' classes by their declared types: a change to them
 # makes the set stale too.
 STAMPED = (*COMPILED, "outputs", "recorder", "scenario", "step_clock",
