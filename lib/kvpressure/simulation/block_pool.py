@@ -76,7 +76,9 @@ class BlockPool:
         if num_blocks <= 0:
             return []
         stack = self.stack
-        ref = self.ref_cnt
+        # Typed locals (this pool's lists; the keyless pool has its own methods): the
+        # compiled step indexes them natively.
+        ref: list[int] = self.ref_cnt
         self.num_free_blocks -= num_blocks
         s = len(stack)
         if num_blocks <= s:
@@ -100,14 +102,14 @@ class BlockPool:
         if left:
             # Keyed blocks, oldest first: each pop evicts its key (_evict, inlined).
             popitem = self.lru.popitem
-            bh = self.block_hash
+            bh: list[int | None] = self.block_hash
             cached = self.cached
             watch = self.watch
             bumps = 0
             for _ in range(left):
                 b = popitem(False)[0]
                 ref[b] = 1
-                key = bh[b]
+                key: int = bh[b]  # type: ignore[assignment]  # blocks in ``lru`` are keyed
                 bh[b] = None
                 if key < 0 or key >> KEY_SHIFT == watch:
                     bumps += 1
@@ -145,7 +147,7 @@ class BlockPool:
         self.free_blocks(blocks)
 
     def _evict(self, b: int) -> None:
-        key = self.block_hash[b]
+        key: int = self.block_hash[b]  # a block in ``lru`` is keyed
         self.block_hash[b] = None
         if key < 0 or key >> KEY_SHIFT == self.watch:
             self.version += 1
@@ -164,7 +166,7 @@ class BlockPool:
 
     def touch(self, blocks: list[int]) -> None:
         """A prefix hit: blocks with ref 0 leave the free queue; every ref count +1."""
-        ref = self.ref_cnt
+        ref: list[int] = self.ref_cnt
         lru = self.lru
         taken = 0
         for b in blocks:
@@ -182,7 +184,8 @@ class BlockPool:
         Blocks reaching ref 0 without a key go to the head (reused first), keyed ones to the
         tail (evicted last), each group keeping the given order.
         """
-        ref, bh = self.ref_cnt, self.block_hash
+        ref: list[int] = self.ref_cnt
+        bh: list[int | None] = self.block_hash
         first: list[int] = []
         lru = self.lru
         released = 0

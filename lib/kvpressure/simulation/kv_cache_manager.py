@@ -173,7 +173,7 @@ class KVCacheManager:
         start = req.num_cached_blocks
         if num_full <= start:
             return
-        bh = self.pool.block_hash
+        bh: list[int | None] = self.pool.block_hash  # only a caching pool keys blocks
         blocks = req.blocks
         s = req.num_shared_blocks
         if start < s:
@@ -210,7 +210,7 @@ class KVCacheManager:
         order ``cache_blocks`` keyed them, so where a key is on several blocks the one
         stored first still comes first); blocks already there stay as they are."""
         pool = self.pool
-        bh = pool.block_hash
+        bh: list[int | None] = pool.block_hash
         cached = pool.cached
         blocks = req.blocks
         base = req.key_base
