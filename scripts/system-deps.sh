@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system programs some tests drive for real: a Prometheus server (ingestion over the
-# HTTP API) and headless Chromium with its driver (a screenshot of the report, JupyterLab driven
-# in a browser). Needs root and apt-get; elsewhere
+# HTTP API), headless Chromium with its driver (a screenshot of the report, JupyterLab driven
+# in a browser) and a C compiler (the compiled simulation, make native). Needs root and apt-get; elsewhere
 # it says what is missing and those tests skip with that reason (they fail instead when CI=true).
 set -euo pipefail
 missing=()
@@ -9,6 +9,8 @@ command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 # Selenium drives JupyterLab in Chromium through it (tests/test_lab_browser.py).
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# make native compiles the simulation's exact step with mypyc (scripts/build_native.py).
+command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: not installed (needs root and apt-get): ${missing[*]}" >&2
