@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system programs some tests drive for real: a Prometheus server (ingestion over the
 # HTTP API), headless Chromium with its driver (a screenshot of the report, JupyterLab driven
-# in a browser) and a C compiler (the compiled simulation, make native). Needs root and apt-get; elsewhere
-# it says what is missing and those tests skip with that reason (they fail instead when CI=true).
+# in a browser) and a C compiler (the compiled simulation, make native). Needs root and
+# apt-get; elsewhere it says what is missing and those tests skip with that reason (they fail
+# instead when CI=true).
 set -euo pipefail
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
