@@ -3,7 +3,7 @@ with ``FullAttentionManager``): prefix-cache lookup, ``allocate_slots``, ``free`
 
 from __future__ import annotations
 
-from operator import itemgetter
+from typing import Any
 
 from kvpressure.simulation.block_pool import BlockPool, StackBlockPool
 from kvpressure.simulation.request import KEY_SHIFT, NO_BLOCKS, PREEMPTED, WAITING, Request
@@ -48,7 +48,8 @@ class KVCacheManager:
         if memo is not None and memo[0] is req and memo[1] == pool.version \
                 and memo[2] == req.num_tokens:
             return memo[3], memo[4]
-        get = pool.cached.get
+        # Typed: the compiled step looks keys up natively, not through a bound method.
+        cached: dict[int, Any] = pool.cached
         hit: list[int] = []
         n = (req.num_tokens - 1) // self.block_size
         # The keys of Request.block_key, shared ones first.
@@ -57,14 +58,14 @@ class KVCacheManager:
             s = n
         g = req.group_key_base - 1
         for i in range(s):
-            entry = get(g - i)
+            entry = cached.get(g - i)
             if entry is None:
                 break
             hit.append(entry if entry.__class__ is not dict else next(iter(entry)))
         else:
             base = req.key_base
             for i in range(s, n):
-                entry = get(base + i)
+                entry = cached.get(base + i)
                 if entry is None:
                     break
                 hit.append(entry if entry.__class__ is not dict else next(iter(entry)))
@@ -75,10 +76,14 @@ class KVCacheManager:
 
     def num_evictable(self, blocks: list[int]) -> int:
         """Blocks of ``blocks`` that sit in the free queue (no request holds them)."""
-        if len(blocks) > 1:
-            # One C call reads every count (a hit is often tens of blocks long).
-            return itemgetter(*blocks)(self.pool.ref_cnt).count(0)
-        return 1 if blocks and self.pool.ref_cnt[blocks[0]] == 0 else 0
+        # Only a caching pool has hits, and its counts are a list (indexed natively when
+        # compiled).
+        ref: list[int] = self.pool.ref_cnt
+        n = 0
+        for b in blocks:
+            if ref[b] == 0:
+                n += 1
+        return n
 
     def _blocks_to_admit(self, req: Request, num_new_tokens: int, hit_blocks: list[int],
                          num_hit_tokens: int, full_sequence_must_fit: bool,
@@ -174,7 +179,7 @@ class KVCacheManager:
         if num_full <= start:
             return
         bh: list[int | None] = self.pool.block_hash  # only a caching pool keys blocks
-        blocks = req.blocks
+        blocks: list[int] = req.blocks  # it holds blocks: a list
         s = req.num_shared_blocks
         if start < s:
             pool = self.pool
@@ -212,7 +217,7 @@ class KVCacheManager:
         pool = self.pool
         bh: list[int | None] = pool.block_hash
         cached = pool.cached
-        blocks = req.blocks
+        blocks: list[int] = req.blocks  # called only while it holds blocks
         base = req.key_base
         for i in range(req.num_shared_blocks, req.num_cached_blocks):
             b = blocks[i]
