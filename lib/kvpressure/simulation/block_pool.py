@@ -284,6 +284,12 @@ class StackBlockPool(BlockPool):
         stack = self.stack
         self.num_free_blocks -= num_blocks
         if num_blocks <= len(stack):
+            if num_blocks <= 8:
+                # Few blocks (see append_new_blocks).
+                out = []
+                for _ in range(num_blocks):
+                    out.append(stack.pop())
+                return out
             out = stack[-num_blocks:]
             del stack[-num_blocks:]
             out.reverse()
@@ -307,8 +313,14 @@ class StackBlockPool(BlockPool):
         if num_blocks <= len(stack):
             # The top ``num_blocks`` of the stack, top first, straight into ``blocks``.
             self.num_free_blocks -= num_blocks
-            blocks.extend(stack[:-num_blocks - 1:-1])
-            del stack[-num_blocks:]
+            if num_blocks <= 8:
+                # A chunk's few blocks: pops and appends run natively when compiled, where
+                # the slices go through generic calls.
+                for _ in range(num_blocks):
+                    blocks.append(stack.pop())
+            else:
+                blocks.extend(stack[:-num_blocks - 1:-1])
+                del stack[-num_blocks:]
         else:
             blocks.extend(self.get_new_blocks(num_blocks))
 
