@@ -93,3 +93,21 @@ def test_each_remedy_is_predicted_as_the_real_server_measured_it(twin, remedy):
     # and where none of them acts, nothing changes
     assert twin.predict_level(4, overrides)["output_throughput"] == pytest.approx(
         twin.predict_level(4, {})["output_throughput"], rel=0.02)
+
+
+def test_a_server_log_given_as_a_source_gives_the_step_trace(tmp_path):
+    # what a user types: each file its own --source, the server log among them
+    import json
+
+    from kvpressure.cli import main
+
+    run = tmp_path / "run"
+    engine = json.dumps(ENGINE)
+    assert main(["analyse", str(run), "--source", str(DATA / "bench"),
+                 "--source", str(DATA / "metrics.prom.jsonl.gz"),
+                 "--source", str(DATA / "server.log.gz"),
+                 "--param", f"engine_args={engine}", "--remedies"]) == 0
+    assert len(json.loads((run / "sources.json").read_text())["sources"]) == 3
+    doc = json.loads((run / "twin" / "twin.json").read_text())
+    assert [r["concurrency"] for r in doc["fit"]["levels"]] == [2, 4, 8, 16]
+    assert doc["step_time"]["coefficients"]["t0"]["source"].startswith("step trace")

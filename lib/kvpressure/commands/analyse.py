@@ -11,7 +11,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--experiment", metavar="FILE",
                       help="experiment YAML to simulate first (or a built-in name)")
-    what.add_argument("--source", metavar="PATH", nargs="+",
+    what.add_argument("--source", metavar="PATH", nargs="+", action="extend",
                       help="ingested data to collect first (the sources `report` takes)")
     parser.add_argument(
         "--param", metavar="NAME=VALUE", action="append", default=[],

@@ -11,7 +11,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--experiment", metavar="FILE",
                       help="experiment YAML to simulate (or the name of a built-in one)")
     what.add_argument(
-        "--source", metavar="PATH", nargs="+",
+        "--source", metavar="PATH", nargs="+", action="extend",
         help="ingested data: Prometheus scrapes (file, folder, JSONL), API JSON, bench JSON, "
         "vLLM server logs, sweep tables (a CSV of runs, with --param columns=concurrency=COL,"
         "output_throughput=COL when its columns have other names; vllm bench sweep "

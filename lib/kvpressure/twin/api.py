@@ -27,7 +27,7 @@ from kvpressure.errors import InputError
 from kvpressure.twin.basis import LevelBasis, simulate_basis
 from kvpressure.twin.fit import PARAMETERS, TwinFit, fit_step_time
 from kvpressure.twin.fit_report import FitVerdict, comparison_table, verdict
-from kvpressure.twin.measured import Measured, load_measured
+from kvpressure.twin.measured import Measured, ingested_sources, load_measured
 from kvpressure.twin.return_lag import ReturnLag, from_step_trace, from_turnaround, given
 from kvpressure.twin.settings import twin_settings
 from kvpressure.twin.simulate import simulate_level
@@ -285,7 +285,8 @@ def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = Non
     starts = (pd.to_numeric(measured.levels["t_start"], errors="coerce")
               if "t_start" in measured.levels else pd.Series(dtype=float))
     near = float(starts.min()) if starts.notna().any() else None
-    trace = find_step_trace(Path(run_dir), server_log, near)
+    trace = find_step_trace(Path(run_dir), server_log, near,
+                            ingested_sources(Path(run_dir), measured.ingest, "server_log"))
     twin = Twin(measured, settings, source, loads, priors,
                 f"profile roofline ({name})" if priors else "profile", step_trace=trace)
     lag = None

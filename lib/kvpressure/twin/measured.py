@@ -228,24 +228,31 @@ def _report_sources(run_dir: Path) -> list[Path]:
     return out
 
 
-def ingested_scrape_log(run_dir: Path, ingest: dict[str, Any]) -> pd.DataFrame | None:
-    """The scrape log the run folder was made from (the one ``prom_jsonl`` source of
-    ``ingest.json``, or of a report's ``sources.json``), read again whole for the levels'
-    windows; None when there is not exactly one or it is gone."""
-    from kvpressure.ingestion.api import ingest as read
+def ingested_sources(run_dir: Path, ingest: dict[str, Any], kind: str) -> list[Path]:
+    """The files of one ``kind`` (``prom_jsonl``, ``server_log``, ...) the run folder was made
+    from: the sources ``ingest.json`` names, else a report's ``sources.json`` read by content."""
     from kvpressure.ingestion.sources import sniff_file
 
-    logs = [Path(s["location"]) for s in ingest.get("sources") or []
-            if isinstance(s, dict) and s.get("kind") == "prom_jsonl"
-            and isinstance(s.get("location"), str)]
-    if not logs:
-        logs = []
-        for p in _report_sources(run_dir):
-            try:
-                if sniff_file(p) == "prom_jsonl":
-                    logs.append(p)
-            except InputError:
-                continue
+    found = [Path(s["location"]) for s in ingest.get("sources") or []
+             if isinstance(s, dict) and s.get("kind") == kind
+             and isinstance(s.get("location"), str)]
+    if found:
+        return found
+    for p in _report_sources(run_dir):
+        try:
+            if sniff_file(p) == kind:
+                found.append(p)
+        except InputError:
+            continue
+    return found
+
+
+def ingested_scrape_log(run_dir: Path, ingest: dict[str, Any]) -> pd.DataFrame | None:
+    """The scrape log the run folder was made from, read again whole for the levels'
+    windows; None when there is not exactly one or it is gone."""
+    from kvpressure.ingestion.api import ingest as read
+
+    logs = ingested_sources(run_dir, ingest, "prom_jsonl")
     if len(logs) != 1 or not logs[0].is_file():
         return None
     return read([logs[0]], run="log", metrics=list(_WINDOW_FAMILIES)).series

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,10 +234,13 @@ SERVER_LOG = "server.log"
 
 
 def find_step_trace(run_dir: Path, server_log: str | Path | None = None,
-                    near: float | None = None) -> pd.DataFrame | None:
+                    near: float | None = None, ingested: Sequence[Path] = ()
+                    ) -> pd.DataFrame | None:
     """The server's step trace: from ``server_log`` when given (it must exist), else from
-    ``server.log`` in ``run_dir`` or its parent (a sweep folder whose ``report/`` was passed);
-    None when there is no log or it has no iteration-details line.
+    ``server.log`` in ``run_dir`` or its parent (a sweep folder whose ``report/`` was passed),
+    else from the first of the server logs the run was ingested from (``ingested``: a log
+    given to ``report --source``) that has iteration details; None when there is no log or it
+    has no iteration-details line.
 
     vLLM's log lines carry no year. ``near`` (unix time of the first measured level) sets it:
     a log copied or checked out later has a modification time that says nothing of when it
@@ -245,7 +248,6 @@ def find_step_trace(run_dir: Path, server_log: str | Path | None = None,
     (by more than a day, the slack for a log written in another zone) means the log began the
     year before."""
     from kvpressure.errors import InputError
-    from kvpressure.ingestion.iteration_log import iteration_steps
 
     if server_log is not None:
         path = Path(server_log)
@@ -254,17 +256,25 @@ def find_step_trace(run_dir: Path, server_log: str | Path | None = None,
     else:
         found = [p / SERVER_LOG for p in (run_dir, run_dir.parent)
                  if (p / SERVER_LOG).is_file()]
-        if not found:
-            return None
-        path = found[0]
-    if near is None or not math.isfinite(near):
-        steps = iteration_steps(path)
-    else:
-        year = _dt.datetime.fromtimestamp(near).year
-        steps = iteration_steps(path, year=year)
-        if len(steps) and steps["t"].iloc[0] > near + 86400.0:
-            steps = iteration_steps(path, year=year - 1)
+        for path in [*found[:1], *(p for p in ingested if p.is_file())]:
+            steps = _read_steps(path, near)
+            if len(steps):
+                return steps
+        return None
+    steps = _read_steps(path, near)
     return steps if len(steps) else None
+
+
+def _read_steps(path: Path, near: float | None) -> pd.DataFrame:
+    from kvpressure.ingestion.iteration_log import iteration_steps
+
+    if near is None or not math.isfinite(near):
+        return iteration_steps(path)
+    year = _dt.datetime.fromtimestamp(near).year
+    steps = iteration_steps(path, year=year)
+    if len(steps) and steps["t"].iloc[0] > near + 86400.0:
+        steps = iteration_steps(path, year=year - 1)
+    return steps
 
 
 def fit_on_levels(steps: pd.DataFrame, measured_levels: pd.DataFrame,
