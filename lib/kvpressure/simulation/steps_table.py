@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from array import array
-from struct import pack
-from typing import NamedTuple
+from struct import Struct
+from typing import Any, NamedTuple
 
 # Rows buffered before they move into the columns.
-_BLOCK = 512
+_BLOCK = 2048
 
 
 class StepRow(NamedTuple):
@@ -55,32 +55,38 @@ _INT32_COLUMNS = {"arrivals", "num_running", "num_scheduled_reqs", "num_waiting"
 class StepsTable:
     """One row per engine iteration, stored by column (compact ``array``s).
 
-    Plain steps append whole rows to a short buffer, moved into the columns a block at a
-    time (``zip(*rows)`` and ``struct.pack`` run in C: one Python call per column and block
-    rather than per cell); ``columns`` and ``len`` see the buffered rows too."""
+    Plain steps pack each row into a byte buffer as it comes (one ``struct`` call converts
+    its numbers in C; the row is dropped at once), moved into the columns a block at a time
+    by numpy's strided copies (one C call per column and block rather than per cell);
+    ``columns`` and ``len`` see the buffered rows too."""
 
     def __init__(self, timed: bool) -> None:
         self.timed = timed
         names = STEP_COLUMNS + (TIME_STEP_COLUMNS if timed else ())
-        self._columns: dict[str, array] = {
-            n: array("d" if n in _FLOAT_COLUMNS else "i" if n in _INT32_COLUMNS else "q")
-            for n in names}
-        self._rows: list[tuple] = []
+        self._columns: dict[str, array] = {n: array(_typecode(n)) for n in names}
+        self._buf = bytearray()
+        self._n = 0
+        self._pack = _ROW.pack
 
     def _flush(self) -> None:
-        rows = self._rows
-        if rows:
-            n = len(rows)
+        n = self._n
+        if n:
+            buf = self._buf
             if n < 32:
-                # A few rows (a leap reads the columns): not worth a format string per column.
-                for col, values in zip(self._columns.values(), zip(*rows)):  # noqa: B905
+                # A few rows (a leap reads the columns): not worth numpy's per-column calls.
+                # An untimed table has no time columns: zip() stops at its last column.
+                for col, values in zip(self._columns.values(),
+                                       zip(*_ROW.iter_unpack(buf), strict=True),
+                                       strict=False):
                     col.extend(values)
             else:
-                for col, values in zip(self._columns.values(), zip(*rows)):  # noqa: B905
-                    # struct converts each number in C; array.extend parses each one as a
-                    # call argument, three times slower (the same bytes either way).
-                    col.frombytes(pack(f"{n}{col.typecode}", *values))
-            rows.clear()
+                import numpy as np
+
+                rows = np.frombuffer(buf, dtype=_row_dtype())
+                for name, col in self._columns.items():
+                    col.frombytes(rows[name].tobytes())
+            self._buf = bytearray()
+            self._n = 0
 
     @property
     def columns(self) -> dict[str, array]:
@@ -88,14 +94,33 @@ class StepsTable:
         return self._columns
 
     def __len__(self) -> int:
-        return len(self._columns["step"]) + len(self._rows)
+        return len(self._columns["step"]) + self._n
 
     def append(self, row: tuple) -> None:
-        # An untimed table has no time columns: zip() below stops at the last column.
-        rows = self._rows
-        rows.append(row)
-        if len(rows) >= _BLOCK:
+        """A whole ``StepRow`` as a plain tuple, time fields included (0.0 when untimed)."""
+        self._buf += self._pack(*row)
+        self._n += 1
+        if self._n >= _BLOCK:
             self._flush()
 
     def extend(self, name: str, values) -> None:
         self.columns[name].extend(values)
+
+
+def _typecode(name: str) -> str:
+    return "d" if name in _FLOAT_COLUMNS else "i" if name in _INT32_COLUMNS else "q"
+
+
+# A row's bytes: every field at its column's width, standard sizes, no padding (the same
+# layout for numpy below).
+_ROW = Struct("=" + "".join(_typecode(n) for n in StepRow._fields))
+_ROW_DTYPE: list[Any] = []
+
+
+def _row_dtype() -> Any:  # numpy is imported on first use
+    if not _ROW_DTYPE:
+        import numpy as np
+
+        kinds = {"d": np.float64, "i": np.int32, "q": np.int64}
+        _ROW_DTYPE.append(np.dtype([(n, kinds[_typecode(n)]) for n in StepRow._fields]))
+    return _ROW_DTYPE[0]
