@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 
+from kvpressure.errors import InputError
 from kvpressure.paths import REPO_ROOT
 from kvpressure.pipeline.analyse import analyse
 from kvpressure.twin.api import build_twin
@@ -111,3 +112,21 @@ def test_a_server_log_given_as_a_source_gives_the_step_trace(tmp_path):
     doc = json.loads((run / "twin" / "twin.json").read_text())
     assert [r["concurrency"] for r in doc["fit"]["levels"]] == [2, 4, 8, 16]
     assert doc["step_time"]["coefficients"]["t0"]["source"].startswith("step trace")
+
+
+def test_an_open_loop_sweep_is_refused_with_the_reason(tmp_path):
+    # the same requests sent at a request rate with no concurrency limit (an open loop)
+    import json
+
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for c, rate in ((2, 2.0), (8, 8.0)):
+        doc = json.loads((DATA / "bench" / f"c{c}.json").read_text())
+        doc.update(max_concurrency=None, request_rate=rate)
+        (bench / f"rate{rate:g}.json").write_text(json.dumps(doc))
+    from kvpressure.cli import main
+
+    run = tmp_path / "run"
+    assert main(["ingest", str(bench), "--run", "load", "--out", str(run)]) == 0
+    with pytest.raises(InputError, match="request rate alone .an open loop. are not replayed"):
+        build_twin(run)

@@ -274,7 +274,10 @@ def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = Non
 
     measured = load_measured(run_dir, variant=variant)
     if measured.levels.empty:
-        raise InputError(f"{run_dir}: runs.csv has no run with a concurrency level")
+        raise InputError(
+            f"{run_dir}: runs.csv has no run with a concurrency level: the twin replays closed "
+            "loops (vllm bench serve --max-concurrency C, one level a run); runs at a request "
+            "rate alone (an open loop) are not replayed by it")
     settings, source = twin_settings(Path(run_dir), measured.runs, measured.series,
                                      measured.ingest, overrides)
     loads = dict(workloads) if workloads is not None else level_workloads(measured)
