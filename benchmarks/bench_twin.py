@@ -26,14 +26,17 @@
     lowered to what the pool holds; the pool doubled, more KV memory, an effect well above a
     level's noise; ``max_num_batched_tokens`` 128, so prompts are prefilled in chunks, where
     they were not; admission by the full prompt, where it was by the first chunk) are
-    predicted on the twin, then measured on a restarted server and compared: errors per level for throughput
-    and preemptions, and the change in throughput predicted vs measured both at the focus
-    level and as the change of the mean over the levels at and past the knee (with the
-    spread of the per-level changes). The baseline is measured a second time on a restarted
+    predicted on the twin, then measured on a restarted server and compared: errors per level
+    for throughput and preemptions, and the change in throughput predicted vs measured both at
+    the focus level and as the change of the mean over the levels at and past the knee (with
+    the spread of the per-level changes). The baseline is measured a second time on a restarted
     server: the run-to-run spread per level the twin's errors are read against. The client
     turnaround (a slot's empty time between a finish and the next request reaching the
     engine) is recorded per setup. ``uptime`` is recorded before and after: absolute
     throughput on 2 shared cores moves with the machine's load.
+(d) **Remedies in turn** (``--ab``): a setup's baseline and remedies on servers of their own,
+    started once, each level run on each back to back over several rounds; a remedy's change
+    is read from the pairs of a round, so the machine's drift between runs cancels (``ab``).
 
 Results: stdout and ``benchmarks/out/bench_twin.json``; each real twin's folder (``twin.json``,
 ``fit_table.csv``, ``twin.png``, ``twin.md``) under ``benchmarks/out/twin_real/<setup>/``.
@@ -167,7 +170,8 @@ def simulated(noises=(0.0, 0.01, 0.03)) -> dict:
 
 # --- (c): real vLLM ---------------------------------------------------------------------------
 REAL_SETUPS = [
-    # name, model shape, num_gpu_blocks, engine args; the first one (and any with "remedies") gets its remedies measured
+    # name, model shape, num_gpu_blocks, engine args; the first one (and any with "remedies")
+    # gets its remedies measured
     {"name": "mid_pool64_fullisl", "model": "mid", "blocks": 64,
      "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 1024,
                 "scheduler_reserve_full_isl": True}},
