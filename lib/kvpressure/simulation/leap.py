@@ -207,6 +207,10 @@ def _write_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: 
     num_waiting = len(waiting)
     num_preempted = waiting.num_preempted
     num_deferred = len(sched.deferred_waiting)
+    if num_steps <= _ROWS_MAX:
+        _append_rows(sim, arrivals, num_running, num_finished, usage, usage_last, t_start,
+                     durations, ends, num_waiting, num_preempted, num_deferred)
+        return
     cols = sim.steps.columns
     step0 = sim.step
     cols["step"].extend(range(step0, step0 + num_steps))
@@ -243,6 +247,39 @@ def _write_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: 
         cols["time_s"].append(t_start)
         cols["time_s"].extend(ends[:-1].tolist())
         cols["step_duration_s"].extend(durations.tolist())
+
+
+# Leaps up to this many steps long go into the table row by row (one packed row each,
+# no flush of the rows before them); longer ones by column.
+_ROWS_MAX = 32
+
+
+def _append_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: int,
+                 usage: list[float], usage_last: float, t_start: float, durations, ends,
+                 num_waiting: int, num_preempted: int, num_deferred: int) -> None:
+    """The rows of a short leap, the same values ``_write_rows`` puts in the columns."""
+    append = sim.steps.append
+    step = sim.step
+    last = len(usage) - 1
+    num_waiting_new = num_waiting - num_preempted
+    t = t_start
+    for k in range(last + 1):
+        u = usage[k]
+        time_s = duration = 0.0
+        if ends is not None:
+            time_s = t
+            duration = float(durations[k])
+            t = float(ends[k])
+        if k < last:
+            append((step + k, arrivals if k == 0 else 0, num_running, num_running, num_waiting,
+                    num_waiting_new, num_preempted, num_deferred, u, num_running, 0,
+                    num_running, 0, 0, 0, 0, 0, num_running, num_waiting, u, 0, 0, time_s,
+                    duration))
+        else:
+            append((step + k, arrivals if k == 0 else 0, num_running, num_running, num_waiting,
+                    num_waiting_new, num_preempted, num_deferred, u, num_running, 0,
+                    num_running, 0, 0, 0, 0, num_finished, num_running - num_finished,
+                    num_waiting, usage_last, 0, 0, time_s, duration))
 
 
 def _tell_recorder(sim: Simulation, members: list, times, usage: list[float],

@@ -72,8 +72,9 @@ class StepsTable:
         n = self._n
         if n:
             buf = self._buf
-            if n < 32:
-                # A few rows (a leap reads the columns): not worth numpy's per-column calls.
+            if n < 4:
+                # A few rows (a long leap reads the columns): numpy's per-column calls cost
+                # more than unpacking them (from 4 rows on, they cost less).
                 # An untimed table has no time columns: zip() stops at its last column.
                 for col, values in zip(self._columns.values(),
                                        zip(*_ROW.iter_unpack(buf), strict=True),
