@@ -321,3 +321,74 @@ def test_evictable_hit_blocks_are_the_ones_no_request_holds():
     assert kv.can_admit(c, 4, hit, h, True, True)
     kv.pool.pop_one()  # block 5: one free block fewer
     assert not kv.can_admit(c, 4, hit, h, True, True)
+
+
+def test_keyed_part_stays_in_order_and_bounded_through_long_runs_of_hits_and_frees():
+    # Thousands of frees, hits and pops (past the thresholds at which the keyed part drops
+    # the entries hits and pops left behind): the queue and lookups still match the plain
+    # model, and the list holds at most about twice the blocks in that part.
+    import random
+
+    rng = random.Random(7)
+    n = 40
+    pool, ref = BlockPool(n, True), _ListQueue(n)
+    held: list[list[int]] = []
+    trims = 0
+    for _ in range(4000):
+        base = pool.lru_base
+        op = rng.choice(("alloc", "free", "free", "free", "hit", "hit", "hit"))
+        if op == "alloc":
+            k = rng.randint(1, 6)
+            if k <= len(ref.q):
+                got = pool.get_new_blocks(k) if k > 1 else [pool.pop_one()]
+                assert got == ref.pop(k)
+                for b in got:
+                    if ref.key[b] is None:  # every block keyed: frees go to the tail
+                        key = rng.randint(-3, 40)
+                        pool.cache_block(b, key)
+                        ref.cache(b, key)
+                held.append(got)
+        elif op == "free" and held:
+            blocks = held.pop(rng.randrange(len(held)))
+            pool.free_blocks(blocks[::-1])
+            ref.free(blocks[::-1])
+            # Frees drop the dead entries once they outnumber the live ones.
+            assert len(pool.lru) - pool.lru_head <= 2 * pool.lru_live + 16
+        elif op == "hit":
+            b = ref.lookup(rng.randint(-3, 40))
+            if b is not None:
+                pool.touch([b])
+                ref.touch([b])
+                held.append([b])
+        assert pool.free_queue() == ref.q
+        assert pool.num_free_blocks == len(ref.q)
+        assert pool.lru_live == len(pool._lru_live())
+        trims += pool.lru_base > base
+    assert trims  # pops dropped the entries before the head
+    for key in range(-3, 41):
+        assert pool.get_cached_block(key) == ref.lookup(key)
+
+
+def test_hits_on_free_blocks_leave_entries_that_a_free_drops():
+    # 99 keyed blocks freed (the keyed part, oldest first), 80 of them hit back out: the
+    # next free rebuilds the part from its 19 live entries plus the new one, in order.
+    n = 100
+    pool, ref = BlockPool(n, True), _ListQueue(n)
+    blocks = pool.get_new_blocks(n - 1)
+    assert blocks == ref.pop(n - 1)
+    for b in blocks:
+        pool.cache_block(b, b)
+        ref.cache(b, b)
+    pool.free_blocks(blocks)
+    ref.free(blocks)
+    hit = blocks[5:85]
+    pool.touch(hit)
+    ref.touch(hit)
+    assert len(pool.lru) == n - 1 and pool.lru_live == 19
+    pool.free_blocks([hit[0]])
+    ref.free([hit[0]])
+    assert len(pool.lru) == pool.lru_live == 20 and pool.lru_head == 0
+    assert pool.free_queue() == ref.q == blocks[:5] + blocks[85:] + [hit[0]]
+    # Pops still evict oldest first, keys and all.
+    assert pool.get_new_blocks(6) == ref.pop(6) == blocks[:5] + [blocks[85]]
+    assert pool.get_cached_block(blocks[0]) is None and pool.free_queue() == ref.q

@@ -9,7 +9,12 @@ The free queue is vLLM's ``FreeKVCacheBlockQueue`` order kept in three parts, he
   block leaves that run only by being popped from the head, so the run is always one range.
 * ``lru``: blocks freed with a key, oldest first. Freeing appends keyed blocks at the tail, a
   prefix hit takes a keyed block out from anywhere, and a pop reaches this part only once the
-  two others are empty: an ordered dict does all three in C.
+  two others are empty. A list read from ``lru_head`` on, whose entry for block ``b`` is live
+  only at the absolute position ``lru_pos[b]`` (``lru_base`` is the absolute position of
+  ``lru[0]``; -1: not in this part): a hit only marks the block out, and the pops step over
+  the entries so left behind. The list is cut when its dead entries outnumber the live
+  ones, so it stays within about twice the blocks in this part (plain list operations,
+  native when compiled, where an ordered dict's go through calls).
 
 A keyless block never gains a key while free (keys are registered on held blocks only), and a
 free block loses its key only by being popped, so every free block sits in the part its key
@@ -19,7 +24,6 @@ says. Memory follows the blocks a run has used, not the pool's nominal size: ``r
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 from kvpressure.simulation.request import KEY_SHIFT
@@ -28,8 +32,9 @@ from kvpressure.simulation.request import KEY_SHIFT
 class BlockPool:
     """Blocks ``0..N-1``; block 0 is the null block, never allocated nor counted."""
 
-    __slots__ = ("num_gpu_blocks", "enable_caching", "stack", "lru", "lo", "num_free_blocks",
-                 "ref_cnt", "block_hash", "cached", "usage_denominator", "version", "watch")
+    __slots__ = ("num_gpu_blocks", "enable_caching", "stack", "lru", "lru_head", "lru_base",
+                 "lru_pos", "lru_live", "lo", "num_free_blocks", "ref_cnt", "block_hash",
+                 "cached", "usage_denominator", "version", "watch")
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
         n = num_gpu_blocks
@@ -38,7 +43,11 @@ class BlockPool:
         # Blocks 1..N-1 in id order (block 0 is taken out at once as the null block).
         self.lo = 1
         self.stack: list[int] = []
-        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.lru: list[int] = []
+        self.lru_head = 0
+        self.lru_base = 0
+        self.lru_pos: list[int] = [-1]
+        self.lru_live = 0
         self.num_free_blocks = n - 1
         # Typed Any: the pool without prefix caching derives them (``StackBlockPool``).
         self.ref_cnt: Any = [0]
@@ -59,7 +68,53 @@ class BlockPool:
     # -- free queue -----------------------------------------------------------------------
     def free_queue(self) -> list[int]:
         """The free queue head -> tail (for tests and debugging)."""
-        return self.stack[::-1] + list(range(self.lo, self.num_gpu_blocks)) + list(self.lru)
+        return self.stack[::-1] + list(range(self.lo, self.num_gpu_blocks)) + self._lru_live()
+
+    def _lru_live(self) -> list[int]:
+        """The live entries of ``lru``, oldest first."""
+        pos = self.lru_pos
+        at = self.lru_base + self.lru_head
+        out = []
+        for i, b in enumerate(self.lru[self.lru_head:]):
+            if pos[b] == at + i:
+                out.append(b)
+        return out
+
+    def _lru_pop(self) -> int:
+        """The oldest live entry of ``lru``, taken out (the part is not empty)."""
+        lru = self.lru
+        pos: list[int] = self.lru_pos
+        head = self.lru_head
+        at = self.lru_base + head
+        b = lru[head]
+        while pos[b] != at:
+            head += 1
+            at += 1
+            b = lru[head]
+        pos[b] = -1
+        self.lru_head = head + 1
+        self.lru_live -= 1
+        self._lru_trim()
+        return b
+
+    def _lru_trim(self) -> None:
+        """Drop the entries before the head once they are most of the list."""
+        head = self.lru_head
+        if head >= 16 and head * 2 >= len(self.lru):
+            del self.lru[:head]
+            self.lru_base += head
+            self.lru_head = 0
+
+    def _lru_compact(self) -> None:
+        """Rebuild ``lru`` from its live entries, in order, when the dead ones (blocks a hit
+        took out) outnumber them."""
+        live = self._lru_live()
+        pos = self.lru_pos
+        for i, b in enumerate(live):
+            pos[b] = i
+        self.lru = live
+        self.lru_head = 0
+        self.lru_base = 0
 
     def _take_range(self, k: int) -> range:
         """The next ``k`` never-used ids (k <= what is left), now materialised with ref 1."""
@@ -68,6 +123,7 @@ class BlockPool:
         self.lo = hi
         self.ref_cnt.extend([1] * k)
         self.block_hash.extend([None] * k)
+        self.lru_pos.extend([-1] * k)
         return range(lo, hi)
 
     # -- allocation -----------------------------------------------------------------------
@@ -100,14 +156,25 @@ class BlockPool:
             out.extend(self._take_range(k))
             left -= k
         if left:
-            # Keyed blocks, oldest first: each pop evicts its key (_evict, inlined).
-            popitem = self.lru.popitem
+            # Keyed blocks, oldest first: each pop evicts its key (_lru_pop and _evict,
+            # inlined).
+            lru = self.lru
+            pos: list[int] = self.lru_pos
+            head = self.lru_head
+            at = self.lru_base + head
             bh: list[int | None] = self.block_hash
             cached = self.cached
             watch = self.watch
             bumps = 0
             for _ in range(left):
-                b = popitem(False)[0]
+                b = lru[head]
+                while pos[b] != at:
+                    head += 1
+                    at += 1
+                    b = lru[head]
+                head += 1
+                at += 1
+                pos[b] = -1
                 ref[b] = 1
                 key: int = bh[b]  # type: ignore[assignment]  # blocks in ``lru`` are keyed
                 bh[b] = None
@@ -120,6 +187,9 @@ class BlockPool:
                     self._evict_shared(key, entry, b)
                 out.append(b)
             self.version += bumps
+            self.lru_head = head
+            self.lru_live -= left
+            self._lru_trim()
         return out
 
     def pop_one(self) -> int:
@@ -131,7 +201,7 @@ class BlockPool:
             return b
         if self.lo < self.num_gpu_blocks:
             return self._take_range(1)[0]
-        b = self.lru.popitem(False)[0]
+        b = self._lru_pop()
         self.ref_cnt[b] = 1
         self._evict(b)
         return b
@@ -167,16 +237,18 @@ class BlockPool:
     def touch(self, blocks: list[int]) -> None:
         """A prefix hit: blocks with ref 0 leave the free queue; every ref count +1."""
         ref: list[int] = self.ref_cnt
-        lru = self.lru
+        pos: list[int] = self.lru_pos
         taken = 0
         for b in blocks:
             r = ref[b]
             if r == 0:
-                # Only keyed blocks are hit, and a free keyed block is in ``lru``.
-                del lru[b]
+                # Only keyed blocks are hit, and a free keyed block is in ``lru``: its entry
+                # there is left dead.
+                pos[b] = -1
                 taken += 1
             ref[b] = r + 1
         self.num_free_blocks -= taken
+        self.lru_live -= taken
 
     def free_blocks(self, ordered_blocks: list[int]) -> None:
         """Release blocks given in eviction order (a request's blocks last-first).
@@ -188,6 +260,9 @@ class BlockPool:
         bh: list[int | None] = self.block_hash
         first: list[int] = []
         lru = self.lru
+        pos: list[int] = self.lru_pos
+        at = self.lru_base + len(lru)
+        keyed = 0
         released = 0
         for b in ordered_blocks:
             r = ref[b] - 1
@@ -197,7 +272,15 @@ class BlockPool:
                 if bh[b] is None:
                     first.append(b)
                 else:
-                    lru[b] = None
+                    pos[b] = at
+                    at += 1
+                    lru.append(b)
+                    keyed += 1
+        if keyed:
+            live = self.lru_live + keyed
+            self.lru_live = live
+            if len(lru) - self.lru_head > 2 * live + 16:
+                self._lru_compact()
         if first:
             # Prepending [b_1, ..., b_k] leaves b_1 at the head: push b_k first.
             first.reverse()
