@@ -18,8 +18,9 @@ The free queue is vLLM's ``FreeKVCacheBlockQueue`` order kept in three parts, he
 
 A keyless block never gains a key while free (keys are registered on held blocks only), and a
 free block loses its key only by being popped, so every free block sits in the part its key
-says. Memory follows the blocks a run has used, not the pool's nominal size: ``ref_cnt`` and
-``block_hash`` hold ids ``0..lo-1`` (an id at or above ``lo`` has reference 0 and no key).
+says. Memory follows the blocks a run has used, not the pool's nominal size: ``ref_cnt``,
+``block_hash`` and ``lru_pos`` hold ids ``0..lo-1`` (an id at or above ``lo`` has reference 0
+and no key).
 """
 
 from __future__ import annotations

@@ -88,6 +88,10 @@ class Simulation:
             for i, r in enumerate(scenario.requests)]
         # Looked up once (recorder.py): a recorder may implement only part of the contract.
         self.hooks = hooks = RecorderHooks(recorder)
+        # The hooks object is plain Python: a step without any of its per-step hooks does
+        # not read them (a native flag instead).
+        self.step_hooks = (hooks.on_output is not None or hooks.on_step_end is not None
+                           or hooks.maybe_scrape is not None)
         self.lazy = LazyDecode(int(s.block_size), int(s.max_model_len), self.timed) \
             if fast_path != "off" else None
         self.decode: DecodeProgress = self.lazy or DecodeProgress()
@@ -105,6 +109,8 @@ class Simulation:
             self.scheduler.on_preempt = lambda r: on_preempted(r, self.step_start)
         self.steps = StepsTable(self.timed)
         self.closed = scenario.mode == "closed"
+        # Read at every step of a closed loop (the scenario is a Python dataclass).
+        self.concurrency: int = scenario.concurrency or 0  # set in every closed loop
         # A closed loop whose clients come back late (docs/scheduler.md#loop-closed): the step
         # before which each idle client submits, oldest first. Finishes come in step order and
         # the lag is the same for all, so the queue stays sorted. Without a lag the loop keeps
@@ -190,7 +196,7 @@ class Simulation:
                 self._submit(order[self.next_idx], t)
                 self.next_idx += 1
         elif self.closed:
-            concurrency = self.scenario.concurrency or 0  # set in every closed loop
+            concurrency = self.concurrency
             if self.unfinished >= concurrency:
                 return 0
             t = self._step_start()
@@ -291,7 +297,8 @@ class Simulation:
         """One ``schedule()`` and ``update_from_output()``: its row and its recorder calls."""
         sched = self.scheduler
         hooks = self.hooks
-        on_output = hooks.on_output
+        step_hooks = self.step_hooks
+        on_output = hooks.on_output if step_hooks else None
         step = self.step
         clock_t0 = self.clock_t0
         clock_dt = self.clock_dt
@@ -348,11 +355,12 @@ class Simulation:
             num_running_after, num_waiting_after, usage_after,  # *_after
             out.prefix_cache_queries, out.prefix_cache_hits,  # same names
             t0, duration))  # time_s, step_duration_s
-        if hooks.on_step_end is not None:
-            hooks.on_step_end(t1, num_running_after, num_waiting_after, num_deferred,
-                              usage_after, out.prefix_cache_queries, out.prefix_cache_hits)
-        if hooks.maybe_scrape is not None:
-            hooks.maybe_scrape(t1)
+        if step_hooks:
+            if hooks.on_step_end is not None:
+                hooks.on_step_end(t1, num_running_after, num_waiting_after, num_deferred,
+                                  usage_after, out.prefix_cache_queries, out.prefix_cache_hits)
+            if hooks.maybe_scrape is not None:
+                hooks.maybe_scrape(t1)
         self.step = step + 1
         self.t = t1
         return out.num_scheduled_tokens
