@@ -99,6 +99,7 @@ class Simulation:
         self.leaps = fast_path == "leap" and (hooks.on_output is None
                                               or hooks.on_decode_leap is not None)
         self.scheduler = Scheduler(s, self.decode)
+        self.scheduler.record_chunks = self.timed
         # Admissions and preemptions happen inside schedule(): stamped with the step's start.
         self.step_start = 0.0
         if hooks.on_scheduled is not None:

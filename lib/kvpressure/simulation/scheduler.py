@@ -143,6 +143,9 @@ class Scheduler:
         self.on_admit: Callable[[Request], None] | None = None
         self.on_preempt: Callable[[Request], None] | None = None
         self.decode: DecodeProgress = decode if decode is not None else DecodeProgress()
+        # Whether outputs list their prefill chunks (``SchedulerOutput.chunks``): only a
+        # priced step reads them, so the engine turns this off in step mode.
+        self.record_chunks = True
 
     # -- queue entry ----------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -343,6 +346,7 @@ class Scheduler:
         emitted = out.emitted
         finished = out.finished
         chunks = out.chunks
+        record_chunks = self.record_chunks
         for req, n in out.scheduled.items():
             start = req.num_computed_tokens
             end = start + n
@@ -372,7 +376,8 @@ class Scheduler:
                 again = (end if end < hwm else hwm) - start
                 recomputed += again
                 req.recomputed_tokens += again
-            chunks.append((start, n, again))
+            if record_chunks:
+                chunks.append((start, n, again))
             if end > hwm:
                 req.hwm = end
             req.num_computed_tokens = end
