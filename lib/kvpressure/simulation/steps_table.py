@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from array import array
 from struct import Struct
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
-# Rows buffered before they move into the columns.
-_BLOCK = 2048
+# Rows buffered before they move into the columns (Final: a constant in compiled code, not a
+# module lookup at every row).
+_BLOCK: Final = 2048
 
 
 class StepRow(NamedTuple):
