@@ -70,11 +70,24 @@ class SimResult:
         return self.steps.timed
 
     def _summary(self) -> dict[str, Any]:
+        import numpy as np
+
         c = self.steps.columns
+        # Count columns summed by numpy over the arrays' own bytes (exact in 64 bits; a
+        # Python loop would box every cell); the float columns keep Python's sum and its
+        # order of additions, hence their bytes.
+        ints = {name: np.frombuffer(c[name], dtype=c[name].typecode)
+                for name in ("num_scheduled_tokens", "recomputed_tokens", "preemptions",
+                             "num_prefill_tokens", "num_decode_tokens",
+                             "prefix_cache_queries", "prefix_cache_hits", "num_running")}
+
+        def col_sum(name: str) -> int:
+            return int(ints[name].sum(dtype=np.int64))
+
         sc = self.scenario
         n = len(self.steps)
-        total = sum(c["num_scheduled_tokens"])
-        recomputed = sum(c["recomputed_tokens"])
+        total = col_sum("num_scheduled_tokens")
+        recomputed = col_sum("recomputed_tokens")
         reqs = self.requests
         mode: dict[str, Any] = {"type": sc.mode}
         if sc.mode == "closed":
@@ -93,17 +106,17 @@ class SimResult:
             "total_output_tokens": sum(r.num_output_tokens for r in reqs),
             "steps": n,
             "last_step": int(c["step"][-1]) if n else -1,
-            "preemptions": sum(c["preemptions"]),
+            "preemptions": col_sum("preemptions"),
             "requests_preempted": sum(1 for r in reqs if r.num_preemptions > 0),
             "recomputed_tokens": recomputed,
             "total_scheduled_tokens": total,
-            "prefill_tokens": sum(c["num_prefill_tokens"]),
-            "decode_tokens": sum(c["num_decode_tokens"]),
+            "prefill_tokens": col_sum("num_prefill_tokens"),
+            "decode_tokens": col_sum("num_decode_tokens"),
             "recompute_ratio": recomputed / total if total else 0.0,
-            "prefix_cache_queries": sum(c["prefix_cache_queries"]),
-            "prefix_cache_hits": sum(c["prefix_cache_hits"]),
-            "mean_running": sum(c["num_running"]) / n if n else 0.0,
-            "max_running": max(c["num_running"]) if n else 0,
+            "prefix_cache_queries": col_sum("prefix_cache_queries"),
+            "prefix_cache_hits": col_sum("prefix_cache_hits"),
+            "mean_running": col_sum("num_running") / n if n else 0.0,
+            "max_running": int(ints["num_running"].max()) if n else 0,
             "mean_kv_usage": sum(c["kv_usage"]) / n if n else 0.0,
             "max_kv_usage": max(c["kv_usage"]) if n else 0.0,
         }
