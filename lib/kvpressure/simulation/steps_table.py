@@ -56,8 +56,9 @@ _INT32_COLUMNS = {"arrivals", "num_running", "num_scheduled_reqs", "num_waiting"
 class StepsTable:
     """One row per engine iteration, stored by column (compact ``array``s).
 
-    Plain steps pack each row into a byte buffer as it comes (one ``struct`` call converts
-    its numbers in C; the row is dropped at once), moved into the columns a block at a time
+    Plain steps pack each row into bytes as it comes (one ``struct`` call converts its
+    numbers in C; the row is dropped at once), joined and moved into the columns a block at a
+    time
     by numpy's strided copies (one C call per column and block rather than per cell);
     ``columns`` and ``len`` see the buffered rows too."""
 
@@ -65,14 +66,15 @@ class StepsTable:
         self.timed = timed
         names = STEP_COLUMNS + (TIME_STEP_COLUMNS if timed else ())
         self._columns: dict[str, array] = {n: array(_typecode(n)) for n in names}
-        self._buf = bytearray()
-        self._n = 0
+        # Packed rows joined once a block (a growing bytearray would copy itself over and
+        # over as it grows).
+        self._rows: list[bytes] = []
         self._pack = _ROW.pack
 
     def _flush(self) -> None:
-        n = self._n
+        n = len(self._rows)
         if n:
-            buf = self._buf
+            buf = b"".join(self._rows)
             if n < 4:
                 # A few rows (a long leap reads the columns): numpy's per-column calls cost
                 # more than unpacking them (from 4 rows on, they cost less).
@@ -87,8 +89,7 @@ class StepsTable:
                 rows = np.frombuffer(buf, dtype=_row_dtype())
                 for name, col in self._columns.items():
                     col.frombytes(rows[name].tobytes())
-            self._buf = bytearray()
-            self._n = 0
+            self._rows.clear()
 
     @property
     def columns(self) -> dict[str, array]:
@@ -96,13 +97,13 @@ class StepsTable:
         return self._columns
 
     def __len__(self) -> int:
-        return len(self._columns["step"]) + self._n
+        return len(self._columns["step"]) + len(self._rows)
 
     def append(self, row: tuple) -> None:
         """A whole ``StepRow`` as a plain tuple, time fields included (0.0 when untimed)."""
-        self._buf += self._pack(*row)
-        self._n += 1
-        if self._n >= _BLOCK:
+        rows = self._rows
+        rows.append(self._pack(*row))
+        if len(rows) >= _BLOCK:
             self._flush()
 
     def extend(self, name: str, values) -> None:
