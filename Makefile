@@ -39,6 +39,7 @@ $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
 	@touch $@
 
 report: $(VENV)/.synced
+	$(MAKE) native || echo "report: no compiled simulation (make native), its sources run"
 	$(BIN)/kvpressure report --experiment $(EXPERIMENT) --out reports/$(NAME)
 
 # Every test: the fast lane, then the end-to-end suite against a real vLLM server.
