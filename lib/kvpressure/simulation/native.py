@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 COMPILED = ("request", "block_pool", "kv_cache_manager", "lazy_decode", "scheduler", "engine",
-            "leap", "steps_table")
+            "leap", "steps_table", "prom_view", "prom_accounting", "prom_histogram",
+            "prom_exposition", "scrape_log")
 # The compiled code reads these modules' classes by their declared types: a change to them
 # makes the set stale too.
 STAMPED = (*COMPILED, "outputs", "recorder", "scenario", "step_clock",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from itertools import accumulate, chain
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from kvpressure.simulation.prom_accounting import PromAccounting
@@ -138,6 +138,11 @@ def _info_value(value: Any) -> str:
 Source = float | Callable[[Any], float]
 
 
+def _value_producer(get: Callable[[Any], float]) -> Callable[[Any], list[str]]:
+    """A sample's text from the accounting, at each scrape."""
+    return lambda acc: [format_value(float(get(acc)))]
+
+
 class _HistogramSlot:
     """A histogram's numbers as the template takes them (cumulative bucket counts, count,
     sum), formatted again only when an observation was added since the last rendering."""
@@ -198,7 +203,7 @@ class Exposition:
             for labels, source in rows:
                 text(f"{name}{labels} ")
                 if callable(source):
-                    producers.append(lambda a, get=source: [format_value(float(get(a)))])
+                    producers.append(_value_producer(source))
                     lits.append("\n")
                 else:
                     text(f"{format_value(float(source))}\n")
@@ -208,9 +213,10 @@ class Exposition:
                     ) -> None:
             b = base if base_labels is None else base_labels
             if label is None:
-                rows = [(label_string(b), sources)]
+                rows = [(label_string(b), cast(Source, sources))]
             else:
-                rows = [(label_string({**b, label: k}), v) for k, v in sources.items()]
+                rows = [(label_string({**b, label: k}), v)
+                        for k, v in cast(Mapping[str, Source], sources).items()]
             family(f"{name}_total", "counter", help_text, rows)
             cname = f"{name}_created"
             text(f"# HELP {cname} {help_text}\n# TYPE {cname} gauge\n")

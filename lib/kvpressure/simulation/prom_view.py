@@ -166,7 +166,8 @@ class PromRecorder(PromAccounting):
             self.scrapes.add_final(float(t) - self.time_origin_s, text)
         self._closed = True
 
-    close = finish
+    def close(self, t: float | None = None) -> None:
+        self.finish(t)
 
     def _check_size(self, count: int, t: float, text_len: int) -> None:
         if len(self.scrapes) + count > MAX_SCRAPES:
