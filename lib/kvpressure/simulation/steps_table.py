@@ -58,8 +58,7 @@ class StepsTable:
 
     Plain steps pack each row into bytes as it comes (one ``struct`` call converts its
     numbers in C; the row is dropped at once), joined and moved into the columns a block at a
-    time
-    by numpy's strided copies (one C call per column and block rather than per cell);
+    time by numpy's strided copies (one C call per column and block rather than per cell);
     ``columns`` and ``len`` see the buffered rows too."""
 
     def __init__(self, timed: bool) -> None:
