@@ -15,10 +15,12 @@ as an open loop: ``--request-rate R --burstiness 1`` (Poisson arrivals) and no
 ``--max-concurrency``. Each result is saved ``--save-detailed`` (the per-request
 ``start_times`` the twin replays) and stamped with the level's unix window, from launching the
 child to its exit, the way ``kvpressure collect`` stamps it, so ingestion cuts the scrape log at
-each level. The server idles 3 s between rates. Then ``kvpressure ingest`` of the results and
-the scrape log into ``report/``, checked: one row per rate, its ``request_rate`` set, the
-concurrency empty, the preemptions of each row, summed, equal to the counter's increase over
-the scrape log.
+each level, and with ``kvpressure_clock`` (``unix`` and ``perf_counter`` read together at the
+launch: ``start_times`` are the client's ``time.perf_counter()``, so ``start_time + unix -
+perf_counter`` is a request's unix send time). The server idles 3 s between rates. Then
+``kvpressure ingest`` of the results and the scrape log into ``report/``, checked: one row per
+rate, its ``request_rate`` set, the concurrency empty, the preemptions of each row, summed,
+equal to the counter's increase over the scrape log.
 
 **The remedy, paired** (``--ab``): the baseline and each remedy (``bench_twin`` names:
 ``max_num_seqs_pool``, ``pool_doubled``, ``full_isl_admission``) on servers of their own,
@@ -60,6 +62,7 @@ from bench_twin import (
     OUTPUT_LEN,
     RANGE_RATIO,
     REAL_SETUPS,
+    ROOT,
     _model,
     _remedy_overrides,
     _rounded,
@@ -123,9 +126,10 @@ class Scraper:
 
 
 def run_rate(vllm: Path, port: int, model: Path, rate: float, out_dir: Path, logs: Path
-             ) -> dict:
+             ) -> tuple[dict | None, str | None]:
     """One rate as an open loop with ``vllm bench serve``; the result file stamped with the
-    level's window. Returns the result, or ``{"failed": reason}``."""
+    level's window. Returns the result, or None and why (vLLM's own result has a ``failed``
+    count, so the reason travels apart)."""
     name = _rate_name(rate)
     out_dir.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
@@ -141,6 +145,10 @@ def run_rate(vllm: Path, port: int, model: Path, rate: float, out_dir: Path, log
            "--save-result", "--save-detailed", "--result-dir", str(out_dir),
            "--result-filename", f"{name}.json", "--disable-tqdm"]
     launched = time.time()
+    # vLLM stamps each request's start_times with the client's time.perf_counter(), the
+    # machine-wide monotonic clock on Linux: both read here, together, turn them into unix
+    # send times (start_time + unix - perf_counter), placed against the server's steps.
+    clock = {"unix": launched, "perf_counter": time.perf_counter()}
     with (logs / f"{name}.log").open("wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -148,7 +156,7 @@ def run_rate(vllm: Path, port: int, model: Path, rate: float, out_dir: Path, log
             code = proc.wait(timeout=RATE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             _stop(proc)
-            return {"failed": f"timeout ({RATE_TIMEOUT_S:g} s)"}
+            return None, f"timeout ({RATE_TIMEOUT_S:g} s)"
         except BaseException:
             _stop(proc)
             raise
@@ -156,14 +164,15 @@ def run_rate(vllm: Path, port: int, model: Path, rate: float, out_dir: Path, log
     path = out_dir / f"{name}.json"
     if code != 0 or not path.is_file():
         tail = (logs / f"{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
-        return {"failed": f"vllm bench serve exited with {code}: {(tail or ['-'])[0][:200]}"}
+        return None, f"vllm bench serve exited with {code}: {(tail or ['-'])[0][:200]}"
     result = json.loads(path.read_text())
     # The same two fields kvpressure collect adds (live/results.py): the window places the
     # level in the scrape log finer than vLLM's whole-second 'date'.
     result["kvpressure_window"] = {"start": launched, "end": exited}
     result["kvpressure_level"] = {"complete": True, "reason": None}
+    result["kvpressure_clock"] = clock
     path.write_text(json.dumps(result) + "\n")
-    return result
+    return result, None
 
 
 def scrape_preemptions(log: Path) -> tuple[float, float, float]:
@@ -227,13 +236,14 @@ def sweep(setup: dict, rates: list[float], work: Path, port: int, models: Path) 
         time.sleep(COOLDOWN_S)
         t = time.perf_counter()
         for rate in rates:
-            got = run_rate(venv / "bin" / "vllm", port, model, rate, folder / "bench",
-                           folder / "bench_logs")
-            levels.append({"rate": rate, **({"failed": got["failed"]} if "failed" in got
-                                             else {"window": got["kvpressure_window"]})})
-            if "failed" in got:
-                print(f"  rate {rate:g}: {got['failed']}; the sweep stops here", flush=True)
+            got, why = run_rate(venv / "bin" / "vllm", port, model, rate, folder / "bench",
+                                folder / "bench_logs")
+            if got is None:
+                levels.append({"rate": rate, "incomplete": why})
+                print(f"  rate {rate:g}: {why}; the sweep stops here", flush=True)
+                time.sleep(COOLDOWN_S)  # a scrape after the cut level's end, as after each
                 break
+            levels.append({"rate": rate, "window": got["kvpressure_window"]})
             print(f"  rate {rate:g}: {got['completed']} done in {got['duration']:.1f} s, "
                   f"{got['output_throughput']:.0f} output tok/s, "
                   f"{got['request_throughput']:.2f} req/s", flush=True)
@@ -337,10 +347,10 @@ def ab(setup: dict, remedies: list[str], rounds: int, rates: list[float], work: 
             for k, rate in enumerate(rates):
                 shift = (r + k) % len(names)
                 for arm in names[shift:] + names[:shift]:
-                    got = run_rate(venv / "bin" / "vllm", ports[arm], model, rate,
-                                   base / arm / f"round{r}", base / arm / f"logs_round{r}")
-                    if "failed" in got:
-                        raise RuntimeError(f"{arm} round {r} rate {rate:g}: {got['failed']}")
+                    got, why = run_rate(venv / "bin" / "vllm", ports[arm], model, rate,
+                                        base / arm / f"round{r}", base / arm / f"logs_round{r}")
+                    if got is None:
+                        raise RuntimeError(f"{arm} round {r} rate {rate:g}: {why}")
                     runs.append({"round": r, "rate": rate, "arm": arm,
                                  "output_throughput": got["output_throughput"],
                                  "request_throughput": got["request_throughput"],
@@ -463,7 +473,8 @@ def cut_test_data(folder: Path, dest: Path, margin_s: float = 2.0) -> dict:
                 t = dt.datetime(year, mo, d, h, mi, s).timestamp()
                 if not start - margin_s <= t <= end + margin_s:
                     continue
-            gz.write(line.encode())
+            # the model's and the venv's paths as this checkout and machine had them
+            gz.write(line.replace(f"{ROOT}/", "").encode())
             lines_kept += 1
     sizes = {p.relative_to(dest).as_posix(): p.stat().st_size
              for p in sorted(dest.rglob("*")) if p.is_file()}
