@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -89,47 +87,19 @@ def test_windows_keep_only_the_steps_of_the_levels():
     assert fit.busy_seconds == 3  # seconds t0+3..t0+5: their neighbours are in the window
 
 
-def _log_line(t: float, i: int, prefill: int, decode: int, elapsed: float,
-              context: int | None = None) -> str:
-    when = _dt.datetime.fromtimestamp(t, _dt.UTC)
-    context = int(prefill > 0) if context is None else context
-    return (f"{when:%Y-%m-%dT%H:%M:%S.%f}Z (APIServer pid=1) INFO {when:%m-%d %H:%M:%S} "
-            f"[loggers.py:199] Engine 000: Iteration({i}): {context} context requests, "
-            f"{prefill} context tokens, {decode} generation requests, {decode} generation tokens,"
-            f" iteration elapsed time: {elapsed * 1000:.2f} ms, CPU KV cache usage: 50.0%\n")
-
-
 def test_a_twin_with_a_server_log_fits_its_step_time_on_the_steps(tmp_path):
     """A sweep simulated with known coefficients, its steps written as vLLM logs them (the
     elapsed time 80% of each step, the rest outside it): the twin built on the folder takes
     the step time from the log, and recovers the whole step's coefficients."""
-    from kvpressure.simulation.engine import simulate
     from kvpressure.twin.api import build_twin
-    from kvpressure.twin.basis import build_scenario
-    from kvpressure.twin.step_time import TwinStepTime
     from kvpressure.twin.synthetic import synthetic_workloads, write_synthetic_run
-    from twin_helpers import SETTINGS, TRUE, TTFT_OFFSET
+    from twin_helpers import SETTINGS, TRUE, TTFT_OFFSET, write_step_log
 
     folder = tmp_path / "run"
     loads = synthetic_workloads((2, 6, 12), input_len=(32, 400), output_len=(16, 96),
                                 requests_per_level=96)
     runs = write_synthetic_run(folder, SETTINGS, loads, TRUE, ttft_offset=TTFT_OFFSET)
-    lines, t, i, windows = [], 1_750_000_000.0, 0, []
-    for c in sorted(loads):
-        steps = simulate(build_scenario(SETTINGS, loads[c]),
-                         cost_model=TwinStepTime(TRUE)).steps_frame()
-        start = t
-        # The requests of a step: its decoding ones and the rest (prompts, as vLLM counts
-        # context requests), which the twin's return lag is read from.
-        for p, d, n, dur in zip(steps["num_prefill_tokens"], steps["num_decode_tokens"],
-                                steps["num_scheduled_reqs"], steps["step_duration_s"],
-                                strict=True):
-            t += dur
-            lines.append(_log_line(t, i, int(p), int(d), 0.8 * dur, int(n - d)))
-            i += 1
-        windows.append((start, t))
-        t += 5.0
-    (folder / "server.log").write_text("".join(lines))
+    windows, i = write_step_log(folder / "server.log", SETTINGS, loads, TRUE)
     runs["t_start"] = [a for a, _ in windows]
     runs["t_end"] = [b for _, b in windows]
     runs.to_csv(folder / "runs.csv", index=False)

@@ -23,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limits", default="",
                         help="latency limits of the recommendation, e.g. "
                              "ttft_p95=2s,itl_p95=80ms (ttft_p50, ttft_p95, itl_p50, itl_p95)")
-    parser.add_argument("--focus", type=int,
-                        help="concurrency level to recommend for (default: the highest)")
+    parser.add_argument("--focus", type=float,
+                        help="level to recommend for: a concurrency, or a request rate for "
+                             "open loops (default: the highest)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE",
                         help="an engine setting the data lacks or gets wrong, e.g. "

@@ -196,7 +196,9 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
             f"{', '.join(sources)}: {len(base_runs)} runs and no concurrency levels; lay scrapes "
             "out as <variant>/c<concurrency>/metrics.prom.jsonl or give vllm bench results"
             + ("; these runs are request-rate levels, not concurrency levels (kvpressure knee "
-               "--x request_rate reads their curve)" if rates.notna().any() else "")
+               "--x request_rate reads their curve; kvpressure ingest, then kvpressure twin on "
+               "its folder with the server's log, fits and checks the open loop's twin and "
+               "predicts the remedies at those rates)" if rates.notna().any() else "")
         )
     if measured.empty:
         level, why = None, ("the concurrency is not known (the metrics do not carry it; "

@@ -168,8 +168,8 @@ class TwinTarget:
         self.workloads = dict(twin.workloads)
         self.coefficients = dict(fit.step_coefficients())
         self.ttft_offset = float(fit.theta["ttft_offset"])
-
-    level_name = "concurrency"
+        # An open loop's levels are its request rates (twin/open_loop.py).
+        self.level_name = twin.key
 
     @property
     def levels(self) -> list[float]:
@@ -185,7 +185,9 @@ class TwinTarget:
         from kvpressure import __version__
 
         text = json.dumps([__version__, self.kind, self.settings, self.coefficients,
-                           self.ttft_offset, {c: [w.prompt_lens, w.output_lens]
+                           self.ttft_offset, {c: [w.prompt_lens, w.output_lens,
+                                                  w.arrival_times_s, w.return_steps,
+                                                  w.first_alone]
                                               for c, w in sorted(self.workloads.items())}],
                           sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()

@@ -10,6 +10,10 @@ advice = twin.predict_remedies(limits={"ttft_p95_s": 2.0, "itl_p95_s": 0.08})
 
 A twin that was not fitted simulates nothing: ``predict_remedies`` refuses it. A twin whose
 fit report does not pass marks every prediction as untrusted, with the reason.
+
+Levels are the measured closed loops, keyed by concurrency, or, for a folder of open loops
+(``vllm bench serve --request-rate R`` without ``--max-concurrency``), the request rates
+(``open_loop.py``: fitted on the server's step trace, every prediction simulated).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from kvpressure.errors import InputError
 from kvpressure.twin.basis import LevelBasis, simulate_basis
 from kvpressure.twin.fit import PARAMETERS, TwinFit, fit_step_time
 from kvpressure.twin.fit_report import FitVerdict, comparison_table, verdict
-from kvpressure.twin.measured import Measured, ingested_sources, load_measured
+from kvpressure.twin.measured import Measured, ingested_sources, level_name, load_measured
 from kvpressure.twin.return_lag import ReturnLag, from_step_trace, from_turnaround, given
 from kvpressure.twin.settings import twin_settings
 from kvpressure.twin.simulate import simulate_level
@@ -63,6 +67,18 @@ class Twin:
     """The clients' return in engine steps (``return_lag.py``); None until estimated (the
     client turnaround route needs the fitted step time)."""
 
+    @property
+    def key(self) -> str:
+        """``concurrency`` (closed loops) or ``request_rate`` (an open loop)."""
+        return self.measured.key
+
+    @property
+    def open_loop(self) -> bool:
+        return self.measured.open_loop
+
+    def level_name(self, level: Any) -> str:
+        return level_name(level, self.key)
+
     # --- fit ------------------------------------------------------------------------------
     def basis(self, concurrency: int, overrides: Mapping[str, Any] | None = None
               ) -> LevelBasis:
@@ -83,6 +99,16 @@ class Twin:
         if unknown:
             raise InputError(f"levels {unknown}: not measured "
                              f"({', '.join(map(str, sorted(self.workloads)))})")
+        if self.open_loop:
+            from kvpressure.twin.open_loop import fit_open_loop
+
+            sub = self.measured.levels[self.measured.levels[self.key].isin(chosen)]
+            self.fitted = fit_open_loop(self.step_trace, sub, self.settings, self.workloads,
+                                        priors=self.priors, prior_source=self.prior_source,
+                                        bootstrap=bootstrap, seed=seed)
+            self.timings["fit_s"] = time.perf_counter() - t
+            self.report = None
+            return self.fitted
         bases = {c: self.basis(c) for c in chosen}
         self.timings["basis_s"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -138,23 +164,44 @@ class Twin:
             raise TwinNotFitted(
                 f"{what}: the twin's step time is not fitted to the measured server, so its "
                 "times would be the kit's defaults, not this server's; fit it first "
-                "(Twin.fit(), which needs at least 3 measured levels)")
+                "(Twin.fit(), which needs " + ("the server's step trace)" if self.open_loop
+                                               else "at least 3 measured levels)"))
         return self.fitted
 
     # --- predictions -----------------------------------------------------------------------
-    def predict_level(self, concurrency: int, overrides: Mapping[str, Any] | None = None
+    def predict_level(self, level: Any, overrides: Mapping[str, Any] | None = None
                       ) -> dict[str, Any]:
         """One level simulated with the fitted coefficients (and ``overrides``)."""
-        fit = self.require_fit(f"simulating concurrency {concurrency}")
-        if concurrency not in self.workloads:
-            raise InputError(f"concurrency {concurrency}: no measured workload for it")
+        fit = self.require_fit(f"simulating {self.level_name(level)}")
+        if level not in self.workloads:
+            raise InputError(f"{self.level_name(level)}: no measured workload for it")
         return simulate_level({**self.settings, **(overrides or {})},
-                              self.workloads[concurrency], fit.step_coefficients(),
+                              self.workloads[level], fit.step_coefficients(),
                               fit.theta["ttft_offset"])
 
-    def throughput_band(self, basis: LevelBasis) -> tuple[float, float]:
-        fit = self.require_fit("the throughput band")
+    def level_draws(self, level: Any, overrides: Mapping[str, Any] | None = None
+                    ) -> dict[str, np.ndarray]:
+        """Output throughput and TTFT p95 of one level under the fit's bootstrap draws: matrix
+        products on the basis of a closed loop, simulations of an open one."""
+        fit = self.require_fit(f"the uncertainty at {self.level_name(level)}")
+        if not len(fit.samples):
+            return {"output_throughput": np.array([]), "ttft_p95_s": np.array([])}
+        if self.open_loop:
+            from kvpressure.twin.open_loop import simulated_draws
+
+            sims = simulated_draws({**self.settings, **(overrides or {})},
+                                   self.workloads[level], fit)
+            return {k: np.array([d[k] for d in sims]) for k in ("output_throughput",
+                                                                 "ttft_p95_s")}
+        basis = self.basis(level, overrides or None)
         thr = basis.output_tokens / basis.time("duration", fit.samples[:, :-1])
+        ttft = basis.ttft @ fit.samples[:, :-1].T + fit.samples[:, -1]
+        return {"output_throughput": np.atleast_1d(thr),
+                "ttft_p95_s": np.percentile(ttft, 95, axis=0, method="inverted_cdf")}
+
+    def throughput_band(self, level: Any) -> tuple[float, float]:
+        """The 5-95% band of a level's output throughput over the fit's draws."""
+        thr = self.level_draws(level)["output_throughput"]
         if not len(thr):
             return (float("nan"), float("nan"))
         lo, hi = np.percentile(thr, [5, 95])
@@ -167,10 +214,10 @@ class Twin:
         t = time.perf_counter()
         chosen = levels if levels is not None else sorted(self.workloads)
         twin_levels = {c: self.predict_level(c) for c in chosen}
-        band = {c: self.throughput_band(self.basis(c)) for c in chosen}
-        sub = self.measured.levels[self.measured.levels["concurrency"].isin(chosen)]
-        table = comparison_table(sub, twin_levels, band)
-        self.report = FitReport(table, verdict(table), twin_levels)
+        band = {c: self.throughput_band(c) for c in chosen}
+        sub = self.measured.levels[self.measured.levels[self.key].isin(chosen)]
+        table = comparison_table(sub, twin_levels, band, key=self.key)
+        self.report = FitReport(table, verdict(table, key=self.key), twin_levels)
         self.timings["report_s"] = time.perf_counter() - t
         return self.report
 
@@ -194,17 +241,33 @@ class Twin:
         out = [f"{k} = {self.settings[k]}: {src}" for k, src in sorted(
             self.settings_source.items()) if "assumed" in src or "default" in src]
         inexact = [c for c, w in sorted(self.workloads.items()) if not w.exact]
+        what = "request rate" if self.open_loop else "concurrency"
         if inexact:
-            out.append("request lengths at concurrency " + ", ".join(map(str, inexact))
+            out.append(f"request lengths at {what} " + ", ".join(f"{c:g}" for c in inexact)
                        + ": every request given the level's mean prompt and output length (no "
                        "per-request lengths in the data)")
-        out.append(self.turnaround_assumption())
+        out.append(self.arrival_assumption() if self.open_loop
+                   else self.turnaround_assumption())
         if self.fitted is not None:
             for p in PARAMETERS:
                 if self.fitted.source[p] != "fitted":
                     out.append(f"{p} = {self.fitted.theta[p]:.3g}: {self.fitted.source[p]}")
         return out + list(self.measured.notes)
 
+
+    def arrival_assumption(self) -> str:
+        """How an open loop's requests arrive in the twin."""
+        drawn = [f"{c:g}" for c, w in sorted(self.workloads.items()) if not w.arrivals_measured]
+        text = ("open loop (vllm bench serve --request-rate R, no --max-concurrency): each "
+                "request reaches the engine at its measured send time, measured from the level's "
+                "first; the time the API server takes to hand it over is in the fitted TTFT "
+                "offset, not in the arrival")
+        if drawn:
+            text += ("; at request rate " + ", ".join(drawn) + " the data has no send times "
+                     "(vllm bench serve --save-detailed keeps them), so the arrivals are drawn "
+                     "at the rate with the run's burstiness (seeded), like vllm bench serve's "
+                     "own, not the same ones")
+        return text
 
     def turnaround(self) -> dict[str, Any]:
         """The measured client turnaround (``turnaround.py``): per level and over the levels
@@ -275,11 +338,13 @@ def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = Non
     measured = load_measured(run_dir, variant=variant)
     if measured.levels.empty:
         raise InputError(
-            f"{run_dir}: runs.csv has no run with a concurrency level: the twin replays closed "
-            "loops (vllm bench serve --max-concurrency C, one level a run); runs at a request "
-            "rate alone (an open loop) are not replayed by it")
+            f"{run_dir}: runs.csv has no run with a concurrency level or a request rate: the "
+            "twin replays closed loops (vllm bench serve --max-concurrency C) or open loops "
+            "(--request-rate R), one level a run")
+    logged = ingested_sources(Path(run_dir), measured.ingest, "server_log")
     settings, source = twin_settings(Path(run_dir), measured.runs, measured.series,
-                                     measured.ingest, overrides)
+                                     measured.ingest, overrides,
+                                     [Path(server_log)] if server_log is not None else logged)
     loads = dict(workloads) if workloads is not None else level_workloads(measured)
     priors = profile_priors(cost_model) if cost_model is not None else None
     name = getattr(getattr(cost_model, "geometry", None), "name", "profile")
@@ -288,10 +353,14 @@ def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = Non
     starts = (pd.to_numeric(measured.levels["t_start"], errors="coerce")
               if "t_start" in measured.levels else pd.Series(dtype=float))
     near = float(starts.min()) if starts.notna().any() else None
-    trace = find_step_trace(Path(run_dir), server_log, near,
-                            ingested_sources(Path(run_dir), measured.ingest, "server_log"))
+    trace = find_step_trace(Path(run_dir), server_log, near, logged)
     twin = Twin(measured, settings, source, loads, priors,
                 f"profile roofline ({name})" if priors else "profile", step_trace=trace)
+    if measured.open_loop:
+        if return_steps is not None:
+            raise InputError("return_steps: an open loop has no clients to return (its "
+                             "requests arrive at their measured times)")
+        return twin
     lag = None
     if trace is not None:
         lag = from_step_trace(trace, measured.levels, settings, loads, return_steps)

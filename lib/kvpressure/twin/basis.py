@@ -26,19 +26,24 @@ from kvpressure.twin.workload import LevelWorkload
 
 def build_scenario(settings: Mapping[str, Any], workload: LevelWorkload, name: str = "twin"
                    ) -> Any:
-    """The closed-loop scenario of one level; prompts vLLM would refuse (not shorter than
-    ``max_model_len``) are left out, as the server never schedules them."""
+    """The scenario of one level, a closed loop or an open loop in time; prompts vLLM would
+    refuse (not shorter than ``max_model_len``) are left out, as the server never schedules
+    them."""
     mml = int(settings["max_model_len"])
     requests = [r for r in workload.requests() if r["prompt_len"] < mml]
+    what = (f"request rate {workload.request_rate:g}" if workload.open_loop
+            else f"concurrency {workload.concurrency}")
     if not requests:
-        raise InputError(f"concurrency {workload.concurrency}: every prompt is at least "
-                         f"max_model_len {mml} tokens long")
+        raise InputError(f"{what}: every prompt is at least max_model_len {mml} tokens long")
+    mode = ({"type": "open"} if workload.open_loop else
+            {"type": "closed", "concurrency": int(workload.concurrency),
+             "return_steps": int(workload.return_steps),
+             "first_alone": bool(workload.first_alone)})
     return load_scenario({
-        "name": f"{name}/c{workload.concurrency}",
+        "name": f"{name}/" + (f"r{workload.request_rate:g}" if workload.open_loop
+                              else f"c{workload.concurrency}"),
         "seed": 0,
-        "mode": {"type": "closed", "concurrency": int(workload.concurrency),
-                 "return_steps": int(workload.return_steps),
-                 "first_alone": bool(workload.first_alone)},
+        "mode": mode,
         "settings": {k: v for k, v in settings.items() if k in SETTING_NAMES},
         "requests": requests,
     })
@@ -94,6 +99,10 @@ def _request_times(result: Any) -> tuple[np.ndarray, ...]:
 
 def simulate_basis(settings: Mapping[str, Any], workload: LevelWorkload) -> LevelBasis:
     """Simulate the level once per coefficient (event-driven path) and keep its statistics."""
+    if workload.open_loop:
+        raise InputError(f"request rate {workload.request_rate:g}: an open loop's decisions "
+                         "depend on the step time, so it has no linear basis; simulate it with "
+                         "the fitted coefficients (simulate.simulate_level)")
     scenario = build_scenario(settings, workload)
     cols: dict[str, list[Any]] = {k: [] for k in ("duration", "itl_mean", "ttft", "e2e",
                                                   "prefill_time", "decode_time")}

@@ -47,18 +47,22 @@ def _err(twin: float, measured: float) -> float:
     return 100.0 * (twin - measured) / measured
 
 
-def comparison_table(measured_levels: pd.DataFrame, twin_levels: Mapping[int, dict[str, Any]],
-                     throughput_band: Mapping[int, tuple[float, float]]) -> pd.DataFrame:
-    """One row per level: ``<stat>_measured``, ``<stat>_twin``, ``<stat>_error_pct``; the
-    recompute range measured (ratio low..high) against the twin's exact ratio; the bootstrap
-    band of the twin's throughput."""
+def comparison_table(measured_levels: pd.DataFrame, twin_levels: Mapping[Any, dict[str, Any]],
+                     throughput_band: Mapping[Any, tuple[float, float]],
+                     key: str = "concurrency") -> pd.DataFrame:
+    """One row per level (``key``: concurrency, or the request rate of an open loop):
+    ``<stat>_measured``, ``<stat>_twin``, ``<stat>_error_pct``; the recompute range measured
+    (ratio low..high) against the twin's exact ratio; the bootstrap band of the twin's
+    throughput."""
+    from kvpressure.twin.measured import level_value
+
     rows = []
     for _, m in measured_levels.iterrows():
-        c = int(m["concurrency"])
+        c = level_value(m[key], key)
         t = twin_levels.get(c)
         if t is None:
             continue
-        row: dict[str, Any] = {"concurrency": c}
+        row: dict[str, Any] = {key: c}
         for stat in COMPARED:
             mv = float(m[stat]) if stat in m and pd.notna(m[stat]) else math.nan
             tv = float(t[stat])
@@ -77,33 +81,37 @@ def comparison_table(measured_levels: pd.DataFrame, twin_levels: Mapping[int, di
     return pd.DataFrame(rows)
 
 
-def growth_stops(x: list[int], y: list[float], tol_pct: float = PLATEAU_TOL_PCT) -> int | None:
+def growth_stops(x: list[Any], y: list[float], tol_pct: float = PLATEAU_TOL_PCT) -> Any:
     """The first level whose throughput is within ``tol_pct`` of the curve's peak: where
     growth stops. On the plateaus these curves often have, a knee finder's corner moves with
     noise of a few percent; the first level to reach the plateau does not."""
-    pts = [(int(a), float(b)) for a, b in zip(x, y, strict=True) if math.isfinite(float(b))]
+    pts = [(a, float(b)) for a, b in zip(x, y, strict=True) if math.isfinite(float(b))]
     if not pts:
         return None
     peak = max(b for _, b in pts)
     return next(a for a, b in sorted(pts) if b >= (1.0 - tol_pct / 100.0) * peak)
 
 
-def verdict(table: pd.DataFrame) -> FitVerdict:
-    """The fit's verdict from the comparison table (see the module docstring)."""
-    levels = table["concurrency"].astype(int).tolist()
+def verdict(table: pd.DataFrame, key: str = "concurrency") -> FitVerdict:
+    """The fit's verdict from the comparison table (see the module docstring); levels are
+    named ``c=8`` or, in an open loop (``key`` ``request_rate``), ``rate=3``."""
+    from kvpressure.twin.measured import level_value
+
+    levels = [level_value(v, key) for v in table[key]]
+    at = "c=" if key == "concurrency" else "rate="
     thr_err = table["output_throughput_error_pct"].to_numpy(float)
     finite = np.isfinite(thr_err)
     max_err = float(np.max(np.abs(thr_err[finite]))) if finite.any() else None
-    thr_miss = [{"concurrency": c, "error_pct": round(float(e), 1)}
+    thr_miss = [{key: c, "error_pct": round(float(e), 1)}
                 for c, e in zip(levels, thr_err, strict=True)
                 if math.isfinite(e) and abs(e) > THROUGHPUT_TOL_PCT]
     pre_miss = []
-    for _, r in table.iterrows():
+    for c, (_, r) in zip(levels, table.iterrows(), strict=True):
         mv, tv = r["preemptions_measured"], r["preemptions_twin"]
         if not math.isfinite(mv):
             continue
         if abs(tv - mv) > max(PREEMPTION_TOL_PCT / 100.0 * mv, PREEMPTION_TOL_ABS):
-            pre_miss.append({"concurrency": int(r["concurrency"]), "measured": mv, "twin": tv})
+            pre_miss.append({key: c, "measured": mv, "twin": tv})
     mk = growth_stops(levels, table["output_throughput_measured"].tolist())
     tk = growth_stops(levels, table["output_throughput_twin"].tolist())
     knee = {"measured": mk, "twin": tk, "levels_apart": None, "ok": True,
@@ -132,13 +140,13 @@ def verdict(table: pd.DataFrame) -> FitVerdict:
         where = []
         if thr_miss:
             where.append("throughput at " + ", ".join(
-                f"c={m['concurrency']} ({m['error_pct']:+.0f}%)" for m in thr_miss))
+                f"{at}{m[key]:g} ({m['error_pct']:+.0f}%)" for m in thr_miss))
         if pre_miss:
             where.append("preemptions at " + ", ".join(
-                f"c={m['concurrency']} ({m['measured']:.0f} measured, {m['twin']:.0f} twin)"
+                f"{at}{m[key]:g} ({m['measured']:.0f} measured, {m['twin']:.0f} twin)"
                 for m in pre_miss))
         if not knee["ok"]:
-            where.append(f"knee at c={mk} measured, c={tk} twin")
+            where.append(f"knee at {at}{mk:g} measured, {at}{tk:g} twin")
         text = "does not fit: " + "; ".join(where)
     if caveats:
         text += "; latency caveat: " + ", ".join(caveats)

@@ -92,8 +92,10 @@ def fit_frame(levels: list[dict[str, Any]]) -> pd.DataFrame:
     """Measured against twin per level, as a reader's table (errors in %)."""
     rows = []
     for r in levels:
+        level = ({"concurrency": r["concurrency"]} if "concurrency" in r
+                 else {"request rate (req/s)": r["request_rate"]})
         rows.append({
-            "concurrency": r["concurrency"],
+            **level,
             "output tok/s measured": r.get("output_throughput_measured"),
             "output tok/s twin": r.get("output_throughput_twin"),
             "error %": r.get("output_throughput_error_pct"),

@@ -16,6 +16,11 @@ and ``ingest.json``. Besides the ``runs`` columns, a level gets, where the data 
   start times and latencies, ``engine_gap_mean_s`` from the running and waiting gauges.
 
 A value the data cannot give stays NaN; nothing is guessed here.
+
+The levels are keyed by ``Measured.key``: ``concurrency`` for closed loops (``vllm bench serve
+--max-concurrency C``), or ``request_rate`` for an open loop (``--request-rate R`` without a
+client limit), whose requests' send times (``start_times``) are kept as arrivals. A folder with
+both keeps the closed loops and says so.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ LEVEL_COLUMNS = (
     "max_running", "mean_kv_usage", "prefill_time_mean_s", "decode_time_mean_s",
     "engine_steps", "tokens_per_step", "input_len_mean", "output_len_mean", "t_start", "t_end",
     "t_steady_start", "t_steady_end", "request_throughput", "mean_in_engine",
-    "client_gap_mean_s", "engine_gap_mean_s",
+    "client_gap_mean_s", "engine_gap_mean_s", "request_rate",
 )
+OPEN_KEY = "request_rate"
 
 
 @dataclass
@@ -51,8 +57,8 @@ class Measured:
     run_dir: Path
     """The folder given (a collect folder's tables are in its ``report/``)."""
     levels: pd.DataFrame
-    """One row per concurrency level, ``LEVEL_COLUMNS``, sorted by concurrency."""
-    lengths: dict[int, tuple[list[int], list[int]]]
+    """One row per level, ``LEVEL_COLUMNS``, sorted by ``key``."""
+    lengths: dict[Any, tuple[list[int], list[int]]]
     """Per level, the exact (prompt lengths, output lengths) of its requests, where known."""
     runs: pd.DataFrame
     """The baseline rows of ``runs.csv`` as read."""
@@ -60,17 +66,42 @@ class Measured:
     ingest: dict[str, Any]
     variant: str
     notes: list[str] = field(default_factory=list)
+    key: str = "concurrency"
+    """What tells the levels apart: ``concurrency`` (closed loops) or ``request_rate``."""
+    arrivals: dict[Any, list[float]] = field(default_factory=dict)
+    """Open loop: per level, each request's send time from the level's first (seconds), in
+    the order of ``lengths``; burstiness per level in ``burstiness``."""
+    burstiness: dict[Any, float] = field(default_factory=dict)
 
     @property
-    def concurrencies(self) -> list[int]:
-        return [int(c) for c in self.levels["concurrency"]]
+    def open_loop(self) -> bool:
+        return self.key == OPEN_KEY
 
-    def level(self, concurrency: int) -> pd.Series:
-        rows = self.levels[self.levels["concurrency"] == concurrency]
+    @property
+    def concurrencies(self) -> list[Any]:
+        return self.keys
+
+    @property
+    def keys(self) -> list[Any]:
+        return [level_value(v, self.key) for v in self.levels[self.key]]
+
+    def level(self, value: Any) -> pd.Series:
+        rows = self.levels[self.levels[self.key] == value]
         if rows.empty:
-            raise InputError(f"concurrency {concurrency}: not a measured level "
-                             f"({', '.join(map(str, self.concurrencies))})")
+            raise InputError(f"{level_name(value, self.key)}: not a measured level "
+                             f"({', '.join(map(str, self.keys))})")
         return rows.iloc[0]
+
+
+def level_value(value: Any, key: str) -> Any:
+    """A level's identifier as the twin keys it: an int concurrency, a float request rate."""
+    return float(value) if key == OPEN_KEY else int(value)
+
+
+def level_name(value: Any, key: str) -> str:
+    """``concurrency 8`` or ``request rate 3 req/s`` (for messages and reports)."""
+    return (f"request rate {float(value):g} req/s" if key == OPEN_KEY
+            else f"concurrency {int(value)}")
 
 
 def _num(value: Any) -> float:
@@ -139,7 +170,9 @@ def _bench_result(source: Any, run_dir: Path) -> dict[str, Any] | None:
     return None
 
 
-def _lens(res: dict[str, Any]) -> tuple[list[int], list[int]] | None:
+def _lens(res: dict[str, Any]) -> tuple[list[int], list[int], list[float] | None] | None:
+    """The (prompt lengths, output lengths) of a result's successful requests in the order they
+    were sent, and their send times from the first one's when the result lists them."""
     ins, outs = res.get("input_lens"), res.get("output_lens")
     if not (isinstance(ins, list) and isinstance(outs, list) and ins and len(ins) == len(outs)):
         return None
@@ -150,15 +183,17 @@ def _lens(res: dict[str, Any]) -> tuple[list[int], list[int]] | None:
     # they were sent: kvpressure collect lists them as they finished, vllm bench serve as sent.
     starts = res.get("start_times")
     order = list(range(len(ins)))
-    if (isinstance(starts, list) and len(starts) == len(ins)
-            and all(isinstance(s, int | float) and math.isfinite(s) for s in starts)):
+    timed = (isinstance(starts, list) and len(starts) == len(ins)
+             and all(isinstance(s, int | float) and math.isfinite(s) for s in starts))
+    if timed:
         order.sort(key=lambda k: starts[k])
-    pairs = [(int(ins[k]), int(outs[k])) for k in order
-             if ok[k] and isinstance(ins[k], int | float) and isinstance(outs[k], int | float)
-             and outs[k] >= 1]
-    if not pairs:
+    kept = [k for k in order
+            if ok[k] and isinstance(ins[k], int | float) and isinstance(outs[k], int | float)
+            and outs[k] >= 1]
+    if not kept:
         return None
-    return [p for p, _ in pairs], [o for _, o in pairs]
+    sent = [float(starts[k]) - float(starts[kept[0]]) for k in kept] if timed else None
+    return [int(ins[k]) for k in kept], [int(outs[k]) for k in kept], sent
 
 
 def _point_lengths(run_dir: Path, variant: str, c: int) -> tuple[list[int], list[int]] | None:
@@ -322,11 +357,21 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
         chosen = variant or "baseline"
     runs = runs.copy()
     runs["concurrency"] = pd.to_numeric(runs["concurrency"], errors="coerce")
-    without = int(runs["concurrency"].isna().sum())
+    rate = pd.to_numeric(runs[OPEN_KEY], errors="coerce") if OPEN_KEY in runs else (
+        pd.Series(math.nan, index=runs.index))
+    runs[OPEN_KEY] = rate
+    key = "concurrency"
+    if runs["concurrency"].isna().all() and rate.notna().any():
+        key = OPEN_KEY
+    without = int(runs[key].isna().sum())
     if without:
-        notes.append(f"{without} run(s) without a concurrency level left out (a twin replays "
-                     "a closed loop at the measured levels)")
-    runs = runs.dropna(subset=["concurrency"]).reset_index(drop=True)
+        notes.append(
+            f"{without} run(s) without a concurrency level left out (the twin replays the "
+            "closed loops; a folder of open loops alone is replayed at their request rates)"
+            if key == "concurrency" else
+            f"{without} run(s) without a request rate left out (the twin replays an open "
+            "loop at the measured rates)")
+    runs = runs.dropna(subset=[key]).reset_index(drop=True)
     series = read_series(run_dir)
     ingest_path = run_dir / "ingest.json"
     ingest: dict[str, Any] = {}
@@ -339,32 +384,41 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
     if full_log is None and not _covers(series, runs):
         full_log = ingested_scrape_log(run_dir, ingest)
     rows: list[dict[str, Any]] = []
-    lengths: dict[int, tuple[list[int], list[int]]] = {}
+    lengths: dict[Any, tuple[list[int], list[int]]] = {}
+    arrivals: dict[Any, list[float]] = {}
+    burstiness: dict[Any, float] = {}
     base = base_repeat(runs)
-    for c, group in runs.groupby("concurrency", sort=True):
-        c_int = int(c)
+    for c, group in runs.groupby(key, sort=True):
+        c_int = level_value(c, key)
         row: dict[str, Any] = {}
         for col in LEVEL_COLUMNS:
             vals = pd.to_numeric(group[col], errors="coerce") if col in group.columns else None
             row[col] = float(vals.mean()) if vals is not None and vals.notna().any() else math.nan
-        row["concurrency"] = c_int
-        first = base[base["concurrency"] == c]
+        row[key] = c_int
+        first = base[base[key] == c]
         first = first.iloc[0] if len(first) else group.iloc[0]
         res = _bench_result(first.get("source"), run_dir)
         if res is not None:
-            for col, key in (("ttft_p50_s", "median_ttft_ms"), ("itl_p50_s", "median_itl_ms")):
-                v = _num(res.get(key))
+            for col, field_name in (("ttft_p50_s", "median_ttft_ms"),
+                                    ("itl_p50_s", "median_itl_ms")):
+                v = _num(res.get(field_name))
                 if not math.isnan(v):
                     row[col] = v / 1000.0
             got = _lens(res)
             if got is not None:
-                lengths[c_int] = got
+                lengths[c_int] = got[:2]
+                if got[2] is not None:
+                    arrivals[c_int] = got[2]
+            if key == OPEN_KEY:
+                b = _num(res.get("burstiness"))
+                burstiness[c_int] = b if b > 0 else 1.0
             starts, lats = res.get("start_times"), res.get("latencies")
             gaps = (client_gaps(starts, lats, c_int)
-                    if isinstance(starts, list) and isinstance(lats, list) else [])
+                    if key == "concurrency" and isinstance(starts, list)
+                    and isinstance(lats, list) else [])
             if len(gaps):
                 row["client_gap_mean_s"] = float(np.mean(gaps))
-        if c_int not in lengths:
+        if c_int not in lengths and key == "concurrency":
             got = _point_lengths(run_dir, chosen, c_int)
             if got is not None:
                 lengths[c_int] = got
@@ -375,11 +429,12 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
         for frame in (series, full_log):
             if frame is None or math.isnan(t0) or math.isnan(t1) or t1 <= t0:
                 continue
-            for key, value in _window_stats(frame, t0, t1, steady).items():
-                if math.isnan(_num(row.get(key))) and not math.isnan(value):
-                    row[key] = value
-        row["engine_gap_mean_s"] = engine_gap_s(row["mean_in_engine"], c_int,
-                                                row["request_throughput"])
+            for stat, value in _window_stats(frame, t0, t1, steady).items():
+                if math.isnan(_num(row.get(stat))) and not math.isnan(value):
+                    row[stat] = value
+        row["engine_gap_mean_s"] = (engine_gap_s(row["mean_in_engine"], c_int,
+                                                 row["request_throughput"])
+                                    if key == "concurrency" else math.nan)
         duration, n = row["duration_s"], row["num_requests"]
         if c_int in lengths:
             ins, outs = lengths[c_int]
@@ -391,4 +446,5 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
             row["input_len_mean"] = (row["total_token_throughput"] * duration - out_tok) / n
         rows.append(row)
     levels = pd.DataFrame(rows, columns=list(LEVEL_COLUMNS))
-    return Measured(top, levels, lengths, runs, series, ingest, chosen, notes)
+    return Measured(top, levels, lengths, runs, series, ingest, chosen, notes, key, arrivals,
+                    burstiness)

@@ -37,7 +37,8 @@ def twin_document(twin: Any, remedies: dict[str, Any] | None, label: str | None 
                 "levels": report.table.to_dict(orient="records")},
         "remedies": remedies,
         "assumptions": twin.assumptions(),
-        "client_turnaround": twin.turnaround(),
+        "load": {"key": twin.key, "open_loop": twin.open_loop},
+        "client_turnaround": None if twin.open_loop else twin.turnaround(),
         "return_lag": None if twin.return_lag is None else to_jsonable(twin.return_lag),
         "timings_s": {k: round(v, 3) for k, v in twin.timings.items()},
     }
@@ -53,7 +54,8 @@ def _figure(twin: Any, remedies: dict[str, Any] | None, path: Path) -> None:
 
     t = twin.report.table
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.0))
-    x = t["concurrency"]
+    x = t[twin.key]
+    xlabel = "request rate (req/s)" if twin.open_loop else "concurrency"
     ax = axes[0]
     ax.plot(x, t["output_throughput_measured"], "o-", color="black", label="measured")
     ax.plot(x, t["output_throughput_twin"], "s--", color="tab:blue", label="twin")
@@ -63,20 +65,20 @@ def _figure(twin: Any, remedies: dict[str, Any] | None, path: Path) -> None:
         rec = remedies["recommendation"]
         curve = pd.DataFrame([twin.predict_level(c, rec["overrides"])
                               for c in sorted(twin.workloads)])
-        ax.plot(curve["concurrency"], curve["output_throughput"], "^:", color="tab:green",
+        ax.plot(curve[twin.key], curve["output_throughput"], "^:", color="tab:green",
                 label=f"twin, {rec['setting']}")
-    ax.set(xlabel="concurrency", ylabel="output tokens/s", title="throughput")
+    ax.set(xlabel=xlabel, ylabel="output tokens/s", title="throughput")
     ax.legend(fontsize=8)
     ax = axes[1]
     ax.plot(x, t["preemptions_measured"], "o-", color="black", label="measured")
     ax.plot(x, t["preemptions_twin"], "s--", color="tab:red", label="twin")
-    ax.set(xlabel="concurrency", ylabel="preemptions", title="preemptions")
+    ax.set(xlabel=xlabel, ylabel="preemptions", title="preemptions")
     ax.legend(fontsize=8)
     ax = axes[2]
     for stat, color in (("ttft_p95_s", "tab:purple"), ("itl_p95_s", "tab:orange")):
         ax.plot(x, t[f"{stat}_measured"], "o-", color=color, label=f"{stat[:-2]} measured")
         ax.plot(x, t[f"{stat}_twin"], "s--", color=color, alpha=0.7, label=f"{stat[:-2]} twin")
-    ax.set(xlabel="concurrency", ylabel="seconds", title="latency p95", yscale="log")
+    ax.set(xlabel=xlabel, ylabel="seconds", title="latency p95", yscale="log")
     ax.legend(fontsize=8)
     fig.suptitle(twin.report.verdict.text[:140], fontsize=9)
     fig.tight_layout()
@@ -94,14 +96,15 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 def _markdown(doc: dict[str, Any]) -> str:
     fit = doc["fit"]
+    key = (doc.get("load") or {}).get("key", "concurrency")
     lines = [f"# Twin of {doc['run_dir']}", "", f"**Fit: {fit['verdict']}**", "",
              "## Measured vs twin, per level", "",
-             "| c | throughput meas | twin | err % | preempt meas | twin | TTFT p95 meas | twin "
+             f"| {'c' if key == 'concurrency' else 'req/s'} | throughput meas | twin | err % | preempt meas | twin | TTFT p95 meas | twin "
              "| ITL p95 meas | twin | recompute meas (low-high) | twin |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in fit["levels"]:
         lines.append(
-            f"| {r['concurrency']} | {_fmt(r['output_throughput_measured'], 4)} | "
+            f"| {r[key]:g} | {_fmt(r['output_throughput_measured'], 4)} | "
             f"{_fmt(r['output_throughput_twin'], 4)} | {_fmt(r['output_throughput_error_pct'], 2)} "
             f"| {_fmt(r['preemptions_measured'])} | {_fmt(r['preemptions_twin'])} | "
             f"{_fmt(r['ttft_p95_s_measured'])} | {_fmt(r['ttft_p95_s_twin'])} | "
@@ -115,7 +118,8 @@ def _markdown(doc: dict[str, Any]) -> str:
                      f"{UNITS.get(name, c['unit'])} | {c['source']} |")
     rem = doc.get("remedies")
     if rem:
-        lines += ["", f"## Remedies at concurrency {rem['focus_concurrency']}", "",
+        at = (rem.get("focus") or {}).get("name") or f"concurrency {rem['focus_concurrency']}"
+        lines += ["", f"## Remedies at {at}", "",
                   f"{rem['trust']}", "",
                   f"**Recommendation: {rem['recommendation']['text']}**", "",
                   "| setting | throughput | change % (90%) | TTFT p95 s | ITL p95 s | "
@@ -147,7 +151,7 @@ def write_twin(twin: Any, remedies: dict[str, Any] | None, out_dir: str | Path,
 
 
 def make_twin_folder(run_dir: str | Path, out_dir: str | Path, *,
-                     limits: dict[str, float] | None = None, focus: int | None = None,
+                     limits: dict[str, float] | None = None, focus: float | None = None,
                      overrides: dict[str, Any] | None = None, cost_model: Any = None,
                      variant: str | None = None, bootstrap: int = 200, seed: int = 0,
                      remedies: bool = True, refusal_ok: bool = False,

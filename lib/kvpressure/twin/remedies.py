@@ -63,19 +63,14 @@ def _curve(twin: Any, overrides: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _priced(twin: Any, focus: int, overrides: Mapping[str, Any]) -> dict[str, Any]:
+def _priced(twin: Any, focus: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Point prediction and bootstrap draws at the focus level for one setting."""
-    fit = twin.fitted
-    basis = twin.basis(focus, overrides or None)
     point = twin.predict_level(focus, overrides or None)
-    samples = fit.samples
-    thr = basis.output_tokens / basis.time("duration", samples[:, :-1]) if len(samples) else (
-        np.array([point["output_throughput"]]))
-    ttft = basis.ttft @ samples[:, :-1].T + samples[:, -1] if len(samples) else None
-    ttft_p95 = np.percentile(ttft, 95, axis=0, method="inverted_cdf") if ttft is not None else (
-        np.array([point["ttft_p95_s"]]))
-    return {"point": point, "throughput_draws": np.atleast_1d(thr),
-            "ttft_p95_draws": np.atleast_1d(ttft_p95)}
+    draws = twin.level_draws(focus, overrides or None)
+    thr, ttft_p95 = draws["output_throughput"], draws["ttft_p95_s"]
+    return {"point": point,
+            "throughput_draws": thr if len(thr) else np.array([point["output_throughput"]]),
+            "ttft_p95_draws": ttft_p95 if len(ttft_p95) else np.array([point["ttft_p95_s"]])}
 
 
 def _interval(values: np.ndarray) -> list[float]:
@@ -100,11 +95,14 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
     setting gaining less than ``min_gain_pct`` at the focus level is not recommended (the
     kit's threshold, ``analysis.recommendation``)."""
     from kvpressure.analysis.remedies import default_overrides, evaluate_remedies
+    from kvpressure.twin.measured import level_value
 
     levels = sorted(twin.workloads)
-    focus = int(focus) if focus is not None else levels[-1]
+    focus = level_value(focus, twin.key) if focus is not None else levels[-1]
     if focus not in twin.workloads:
-        raise InputError(f"--focus {focus}: not a measured level ({', '.join(map(str, levels))})")
+        raise InputError(f"--focus {focus:g}: not a measured level "
+                         f"({', '.join(f'{c:g}' for c in levels)})")
+    at = twin.level_name(focus)
     bad = sorted(set(limits) - set(LIMIT_NAMES))
     if bad:
         raise InputError(f"limits: unknown {', '.join(bad)}; known: {', '.join(LIMIT_NAMES)}")
@@ -116,13 +114,14 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
     base_curve = pd.DataFrame([twin.report.twin_levels[c] for c in levels])
     longest = max(w.max_sequence_tokens() for w in twin.workloads.values())
     holds = pool_holds(settings, twin.workloads[focus])
-    chosen = default_overrides(settings, base_curve, max_sequence_tokens=longest, target=focus)
+    chosen = default_overrides(settings, base_curve, max_sequence_tokens=longest, target=focus,
+                               x=twin.key)
     chosen["lower_max_num_seqs"] = (
         {"max_num_seqs": holds} if holds < int(settings["max_num_seqs"]) else None)
     chosen["raise_gpu_memory_utilization"] = None
     kit = evaluate_remedies(base_curve, lambda ov: _curve(twin, ov), settings=settings,
                             target_concurrency=focus, remedies=chosen,
-                            max_sequence_tokens=longest)
+                            max_sequence_tokens=longest, x=twin.key)
     options: dict[str, dict[str, Any]] = {"baseline": {}}
     for o in kit.outcomes:
         if o.applicable:
@@ -140,8 +139,7 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
         grow = 1.0 + float(latency_tolerance_pct) / 100.0
         limits = {k: float(base["point"][k]) * grow for k in ("ttft_p95_s", "itl_p95_s")
                   if math.isfinite(float(base["point"][k])) and base["point"][k] > 0}
-        limits_rule = (f"the twin's TTFT and ITL p95 at concurrency {focus} "
-                       f"+{latency_tolerance_pct:g}%")
+        limits_rule = f"the twin's TTFT and ITL p95 at {at} +{latency_tolerance_pct:g}%"
     table = []
     for name, ov in options.items():
         got = base if not ov else _priced(twin, focus, ov)
@@ -170,25 +168,27 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
         small = top["setting"] != "baseline" and top["throughput_change_pct"] < min_gain_pct
         best = next((r for r in table if r["setting"] == "baseline"), top) if small else top
         if best["setting"] == "baseline":
-            text = (f"keep the current settings: no candidate raises throughput at concurrency "
-                    f"{focus} by {min_gain_pct:g}% or more within the limits"
+            text = (f"keep the current settings: no candidate raises throughput at {at} "
+                    f"by {min_gain_pct:g}% or more within the limits"
                     + (f" (the best, {top['setting']}, "
                        f"{top['throughput_change_pct']:+.1f}%)" if small else ""))
         else:
             lo, mid, hi = best["throughput_change_pct_p05_p50_p95"]
             change = ", ".join(f"{k}={v}" for k, v in best["overrides"].items())
             name = change if best["setting"] == change else f"{best['setting']} ({change})"
-            text = (f"{name}: output throughput at concurrency {focus} {best['throughput_change_pct']:+.1f}% "
+            text = (f"{name}: output throughput at {at} {best['throughput_change_pct']:+.1f}% "
                     f"(90% interval {lo:+.1f}% to {hi:+.1f}%), TTFT p95 {best['ttft_p95_s']:.3g} s, "
                     f"ITL p95 {best['itl_p95_s'] * 1000:.3g} ms")
         recommendation = {"setting": best["setting"], "overrides": best["overrides"],
                           "text": text, "trusted": fits}
     else:
         recommendation = {"setting": None, "overrides": {}, "trusted": fits,
-                          "text": f"no setting tried meets the limits at concurrency {focus}"}
+                          "text": f"no setting tried meets the limits at {at}"}
     if not fits:
         recommendation["text"] = "UNTRUSTED (twin does not fit): " + recommendation["text"]
-    return {"focus_concurrency": focus, "limits": dict(limits), "limits_rule": limits_rule,
+    return {"focus_concurrency": focus if twin.key == "concurrency" else None,
+            "focus": {twin.key: focus, "name": at},
+            "limits": dict(limits), "limits_rule": limits_rule,
             "trust": trust,
             "trusted": fits, "pool_holds_sequences": holds, "kit_remedies": kit.to_dict(),
             "candidates": table, "recommendation": recommendation}

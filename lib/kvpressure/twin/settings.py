@@ -10,7 +10,10 @@ Sources, first one that has a setting wins:
 4. ``ingest.json``'s options (``policy``, ``scheduler_reserve_full_isl``);
 5. ``vllm:cache_config_info`` in ``series.csv`` (``num_gpu_blocks``, ``block_size``,
    ``enable_prefix_caching``);
-6. a server log in the run folder (``*.log``): the KV-cache size and block count lines;
+6. the server's log (the one given, one the run was ingested from, else a ``*.log`` in the run
+   folder): the engine arguments of its start-up lines (``non-default args: {...}``, the
+   engine's config line, the resolved pool and ``max_num_batched_tokens``), else the KV-cache
+   size and block count lines;
 7. vLLM's defaults, marked as assumed.
 
 The pool size (``num_gpu_blocks``) has no default: a twin without it is refused.
@@ -146,9 +149,28 @@ _LOG_PATTERNS = (
 )
 
 
-def _server_log(run_dir: Path) -> tuple[dict[str, Any], str] | None:
-    for path in sorted(run_dir.glob("*.log")):
-        found: dict[str, Any] = {}
+def _start_up_args(path: Path) -> dict[str, Any]:
+    """The engine arguments a vLLM log's start-up lines show (``ingestion.server_log``)."""
+    from kvpressure.ingestion.server_log import engine_args, read_events
+
+    try:
+        log = read_events(path)
+    except (InputError, OSError, UnicodeDecodeError):
+        return {}
+    startup = [e for e in log.events if e.kind == "startup"]
+    args = engine_args(startup, [], path)
+    # The pool in tokens is the caller's to turn into blocks (it needs the block size).
+    args.pop("kv_cache_size_tokens", None)
+    return _known(args, str(path))
+
+
+def _server_log(run_dir: Path, logs: list[Path]) -> tuple[dict[str, Any], str] | None:
+    seen: set[Path] = set()
+    for path in [*logs, *sorted(run_dir.glob("*.log"))]:
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        found = _start_up_args(path)
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
@@ -164,9 +186,10 @@ def _server_log(run_dir: Path) -> tuple[dict[str, Any], str] | None:
 
 
 def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None,
-                  ingest: dict[str, Any], overrides: dict[str, Any] | None = None
-                  ) -> tuple[dict[str, Any], dict[str, str]]:
-    """``(settings, source of each setting)`` for the scheduler of the twin."""
+                  ingest: dict[str, Any], overrides: dict[str, Any] | None = None,
+                  logs: list[Path] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(settings, source of each setting)`` for the scheduler of the twin; ``logs`` are the
+    server logs known besides the run folder's own (given, or ingested from)."""
     from kvpressure.ingestion.cache_config import cache_config
 
     layers: list[tuple[dict[str, Any], str]] = []
@@ -185,7 +208,7 @@ def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None
             single = series[series["run"] == series["run"].iloc[0]]
         layers.append((_known(cache_config(single), "series.csv"),
                        "vllm:cache_config_info (series.csv)"))
-    log = _server_log(run_dir)
+    log = _server_log(run_dir, list(logs or []))
     log_tokens = None
     if log:
         found, where = log

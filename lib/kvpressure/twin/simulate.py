@@ -66,6 +66,7 @@ def simulate_level(settings: Mapping[str, Any], workload: LevelWorkload,
     ttft = ttft + ttft_offset
     return {
         "concurrency": workload.concurrency,
+        **({"request_rate": workload.request_rate} if workload.open_loop else {}),
         "num_requests": s["num_requests"],
         "duration_s": s["duration_s"],
         "output_throughput": s["output_throughput"],

@@ -6,10 +6,14 @@ log-normal noise of ``noise`` relative spread (a level's throughput and latencie
 the way run-to-run noise on a busy machine moves them), and the folder gets what an ingested
 bench sweep would hold: ``runs.csv``, the per-request lengths (``points/baseline/c<C>/
 requests.csv``, as a sweep writes them) and ``series.csv`` with ``vllm:cache_config_info``.
+An open-loop level (a workload with arrival times) is written as ``vllm bench serve
+--request-rate R --save-detailed`` would leave it: a result file ``bench/rate-<R>.json`` with
+the per-request lengths and send times, its row keyed by ``request_rate``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,20 +25,39 @@ from kvpressure.twin.simulate import simulate_level
 from kvpressure.twin.workload import LevelWorkload
 
 
-def synthetic_workloads(levels: Sequence[int], *, input_len: tuple[int, int],
+def synthetic_workloads(levels: Sequence[float], *, input_len: tuple[int, int],
                         output_len: tuple[int, int], requests_per_level: int | None = None,
-                        seed: int = 0) -> dict[int, LevelWorkload]:
+                        seed: int = 0, open_loop: bool = False) -> dict[Any, LevelWorkload]:
     """Uniform lengths in the given inclusive ranges; ``requests_per_level`` (default 4 x C,
     at least 32) requests per level, the same draw at every level (as ``vllm bench serve``
-    with one seed)."""
-    out = {}
+    with one seed). ``open_loop``: the levels are request rates, the arrivals Poisson at each
+    (seeded)."""
+    from kvpressure.twin.workload import drawn_arrivals
+
+    out: dict[Any, LevelWorkload] = {}
     for c in levels:
         n = requests_per_level or max(32, 4 * int(c))
         rng = np.random.default_rng(seed)
-        ins = rng.integers(input_len[0], input_len[1] + 1, size=n)
-        outs = rng.integers(output_len[0], output_len[1] + 1, size=n)
-        out[int(c)] = LevelWorkload(int(c), tuple(map(int, ins)), tuple(map(int, outs)), True)
+        ins = tuple(map(int, rng.integers(input_len[0], input_len[1] + 1, size=n)))
+        outs = tuple(map(int, rng.integers(output_len[0], output_len[1] + 1, size=n)))
+        if open_loop:
+            out[float(c)] = LevelWorkload(0, ins, outs, True, request_rate=float(c),
+                                          arrival_times_s=drawn_arrivals(n, float(c), seed=seed))
+        else:
+            out[int(c)] = LevelWorkload(int(c), ins, outs, True)
     return out
+
+
+def _bench_result(w: LevelWorkload, sim: Mapping[str, Any], ttfts: list[float]) -> dict:
+    """The fields of a ``vllm bench serve --save-detailed`` result the twin reads."""
+    return {"date": "20260101-000000", "backend": "vllm", "model_id": "synthetic",
+            "num_prompts": w.num_requests, "request_rate": w.request_rate, "burstiness": 1.0,
+            "max_concurrency": None, "duration": sim["duration_s"],
+            "completed": w.num_requests, "failed": 0,
+            "total_input_tokens": sum(w.prompt_lens), "total_output_tokens": sum(w.output_lens),
+            "input_lens": list(w.prompt_lens), "output_lens": list(w.output_lens),
+            "start_times": [1000.0 + t for t in w.arrival_times_s or ()], "ttfts": ttfts,
+            "errors": [""] * w.num_requests}
 
 
 def write_synthetic_run(out_dir: str | Path, settings: Mapping[str, Any],
@@ -49,8 +72,16 @@ def write_synthetic_run(out_dir: str | Path, settings: Mapping[str, Any],
         sim = simulate_level(settings, w, coefficients, ttft_offset)
         f = float(np.exp(rng.normal(0.0, noise))) if noise > 0 else 1.0
         ratio = sim["recompute_ratio"]
+        key = ({"run": f"synthetic/r{c:g}", "concurrency": float("nan"), "request_rate": c}
+               if w.open_loop else {"run": f"synthetic/c{c}", "concurrency": c})
+        source = "simulation"
+        if w.open_loop:
+            bench = out / "bench" / f"rate-{c:g}.json"
+            bench.parent.mkdir(parents=True, exist_ok=True)
+            bench.write_text(json.dumps(_bench_result(w, sim, [])) + "\n")
+            source = str(bench.relative_to(out))
         rows.append({
-            "run": f"synthetic/c{c}", "variant": "baseline", "concurrency": c,
+            **key, "variant": "baseline",
             "num_requests": sim["num_requests"], "duration_s": sim["duration_s"] * f,
             "request_throughput": sim["num_requests"] / (sim["duration_s"] * f),
             "output_throughput": sim["output_throughput"] / f,
@@ -60,8 +91,10 @@ def write_synthetic_run(out_dir: str | Path, settings: Mapping[str, Any],
             "preemptions": sim["preemptions"], "recomputed_tokens": sim["recomputed_tokens"],
             "recompute_ratio": ratio, "recompute_ratio_low": ratio,
             "recompute_ratio_high": ratio, "mean_running": sim["mean_running"],
-            "max_running": sim["max_running"], "source": "simulation",
+            "max_running": sim["max_running"], "source": source,
         })
+        if w.open_loop:
+            continue
         point = out / "points" / "baseline" / f"c{c}"
         point.mkdir(parents=True, exist_ok=True)
         pd.DataFrame({"id": [r["id"] for r in w.requests()], "prompt_len": w.prompt_lens,
@@ -78,7 +111,5 @@ def write_synthetic_run(out_dir: str | Path, settings: Mapping[str, Any],
                                                              lineterminator="\n")
     engine = {k: v for k, v in settings.items() if k not in ("num_gpu_blocks", "block_size",
                                                                  "enable_prefix_caching")}
-    import json
-
     (out / "engine.json").write_text(json.dumps(engine, indent=2, sort_keys=True) + "\n")
     return runs

@@ -1,11 +1,16 @@
-"""The twin's workload: the measured closed loop, level by level.
+"""The twin's workload: the measured load, level by level.
 
-Each level replays ``num_requests`` requests at its concurrency, like ``vllm bench serve
---max-concurrency C --num-prompts N --request-rate inf``. The lengths are, best first: the
-exact prompt and output lengths of the level's requests (a bench result saved with
-``--save-detailed``, or a simulated point's ``requests.csv``), in their order; otherwise every
-request gets the level's mean lengths (from the token totals), which is said in the twin's
-assumptions.
+A closed-loop level replays ``num_requests`` requests at its concurrency, like ``vllm bench
+serve --max-concurrency C --num-prompts N --request-rate inf``. An open-loop level (``vllm bench
+serve --request-rate R`` without a client limit) replays them at their arrival times: the
+measured send times (``start_times`` of a result saved with ``--save-detailed``), else a seeded
+draw of the arrival process ``vllm bench serve`` uses (gaps from a gamma distribution of mean
+``1 / R`` and shape ``burstiness``; 1 is Poisson), which the twin's assumptions say.
+
+The lengths are, best first: the exact prompt and output lengths of the level's requests (a
+bench result saved with ``--save-detailed``, or a simulated point's ``requests.csv``), in their
+order; otherwise every request gets the level's mean lengths (from the token totals), which is
+said in the twin's assumptions.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from kvpressure.errors import InputError
 
@@ -29,14 +36,33 @@ class LevelWorkload:
     (docs/scheduler.md#loop-closed-return)."""
     first_alone: bool = False
     """The level's first request reaches the engine one step ahead of the others."""
+    request_rate: float | None = None
+    """Open loop: the level's request rate (req/s); ``concurrency`` is then 0 (no limit)."""
+    arrival_times_s: tuple[float, ...] | None = None
+    """Open loop: each request's arrival, seconds from the first."""
+    arrivals_measured: bool = True
+    """Open loop: the arrivals are the measured send times (False: drawn at the rate)."""
+
+    @property
+    def open_loop(self) -> bool:
+        return self.arrival_times_s is not None
+
+    @property
+    def key(self) -> float | int:
+        """The level's identifier: its request rate (open loop) or concurrency."""
+        return float(self.request_rate) if self.open_loop else self.concurrency  # type: ignore[arg-type]
 
     @property
     def num_requests(self) -> int:
         return len(self.prompt_lens)
 
     def requests(self) -> list[dict[str, Any]]:
-        return [{"id": f"r{i}", "prompt_len": int(p), "output_len": int(o)}
-                for i, (p, o) in enumerate(zip(self.prompt_lens, self.output_lens, strict=True))]
+        out = [{"id": f"r{i}", "prompt_len": int(p), "output_len": int(o)}
+               for i, (p, o) in enumerate(zip(self.prompt_lens, self.output_lens, strict=True))]
+        if self.arrival_times_s is not None:
+            for r, t in zip(out, self.arrival_times_s, strict=True):
+                r["arrival_time_s"] = float(t)
+        return out
 
     def max_sequence_tokens(self) -> int:
         return max(p + o for p, o in zip(self.prompt_lens, self.output_lens, strict=True))
@@ -51,26 +77,56 @@ class LevelWorkload:
             "output_len_mean": sum(self.output_lens) / n,
             "prompt_len_range": [min(self.prompt_lens), max(self.prompt_lens)],
             "output_len_range": [min(self.output_lens), max(self.output_lens)],
-            "return_steps": self.return_steps,
-            "first_alone": self.first_alone,
+            **({"request_rate": self.request_rate,
+                "arrivals": "measured send times" if self.arrivals_measured
+                else "drawn at the rate (seeded)",
+                "arrival_span_s": max(self.arrival_times_s, default=0.0)}
+               if self.arrival_times_s is not None else
+               {"return_steps": self.return_steps, "first_alone": self.first_alone}),
         }
 
 
-def level_workloads(measured: Any) -> dict[int, LevelWorkload]:
-    """One ``LevelWorkload`` per measured level (``Measured`` from ``measured.py``)."""
-    out: dict[int, LevelWorkload] = {}
+def drawn_arrivals(n: int, rate: float, burstiness: float = 1.0, seed: int = 0
+                   ) -> tuple[float, ...]:
+    """``n`` arrival times from 0 at ``rate`` req/s, gaps gamma-distributed with mean ``1 /
+    rate`` and shape ``burstiness`` (the process of ``vllm bench serve --request-rate
+    --burstiness``), seeded; every one at 0 for an infinite rate."""
+    if not math.isfinite(rate):
+        return (0.0,) * n
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=max(n - 1, 0))
+    return (0.0, *np.cumsum(gaps).tolist())
+
+
+def level_workloads(measured: Any) -> dict[Any, LevelWorkload]:
+    """One ``LevelWorkload`` per measured level (``Measured`` from ``measured.py``), keyed as
+    the levels are (``Measured.key``)."""
+    from kvpressure.twin.measured import level_name, level_value
+
+    out: dict[Any, LevelWorkload] = {}
     for _, row in measured.levels.iterrows():
-        c = int(row["concurrency"])
+        c = level_value(row[measured.key], measured.key)
         if c in measured.lengths:
-            ins, outs = measured.lengths[c]
-            out[c] = LevelWorkload(c, tuple(ins), tuple(outs), True)
+            ins, outs = (tuple(v) for v in measured.lengths[c])
+            exact = True
+        else:
+            n, p, o = row["num_requests"], row["input_len_mean"], row["output_len_mean"]
+            if any(not isinstance(v, float) or math.isnan(v) for v in (n, p, o)) or n < 1:
+                raise InputError(
+                    f"{measured.run_dir / 'runs.csv'}: {level_name(c, measured.key)}: the "
+                    "request lengths are not in the data (needs num_requests, duration_s, "
+                    "output_throughput and total_token_throughput, or a bench result saved "
+                    "with --save-detailed)")
+            n_i = int(round(n))
+            ins, outs = (max(1, round(p)),) * n_i, (max(1, round(o)),) * n_i
+            exact = False
+        if not measured.open_loop:
+            out[c] = LevelWorkload(c, ins, outs, exact)
             continue
-        n, p, o = row["num_requests"], row["input_len_mean"], row["output_len_mean"]
-        if any(not isinstance(v, float) or math.isnan(v) for v in (n, p, o)) or n < 1:
-            raise InputError(
-                f"{measured.run_dir / 'runs.csv'}: concurrency {c}: the request lengths are not "
-                "in the data (needs num_requests, duration_s, output_throughput and "
-                "total_token_throughput, or a bench result saved with --save-detailed)")
-        n_i = int(round(n))
-        out[c] = LevelWorkload(c, (max(1, round(p)),) * n_i, (max(1, round(o)),) * n_i, False)
+        sent = measured.arrivals.get(c)
+        measured_times = sent is not None and len(sent) == len(ins)
+        times = (tuple(sent) if measured_times else
+                 drawn_arrivals(len(ins), c, measured.burstiness.get(c, 1.0)))
+        out[c] = LevelWorkload(0, ins, outs, exact, request_rate=c, arrival_times_s=times,
+                               arrivals_measured=measured_times)
     return out

@@ -1,0 +1,124 @@
+"""The twin of an open loop: requests arriving at a measured rate, not sent by C clients.
+
+In a closed loop the scheduler's decisions do not depend on the step time, so one simulation
+per coefficient prices every set of coefficients (``basis.py``). In an open loop they do: a
+slower step lets more requests arrive before the next one, so the batch, the preemptions and
+the queue all move with the time model. Two consequences:
+
+* **the fit needs the server's step trace** (``step_trace.py``): every logged step gives its
+  work and its time, whatever the arrivals did; the levels' aggregates alone would need a
+  simulation inside the optimiser's loop and cannot tell a slow step from a queue;
+* **every prediction is a simulation** with the fitted coefficients, and the uncertainty is
+  the spread over a fixed subset of the bootstrap draws (``BAND_DRAWS``), each simulated.
+
+``ttft_offset`` (what the client and API server add to every first token) is fitted on the
+levels' mean TTFT with the step time from the trace, at the point coefficients; every draw
+keeps it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvpressure.twin.fit import PARAMETERS, FitRefused, TwinFit
+from kvpressure.twin.simulate import simulate_level
+from kvpressure.twin.step_time import COEFFICIENTS
+from kvpressure.twin.step_trace import StepTraceFit, fit_step_trace
+from kvpressure.twin.workload import LevelWorkload
+
+BAND_DRAWS = 12
+"""Bootstrap draws simulated for an interval (the first ones: the draws are independent)."""
+
+
+def level_windows(levels: pd.DataFrame) -> list[tuple[float, float]]:
+    windows = [(float(r["t_start"]), float(r["t_end"])) for _, r in levels.iterrows()
+               if math.isfinite(r["t_start"]) and math.isfinite(r["t_end"])]
+    if not windows:
+        raise FitRefused("the measured levels have no start and end times, so the server's "
+                         "step trace cannot be matched to them")
+    return windows
+
+
+def fit_open_loop(steps: pd.DataFrame | None, measured_levels: pd.DataFrame,
+                  settings: Mapping[str, Any], workloads: Mapping[float, LevelWorkload], *,
+                  priors: Mapping[str, float] | None = None, prior_source: str = "profile",
+                  bootstrap: int = 200, seed: int = 0) -> TwinFit:
+    """The open-loop twin's fit: the step time from the trace inside the levels' windows, then
+    ``ttft_offset`` from the levels simulated with it (see the module docstring)."""
+    if steps is None:
+        raise FitRefused(
+            "an open loop's step time is fitted on the server's own steps, and there is no "
+            "step trace: start vLLM with --enable-logging-iteration-details and give its log "
+            "(twin --server-log, or report --source server.log). In an open loop the "
+            "scheduler's decisions move with the step time, so the per-rate aggregates cannot "
+            "fit it alone; closed loops (vllm bench serve --max-concurrency C) can")
+    trace = fit_step_trace(steps, windows=level_windows(measured_levels), priors=priors,
+                           prior_source=prior_source, bootstrap=bootstrap, seed=seed)
+    return _with_offset(trace, measured_levels, settings, workloads)
+
+
+def _with_offset(trace: StepTraceFit, measured_levels: pd.DataFrame,
+                 settings: Mapping[str, Any], workloads: Mapping[float, LevelWorkload]
+                 ) -> TwinFit:
+    coef = {p: trace.theta[p] for p in COEFFICIENTS}
+    sims = {}
+    for _, m in measured_levels.iterrows():
+        x = float(m["request_rate"])
+        if x in workloads:
+            sims[x] = simulate_level(settings, workloads[x], coef)
+    # The offset minimising the squared relative errors of the mean TTFT, at least 0.
+    pairs = [(float(m["ttft_mean_s"]), sims[float(m["request_rate"])]["ttft_mean_s"])
+             for _, m in measured_levels.iterrows()
+             if float(m["request_rate"]) in sims and m["ttft_mean_s"] > 0]
+    offset, src = 0.0, "default 0 (no TTFT measured)"
+    if pairs:
+        y = np.array([a for a, _ in pairs])
+        pred = np.array([b for _, b in pairs])
+        w = 1.0 / y
+        offset = max(0.0, float((w * (1.0 - pred * w)).sum() / (w * w).sum()))
+        src = ("fitted (on the levels' mean TTFT, the step time from the trace, at the point "
+               "coefficients)")
+    theta = {**trace.theta, "ttft_offset": offset}
+    source = {**trace.source, "ttft_offset": src}
+    samples = (np.column_stack([trace.samples, np.full(len(trace.samples), offset)])
+               if len(trace.samples) else np.empty((0, len(PARAMETERS))))
+    interval = {**trace.interval, "ttft_offset": (offset, offset)}
+    rows = []
+    for _, m in measured_levels.iterrows():
+        x = float(m["request_rate"])
+        if x not in sims:
+            continue
+        s = sims[x]
+        got = {"time_per_output_token": (1.0 / m["output_throughput"],
+                                         1.0 / s["output_throughput"]),
+               "itl_mean_s": (m["itl_mean_s"], s["itl_mean_s"]),
+               "ttft_mean_s": (m["ttft_mean_s"], s["ttft_mean_s"] + offset)}
+        for stat, (mv, tv) in got.items():
+            if isinstance(mv, float) and math.isfinite(mv) and mv > 0:
+                rows.append({"request_rate": x, "stat": stat, "measured": float(mv),
+                             "twin": float(tv), "error_pct": 100.0 * (tv - mv) / mv})
+    table = pd.DataFrame(rows, columns=["request_rate", "stat", "measured", "twin",
+                                        "error_pct"])
+    free = [p for p in PARAMETERS if source[p].startswith(("step trace", "fitted"))]
+    notes = [f"step time from the server's step trace: {trace.steps} steps, relative RMS "
+             f"residual of the elapsed time {100 * trace.residual_rel:.0f}%", *trace.notes,
+             "open loop: the TTFT offset is fitted at the point coefficients and kept by "
+             f"every draw; intervals come from {BAND_DRAWS} bootstrap draws, each simulated"]
+    return TwinFit(theta, source, free, interval, samples, table, {},
+                   sorted(sims), notes)
+
+
+def simulated_draws(settings: Mapping[str, Any], workload: LevelWorkload, fit: TwinFit,
+                    n: int = BAND_DRAWS) -> list[dict[str, Any]]:
+    """The level simulated under the first ``n`` bootstrap draws of the coefficients."""
+    out = []
+    k = len(COEFFICIENTS)
+    for row in fit.samples[:n]:
+        coef = dict(zip(COEFFICIENTS, row[:k].tolist(), strict=True))
+        out.append(simulate_level(settings, workload, coef, float(row[k])))
+    return out

@@ -1,0 +1,160 @@
+"""The twin of an open loop (twin/open_loop.py): levels keyed by request rate, arrivals at the
+measured send times, the step time fitted on the server's step trace."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvpressure.errors import InputError
+from kvpressure.twin.fit import FitRefused
+from kvpressure.twin.workload import LevelWorkload, drawn_arrivals
+
+RATES = (2.0, 4.0, 8.0, 16.0)
+
+
+def _open_run(folder, *, log: bool = True, rates=RATES):
+    """Open-loop levels simulated with known coefficients, written as an ingested bench sweep
+    (a detailed result per rate) with the server's step log."""
+    from kvpressure.twin.synthetic import synthetic_workloads, write_synthetic_run
+    from twin_helpers import SETTINGS, TRUE, TTFT_OFFSET, write_step_log
+
+    loads = synthetic_workloads(rates, input_len=(32, 400), output_len=(16, 96),
+                                requests_per_level=64, open_loop=True)
+    runs = write_synthetic_run(folder, SETTINGS, loads, TRUE, ttft_offset=TTFT_OFFSET)
+    windows, _ = write_step_log(folder / ("server.log" if log else "elsewhere.log"), SETTINGS,
+                                loads, TRUE)
+    runs["t_start"] = [a for a, _ in windows]
+    runs["t_end"] = [b for _, b in windows]
+    runs.to_csv(folder / "runs.csv", index=False)
+    return loads, runs
+
+
+def test_drawn_arrivals_have_the_rate_and_start_at_zero():
+    t = np.array(drawn_arrivals(4001, 5.0, seed=1))
+    assert t[0] == 0.0 and np.all(np.diff(t) >= 0)
+    # 4000 exponential gaps of mean 0.2 s: the mean within 5% (about 3 standard errors).
+    assert np.mean(np.diff(t)) == pytest.approx(0.2, rel=0.05)
+    # Burstiness 4 (gamma shape 4): the same mean, the gaps' spread halved.
+    b = np.diff(drawn_arrivals(4001, 5.0, burstiness=4.0, seed=1))
+    assert np.mean(b) == pytest.approx(0.2, rel=0.05)
+    assert np.std(b) == pytest.approx(0.1, rel=0.08)
+    assert drawn_arrivals(3, float("inf")) == (0.0, 0.0, 0.0)
+
+
+def test_an_open_level_is_simulated_at_its_arrivals():
+    """Two requests far apart never share a step: the second waits for its arrival, and the
+    level lasts until it is done (an open loop in time, not the closed loop's next step)."""
+    from kvpressure.twin.simulate import simulate_level
+    from twin_helpers import SETTINGS
+
+    w = LevelWorkload(0, (100, 100), (10, 10), True, request_rate=0.1,
+                      arrival_times_s=(0.0, 10.0))
+    got = simulate_level(SETTINGS, w, {"t0": 0.01})
+    # Each request: one prefill step and 9 decode steps of 10 ms; the second starts at 10 s.
+    assert got["duration_s"] == pytest.approx(10.0 + 10 * 0.01)
+    assert got["max_running"] == 1
+    assert got["ttft_mean_s"] == pytest.approx(0.01)
+    assert got["request_rate"] == 0.1
+
+
+def test_the_open_twin_fits_on_the_step_trace_and_matches_the_levels(tmp_path):
+    from kvpressure.twin.api import build_twin
+    from twin_helpers import TRUE, TTFT_OFFSET
+
+    loads, runs = _open_run(tmp_path)
+    twin = build_twin(tmp_path)
+    assert twin.open_loop and twin.key == "request_rate"
+    assert sorted(twin.workloads) == list(RATES)
+    # The arrivals are the bench result's send times, not a new draw.
+    for r, w in twin.workloads.items():
+        assert w.arrivals_measured
+        assert w.arrival_times_s == pytest.approx(loads[r].arrival_times_s, abs=1e-9)
+    fit = twin.fit(bootstrap=40)
+    for p in ("t0", "t_prefill_token", "t_decode_seq"):
+        assert fit.source[p].startswith("step trace")
+        assert fit.theta[p] == pytest.approx(TRUE[p], rel=0.05)
+    assert fit.theta["ttft_offset"] == pytest.approx(TTFT_OFFSET, rel=0.2)
+    report = twin.fit_report()
+    t = report.table
+    assert list(t["request_rate"]) == list(RATES)
+    assert t["output_throughput_error_pct"].abs().max() < 3.0
+    # The decisions follow the arrivals and the step time: with the step time recovered, the
+    # preemptions per rate are the measured ones (rates past the pool's capacity preempt).
+    assert (t["preemptions_measured"] > 0).any()
+    assert (t["preemptions_twin"] - t["preemptions_measured"]).abs().max() <= 2
+    assert report.verdict.fits, report.verdict.text
+    # Below saturation an open loop's throughput is its arrival rate's: it grows with it.
+    low = t[t["request_rate"] <= 4.0]["output_throughput_measured"].to_numpy()
+    assert low[1] > 1.5 * low[0]
+    lo, hi = t["output_throughput_twin_p05"], t["output_throughput_twin_p95"]
+    assert ((lo <= t["output_throughput_twin"] * 1.001)
+            & (t["output_throughput_twin"] * 0.999 <= hi)).all()
+
+
+def test_open_twin_remedies_are_keyed_by_rate_and_written(tmp_path):
+    from kvpressure.twin.output import make_twin_folder
+    from twin_helpers import SETTINGS
+
+    _open_run(tmp_path / "run")
+    summary = make_twin_folder(tmp_path / "run", tmp_path / "twin", bootstrap=20,
+                               focus=16)
+    doc = json.loads((tmp_path / "twin" / "twin.json").read_text())
+    assert doc["load"] == {"key": "request_rate", "open_loop": True}
+    rem = doc["remedies"]
+    assert rem["focus"]["request_rate"] == 16.0
+    assert rem["focus"]["name"] == "request rate 16 req/s"
+    by = {c["setting"]: c for c in rem["candidates"]}
+    # The pool holds fewer sequences than max_num_seqs: lowering it is priced, and at the
+    # focus rate (past saturation) it removes preemptions.
+    holds = rem["pool_holds_sequences"]
+    assert holds < SETTINGS["max_num_seqs"]
+    low = by["lower_max_num_seqs"]
+    assert low["overrides"] == {"max_num_seqs": holds}
+    assert low["preemptions"] < by["baseline"]["preemptions"]
+    lo, _, hi = low["throughput_change_pct_p05_p50_p95"]
+    assert lo <= hi
+    assert "request rate 16 req/s" in summary["recommendation"]
+    md = (tmp_path / "twin" / "twin.md").read_text()
+    assert "| req/s |" in md and "## Remedies at request rate 16 req/s" in md
+    assert any("open loop" in a and "send time" in a for a in doc["assumptions"])
+
+
+def test_an_open_twin_without_a_step_trace_is_refused_saying_what_is_needed(tmp_path):
+    from kvpressure.twin.api import build_twin
+
+    _open_run(tmp_path, log=False)
+    twin = build_twin(tmp_path)
+    assert twin.open_loop and twin.step_trace is None
+    with pytest.raises(FitRefused, match="--enable-logging-iteration-details"):
+        twin.fit(bootstrap=0)
+    with pytest.raises(InputError, match="not fitted"):
+        twin.predict_level(4.0)
+
+
+def test_an_open_loop_without_send_times_draws_its_arrivals_and_says_so(tmp_path):
+    from kvpressure.twin.api import build_twin
+
+    _open_run(tmp_path)
+    for path in (tmp_path / "bench").glob("*.json"):
+        res = json.loads(path.read_text())
+        del res["start_times"]
+        path.write_text(json.dumps(res))
+    twin = build_twin(tmp_path)
+    w = twin.workloads[8.0]
+    assert not w.arrivals_measured and w.arrival_times_s == drawn_arrivals(64, 8.0)
+    said = [a for a in twin.assumptions() if "no send times" in a]
+    assert said and "2, 4, 8, 16" in said[0]
+
+
+def test_a_folder_with_closed_and_open_runs_keeps_the_closed_ones(tmp_path):
+    from kvpressure.twin.measured import load_measured
+
+    _, runs = _open_run(tmp_path, rates=(2.0, 4.0))
+    runs.loc[0, "concurrency"] = 4
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    m = load_measured(tmp_path)
+    assert m.key == "concurrency" and m.keys == [4]
+    assert any("1 run(s) without a concurrency level left out" in n for n in m.notes)
