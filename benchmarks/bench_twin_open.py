@@ -28,8 +28,9 @@ started once, each scraped the whole time; every round runs each rate of ``--ab-
 each server back to back, the order rotated from one rate and round to the next. A remedy's
 change of output throughput is read per (rate, round) against the baseline of the same pair,
 and summarised per rate by ``twin.validation.paired_change`` (mean and 95% interval). Below
-saturation an open loop's throughput is the offered load whatever the server does, so the
-rate under the knee is the control.
+saturation an open loop's throughput is the offered load whatever the server does: a rate
+there (1 or 2 req/s on the default setup) is a control; the default ``--ab-rates`` 3 and 6 are
+at and past the knee (the baseline preempts at both).
 
 ``--test-data DEST`` cuts the measured sweep small for the tests (bench results without the
 per-token lists, the scrape log's ``vllm:`` families over the sweep, the server log's steps
