@@ -1,7 +1,8 @@
 """A real open-loop sweep on the CPU vLLM server: requests sent at a rate, not by clients.
 
-    .venv/bin/python benchmarks/bench_twin_open.py                        # the sweep, ~4 min
-    .venv/bin/python benchmarks/bench_twin_open.py --rates 1,2,3,4,6,8,12,16
+    .venv/bin/python benchmarks/bench_twin_open.py                # the kept sweep, checked
+    .venv/bin/python benchmarks/bench_twin_open.py --real         # the sweep, ~5 min
+    .venv/bin/python benchmarks/bench_twin_open.py --real --rates 1,2,3,4,6,8,12,16
     .venv/bin/python benchmarks/bench_twin_open.py --ab max_num_seqs_pool --rounds 3
     .venv/bin/python benchmarks/bench_twin_open.py --test-data tests/data/twin_real_open
 
@@ -31,6 +32,9 @@ and summarised per rate by ``twin.validation.paired_change`` (mean and 95% inter
 saturation an open loop's throughput is the offered load whatever the server does: a rate
 there (1 or 2 req/s on the default setup) is a control; the default ``--ab-rates`` 3 and 6 are
 at and past the knee (the baseline preempts at both).
+
+Without ``--real``, ``--ab`` or ``--test-data`` nothing is measured: the sweep kept in
+``tests/data/twin_real_open/`` is ingested, checked and printed.
 
 ``--test-data DEST`` cuts the measured sweep small for the tests (bench results without the
 per-token lists, the scrape log's ``vllm:`` families over the sweep, the server log's steps
@@ -77,6 +81,7 @@ from bench_twin import (
 WORK = OUT / "twin_open"
 MODELS = OUT / "twin_real_runs" / "models"  # where bench_twin.py --real keeps the models
 RESULT = OUT / "bench_twin_open.json"
+KEPT = ROOT / "tests" / "data" / "twin_real_open"
 RATES = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)
 AB_RATES = (3.0, 6.0)
 NUM_PROMPTS = 48
@@ -259,13 +264,13 @@ def sweep(setup: dict, rates: list[float], work: Path, port: int, models: Path) 
     return {"setup": setup["name"], "model": setup["model"], "blocks": setup["blocks"],
             "engine": setup["engine"], "num_prompts": NUM_PROMPTS, "startup_s": round(startup, 1),
             "sweep_s": round(sweep_s, 1), "levels": levels, "uptime": _uptime(),
-            **summarise(folder, runs)}
+            **summarise(metrics, runs)}
 
 
-def summarise(folder: Path, runs: pd.DataFrame) -> dict:
+def summarise(metrics: Path, runs: pd.DataFrame) -> dict:
     """Per rate: the measured figures and what ingestion made of the level; the checks the
     twin relies on."""
-    first, last, increase = scrape_preemptions(folder / "metrics.prom.jsonl")
+    first, last, increase = scrape_preemptions(metrics)
     rows = []
     problems = []
     for _, row in runs.sort_values("request_rate").iterrows():
@@ -483,6 +488,19 @@ def cut_test_data(folder: Path, dest: Path, margin_s: float = 2.0) -> dict:
             "total_bytes": sum(sizes.values())}
 
 
+def kept() -> int:
+    """The sweep kept in the tests' data, ingested and checked as a measured one is (nothing
+    measured: a run of every benchmark stays off the real server)."""
+    from kvpressure.ingestion.api import ingest as ingest_api
+
+    runs = ingest_api([KEPT / "bench", KEPT / "metrics.prom.jsonl.gz"], run="load",
+                      scheduler_reserve_full_isl=False).runs
+    print(f"the sweep kept in {KEPT.relative_to(ROOT)} (--real measures one):")
+    out = summarise(KEPT / "metrics.prom.jsonl.gz", runs)
+    _print_sweep(out)
+    return 1 if out["ingestion_problems"] else 0
+
+
 def _write(key: str, value: dict) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     got = json.loads(RESULT.read_text()) if RESULT.is_file() else {}
@@ -503,6 +521,8 @@ def _rates(text: str, option: str) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--real", action="store_true",
+                    help="measure the sweep on a real server (default: print the kept one)")
     ap.add_argument("--setup", default="mid_pool64_chunk128_nocache",
                     help="one of bench_twin.REAL_SETUPS")
     ap.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES),
@@ -528,6 +548,8 @@ def main() -> int:
                  args.work, args.port, args.models)
         _write("ab", out)
         return 0
+    if not args.real:
+        return kept()
     out = sweep(setup, _rates(args.rates, "--rates"), args.work, args.port, args.models)
     _print_sweep(out)
     _write("sweep", out)
