@@ -13,19 +13,23 @@ from kvpressure.twin.fit import FitRefused
 from kvpressure.twin.workload import LevelWorkload, drawn_arrivals
 
 RATES = (2.0, 4.0, 8.0, 16.0)
+# A server slower than twin_helpers.TRUE, so that the higher rates saturate it: an open loop's
+# step overhead is read from the seconds in which the engine never idled.
+SLOW = dict(t0=8e-3, t_prefill_token=1e-4, t_decode_seq=8e-4, t_decode_ctx=0.0,
+            t_prefill_attn=0.0)
 
 
 def _open_run(folder, *, log: bool = True, rates=RATES):
     """Open-loop levels simulated with known coefficients, written as an ingested bench sweep
     (a detailed result per rate) with the server's step log."""
     from kvpressure.twin.synthetic import synthetic_workloads, write_synthetic_run
-    from twin_helpers import SETTINGS, TRUE, TTFT_OFFSET, write_step_log
+    from twin_helpers import SETTINGS, TTFT_OFFSET, write_step_log
 
     loads = synthetic_workloads(rates, input_len=(32, 400), output_len=(16, 96),
-                                requests_per_level=64, open_loop=True)
-    runs = write_synthetic_run(folder, SETTINGS, loads, TRUE, ttft_offset=TTFT_OFFSET)
+                                requests_per_level=96, open_loop=True)
+    runs = write_synthetic_run(folder, SETTINGS, loads, SLOW, ttft_offset=TTFT_OFFSET)
     windows, _ = write_step_log(folder / ("server.log" if log else "elsewhere.log"), SETTINGS,
-                                loads, TRUE)
+                                loads, SLOW)
     runs["t_start"] = [a for a, _ in windows]
     runs["t_end"] = [b for _, b in windows]
     runs.to_csv(folder / "runs.csv", index=False)
@@ -62,7 +66,7 @@ def test_an_open_level_is_simulated_at_its_arrivals():
 
 def test_the_open_twin_fits_on_the_step_trace_and_matches_the_levels(tmp_path):
     from kvpressure.twin.api import build_twin
-    from twin_helpers import TRUE, TTFT_OFFSET
+    from twin_helpers import TTFT_OFFSET
 
     loads, runs = _open_run(tmp_path)
     twin = build_twin(tmp_path)
@@ -75,8 +79,14 @@ def test_the_open_twin_fits_on_the_step_trace_and_matches_the_levels(tmp_path):
     fit = twin.fit(bootstrap=40)
     for p in ("t0", "t_prefill_token", "t_decode_seq"):
         assert fit.source[p].startswith("step trace")
-        assert fit.theta[p] == pytest.approx(TRUE[p], rel=0.05)
-    assert fit.theta["ttft_offset"] == pytest.approx(TTFT_OFFSET, rel=0.2)
+        # The time outside the logged elapsed time comes from the busy seconds only, fewer in
+        # an open loop than in a closed one (the closed-loop test holds 5%).
+        assert fit.theta[p] == pytest.approx(SLOW[p], rel=0.1)
+    # Queueing makes every level's mean TTFT 0.4 s or more, so the 10 ms offset is within
+    # their noise: the fit is held to the TTFTs themselves, and to an offset of the right size.
+    assert 0.0 <= fit.theta["ttft_offset"] <= 3 * TTFT_OFFSET
+    ttft = fit.rows[fit.rows["stat"] == "ttft_mean_s"]
+    assert len(ttft) == len(RATES) and ttft["error_pct"].abs().max() < 2.0
     report = twin.fit_report()
     t = report.table
     assert list(t["request_rate"]) == list(RATES)
@@ -144,7 +154,7 @@ def test_an_open_loop_without_send_times_draws_its_arrivals_and_says_so(tmp_path
         path.write_text(json.dumps(res))
     twin = build_twin(tmp_path)
     w = twin.workloads[8.0]
-    assert not w.arrivals_measured and w.arrival_times_s == drawn_arrivals(64, 8.0)
+    assert not w.arrivals_measured and w.arrival_times_s == drawn_arrivals(96, 8.0)
     said = [a for a in twin.assumptions() if "no send times" in a]
     assert said and "2, 4, 8, 16" in said[0]
 

@@ -114,8 +114,9 @@ def test_a_server_log_given_as_a_source_gives_the_step_trace(tmp_path):
     assert doc["step_time"]["coefficients"]["t0"]["source"].startswith("step trace")
 
 
-def test_an_open_loop_sweep_is_refused_with_the_reason(tmp_path):
-    # the same requests sent at a request rate with no concurrency limit (an open loop)
+def test_an_open_loop_sweep_without_the_server_log_is_refused_with_the_reason(tmp_path):
+    # the same requests sent at a request rate with no concurrency limit (an open loop): its
+    # twin is keyed by rate, and cannot be fitted on the levels' aggregates alone
     import json
 
     bench = tmp_path / "bench"
@@ -128,5 +129,8 @@ def test_an_open_loop_sweep_is_refused_with_the_reason(tmp_path):
 
     run = tmp_path / "run"
     assert main(["ingest", str(bench), "--run", "load", "--out", str(run)]) == 0
-    with pytest.raises(InputError, match="request rate alone .an open loop. are not replayed"):
-        build_twin(run)
+    twin = build_twin(run, overrides={"num_gpu_blocks": 64})
+    assert twin.open_loop and sorted(twin.workloads) == [2.0, 8.0]
+    with pytest.raises(InputError, match="no step trace: start vLLM with "
+                                         "--enable-logging-iteration-details"):
+        twin.fit(bootstrap=0)

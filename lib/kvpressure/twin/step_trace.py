@@ -84,16 +84,29 @@ def _features(frame: pd.DataFrame) -> np.ndarray:
 
 
 def busy_seconds(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per second of the log with steps in it and in the seconds on both sides: the number of
-    steps, their summed work and summed elapsed time."""
+    """Per second of the log in which the engine never fell idle: the number of steps, their
+    summed work and summed elapsed time.
+
+    A second counts when the seconds on both sides have steps too, and no step in it, nor the
+    first step of the next second, may have followed an idle engine. The engine idles only
+    with no request at all, so a step with a *generation* request (one that was in the engine
+    before it: decoding, or resumed after a preemption) followed a busy engine; a step of
+    context requests alone may be the first after a wait for arrivals (an open loop's gaps, a
+    lone client's turnaround), whose idle time would otherwise be priced as step overhead."""
     sec = np.floor(steps["t"].to_numpy(float)).astype(np.int64)
+    may_idle = (steps["generation_requests"].to_numpy() == 0
+                if "generation_requests" in steps else np.zeros(len(steps), dtype=bool))
     g = pd.DataFrame({"second": sec, "n": 1, "prefill": steps["num_prefill_tokens"].to_numpy(),
                       "decode": steps["num_decode_tokens"].to_numpy(),
-                      "elapsed": steps["elapsed_s"].to_numpy(float)})
-    per = g.groupby("second").sum()
+                      "elapsed": steps["elapsed_s"].to_numpy(float), "may_idle": may_idle})
+    per = g.groupby("second").agg(n=("n", "sum"), prefill=("prefill", "sum"),
+                                  decode=("decode", "sum"), elapsed=("elapsed", "sum"),
+                                  may_idle=("may_idle", "any"))
+    opens_idle = g.groupby("second")["may_idle"].first()
     have = set(per.index)
-    inner = [s for s in per.index if s - 1 in have and s + 1 in have]
-    return per.loc[inner].reset_index()
+    inner = [s for s in per.index if s - 1 in have and s + 1 in have
+             and not per.at[s, "may_idle"] and not opens_idle.at[s + 1]]
+    return per.loc[inner].drop(columns="may_idle").reset_index()
 
 
 def fit_step_trace(steps: pd.DataFrame, *, windows: list[tuple[float, float]] | None = None,
