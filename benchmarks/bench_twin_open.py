@@ -34,13 +34,21 @@ there (1 or 2 req/s on the default setup) is a control; the default ``--ab-rates
 at and past the knee (the baseline preempts at both).
 
 Without ``--real``, ``--ab`` or ``--test-data`` nothing is measured: the sweep kept in
-``tests/data/twin_real_open/`` is ingested, checked and printed.
+``tests/data/twin_real_open/`` is ingested, checked and printed, then the twin is checked
+(``--twin`` alone skips the first part).
+
+**The twin against them** (``--twin``): the open-loop twin (``kvpressure.twin``, fitted on the
+server's steps) of the kept sweep and of the measured one: throughput and preemptions per
+rate, the knee, the time to build, fit, check and predict the remedies, and fitted on every
+other rate with the rest predicted. For each paired measurement recorded in the results file,
+the twin of each round's baseline (its rates' steps in the baseline server's log, the machine
+as it was in that round) predicts the remedy, against the change measured in the same round.
 
 ``--test-data DEST`` cuts the measured sweep small for the tests (bench results without the
 per-token lists, the scrape log's ``vllm:`` families over the sweep, the server log's steps
 over the sweep).
 
-Results: stdout and ``benchmarks/out/bench_twin_open.json`` (``sweep`` and ``ab``); the
+Results: stdout and ``benchmarks/out/bench_twin_open.json`` (``sweep``, ``ab``, ``twin``); the
 measured folders under ``benchmarks/out/twin_open/`` (``<setup>/`` for the sweep, ``ab/<arm>/``
 with one ``round<k>/`` of bench results per round for the pairs).
 """
@@ -410,6 +418,130 @@ def ab(setup: dict, remedies: list[str], rounds: int, rates: list[float], work: 
     return out
 
 
+# --- the twin against them -------------------------------------------------------------------
+def twin_on_sweep(report: Path, server_log: Path) -> dict:
+    """The open-loop twin of an ingested sweep (fitted on the server's steps inside the rates'
+    windows): measured against twin per rate, the knee, the time to build, fit, check and
+    predict the remedies; then fitted on every other rate's steps and the others predicted."""
+    from kvpressure.twin.api import build_twin
+    from kvpressure.twin.fit_report import growth_stops
+
+    t = time.perf_counter()
+    twin = build_twin(report, server_log=server_log)
+    twin.fit()
+    table = twin.fit_report().table
+    advice = twin.predict_remedies()
+    elapsed = time.perf_counter() - t
+    rates = [float(x) for x in table["request_rate"]]
+    rows = [{"rate": x, "throughput_measured": r["output_throughput_measured"],
+             "throughput_twin": r["output_throughput_twin"],
+             "throughput_error_pct": r["output_throughput_error_pct"],
+             "preemptions_measured": r["preemptions_measured"],
+             "preemptions_twin": r["preemptions_twin"],
+             "ttft_p95_error_pct": r["ttft_p95_s_error_pct"],
+             "itl_p95_error_pct": r["itl_p95_s_error_pct"]}
+            for x, (_, r) in zip(rates, table.iterrows(), strict=True)]
+    held = rates[1::2]
+    twin.fit(levels=rates[0::2])
+    out_table = twin.fit_report(levels=held).table
+    return {
+        "fit": {k: v["value"] for k, v in twin.fitted.describe().items()},
+        "rates": rows,
+        "knee": {"measured": growth_stops(rates, table["output_throughput_measured"].tolist()),
+                 "twin": growth_stops(rates, table["output_throughput_twin"].tolist())},
+        "build_fit_report_remedies_s": elapsed,
+        "recommendation": advice["recommendation"]["text"],
+        "leave_rates_out": {"fitted_on": rates[0::2], "predicted": [
+            {"rate": float(x), "throughput_error_pct": e, "preemptions_measured": pm,
+             "preemptions_twin": pt}
+            for x, e, pm, pt in zip(out_table["request_rate"],
+                                    out_table["output_throughput_error_pct"],
+                                    out_table["preemptions_measured"],
+                                    out_table["preemptions_twin"], strict=True)]},
+    }
+
+
+def twin_on_pairs(result: dict) -> dict:
+    """Each round of a paired remedy measurement: the twin fitted on that round's baseline
+    (its rates' steps in the baseline server's log: the machine as it was then), the remedy
+    predicted on it, against the change measured in the same round."""
+    from kvpressure.twin.api import build_twin
+
+    folder = ROOT / result["folder"] if not Path(result["folder"]).is_absolute() else Path(
+        result["folder"])
+    out = {}
+    for name, rem in result["remedies"].items():
+        per_rate = []
+        for entry in rem["rates"]:
+            per_rate.append({"rate": entry["rate"], "measured": entry["change"],
+                             "predicted_per_round_pct": []})
+        for r in range(result["rounds"]):
+            twin = build_twin(folder / "baseline" / f"report_round{r}",
+                              server_log=folder / "baseline" / "server.log")
+            twin.fit(bootstrap=0)
+            for row in per_rate:
+                base = twin.predict_level(row["rate"])
+                new = twin.predict_level(row["rate"], rem["overrides"])
+                row["predicted_per_round_pct"].append(
+                    100.0 * (new["output_throughput"] / base["output_throughput"] - 1.0))
+        for row in per_rate:
+            pred = row["predicted_per_round_pct"]
+            row["predicted_mean_pct"] = sum(pred) / len(pred)
+            row["error_pp"] = row["predicted_mean_pct"] - row["measured"]["mean_pct"]
+            lo, hi = row["measured"]["interval_pct"]
+            row["prediction_inside_interval"] = lo <= row["predicted_mean_pct"] <= hi
+        out[name] = {"overrides": rem["overrides"], "rates": per_rate}
+    return out
+
+
+def twin_checks(setup: dict, work: Path) -> dict:
+    """The twin on the kept sweep, on the measured one when there is one, and on every paired
+    measurement recorded in the results file."""
+    import tempfile
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report"
+        subprocess.run([KVP, "ingest", str(KEPT / "bench"), str(KEPT / "metrics.prom.jsonl.gz"),
+                        "--run", "load", "--out", str(report), "--scheduler-reserve-full-isl",
+                        "false"], check=True, capture_output=True)
+        out["kept_sweep"] = twin_on_sweep(report, KEPT / "server.log.gz")
+    measured = work / setup["name"]
+    if (measured / "report" / "runs.csv").is_file():
+        out["measured_sweep"] = twin_on_sweep(measured / "report", measured / "server.log")
+    recorded = json.loads(RESULT.read_text()) if RESULT.is_file() else {}
+    for key in ("ab", "ab_5_rounds"):
+        if key in recorded and (ROOT / recorded[key]["folder"]).is_dir():
+            out[f"pairs_{key}"] = twin_on_pairs(recorded[key])
+    return out
+
+
+def _print_twin(got: dict) -> None:
+    for key, sw in got.items():
+        if not key.endswith("sweep"):
+            continue
+        print(f"\ntwin of the {key.replace('_', ' ')} ({sw['build_fit_report_remedies_s']:.1f} s "
+              f"to build, fit, check and predict the remedies); knee measured "
+              f"{sw['knee']['measured']:g}, twin {sw['knee']['twin']:g}")
+        for r in sw["rates"]:
+            print(f"  rate {r['rate']:g}: throughput {r['throughput_measured']:.0f} measured, "
+                  f"{r['throughput_twin']:.0f} twin ({r['throughput_error_pct']:+.1f}%); "
+                  f"preemptions {r['preemptions_measured']:.0f} / {r['preemptions_twin']:.0f}")
+        for r in sw["leave_rates_out"]["predicted"]:
+            print(f"  held out, rate {r['rate']:g}: throughput {r['throughput_error_pct']:+.1f}%;"
+                  f" preemptions {r['preemptions_measured']:.0f} / {r['preemptions_twin']:.0f}")
+        print(f"  recommendation: {sw['recommendation']}")
+    for key, pairs in got.items():
+        if not key.startswith("pairs_"):
+            continue
+        for name, rem in pairs.items():
+            for r in rem["rates"]:
+                lo, hi = r["measured"]["interval_pct"]
+                print(f"{key} {name} rate {r['rate']:g}: measured {r['measured']['mean_pct']:+.1f}%"
+                      f" ({lo:+.1f} to {hi:+.1f}), twin {r['predicted_mean_pct']:+.1f}% "
+                      f"(per round {', '.join(f'{x:+.1f}' for x in r['predicted_per_round_pct'])})")
+
+
 # --- test data --------------------------------------------------------------------------------
 # The scrape log's families the ingestion and the twin read; the rest (HTTP, process, Python,
 # vLLM's families no analysis reads) is most of each scrape's text.
@@ -535,6 +667,9 @@ def main() -> int:
                     "full_isl_admission) on live servers, one each, instead of the sweep")
     ap.add_argument("--ab-rates", default=",".join(f"{r:g}" for r in AB_RATES))
     ap.add_argument("--rounds", type=int, default=3, help="rounds for --ab")
+    ap.add_argument("--twin", action="store_true",
+                    help="fit the open-loop twin on the kept sweep, the measured one and each "
+                    "paired measurement recorded, and compare (measures nothing)")
     ap.add_argument("--test-data", type=Path, metavar="DEST",
                     help="cut the measured sweep of --setup into DEST (measures nothing)")
     args = ap.parse_args()
@@ -548,8 +683,12 @@ def main() -> int:
                  args.work, args.port, args.models)
         _write("ab", out)
         return 0
-    if not args.real:
-        return kept()
+    if args.twin or not args.real:
+        code = 0 if args.twin else kept()
+        got = twin_checks(setup, args.work)
+        _print_twin(got)
+        _write("twin", got)
+        return code
     out = sweep(setup, _rates(args.rates, "--rates"), args.work, args.port, args.models)
     _print_sweep(out)
     _write("sweep", out)

@@ -168,3 +168,72 @@ def test_a_folder_with_closed_and_open_runs_keeps_the_closed_ones(tmp_path):
     m = load_measured(tmp_path)
     assert m.key == "concurrency" and m.keys == [4]
     assert any("1 run(s) without a concurrency level left out" in n for n in m.notes)
+
+
+def test_step_time_scatter_keeps_the_mean_and_follows_its_seed():
+    from kvpressure.twin.step_time import TwinStepTime
+
+    work = {"num_prefill_tokens": np.zeros(20000), "num_decode_seqs": np.ones(20000)}
+    a = TwinStepTime({"t0": 0.01}, noise=0.3, seed=1).step_time(work)
+    # Log-normal of mean 1: 20000 draws of spread 0.3 hold the mean to about 0.2%.
+    assert np.mean(a) == pytest.approx(0.01, rel=0.01)
+    assert np.std(np.log(a)) == pytest.approx(0.3, rel=0.03)
+    assert np.array_equal(a, TwinStepTime({"t0": 0.01}, noise=0.3, seed=1).step_time(work))
+    assert not np.array_equal(a, TwinStepTime({"t0": 0.01}, noise=0.3, seed=2).step_time(work))
+    assert np.all(TwinStepTime({"t0": 0.01}).step_time(work) == 0.01)
+    # An idle step costs nothing, scattered or not.
+    assert TwinStepTime({"t0": 0.01}, noise=0.3).step_time(
+        {"num_prefill_tokens": 0, "num_decode_seqs": 0}) == 0.0
+    with pytest.raises(InputError, match="noise"):
+        TwinStepTime({"t0": 0.01}, noise=-1)
+
+
+def test_scattered_step_times_move_an_open_loop_but_never_a_closed_one():
+    from kvpressure.twin.simulate import simulate_level
+    from kvpressure.twin.synthetic import synthetic_workloads
+    from twin_helpers import SETTINGS
+
+    closed = synthetic_workloads((12,), input_len=(32, 400), output_len=(16, 96),
+                                 requests_per_level=64)[12]
+    exact = simulate_level(SETTINGS, closed, SLOW)
+    for seed in (1, 2, 3):
+        got = simulate_level(SETTINGS, closed, SLOW, noise=0.3, seed=seed)
+        # A closed loop's decisions do not depend on time (docs/scheduler.md).
+        assert (got["preemptions"], got["engine_steps"]) == (exact["preemptions"],
+                                                            exact["engine_steps"])
+    open_ = synthetic_workloads((4.0,), input_len=(32, 400), output_len=(16, 96),
+                                requests_per_level=96, open_loop=True)[4.0]
+    runs = {(r["preemptions"], r["engine_steps"]) for r in (
+        simulate_level(SETTINGS, open_, SLOW, noise=0.3, seed=s) for s in range(1, 6))}
+    assert len(runs) > 1
+
+
+def test_a_level_whose_replays_disagree_is_a_caveat_not_a_miss():
+    import pandas as pd
+
+    from kvpressure.twin.fit_report import comparison_table, verdict
+
+    measured = pd.DataFrame({"request_rate": [2.0, 3.0, 6.0], "output_throughput": [100.0,
+                             150.0, 160.0], "preemptions": [0.0, 15.0, 290.0],
+                             "recompute_ratio_low": np.nan, "recompute_ratio_high": np.nan})
+    twin = {x: {"output_throughput": t, "preemptions": p, "recompute_ratio": 0.0,
+                **{k: np.nan for k in ("ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s",
+                                       "mean_running", "tokens_per_step")}}
+            for x, t, p in ((2.0, 101.0, 0.0), (3.0, 151.0, 52.0), (6.0, 158.0, 277.0))}
+    band = {x: (np.nan, np.nan) for x in twin}
+
+    def judged(ranges):
+        table = comparison_table(measured, twin, band, key="request_rate",
+                                 preemption_range=ranges)
+        return verdict(table, key="request_rate")
+
+    # Replays 29-87 at 3 req/s (more than twice apart): 15 measured is a caveat.
+    v = judged({2.0: (0, 0), 3.0: (29, 87), 6.0: (262, 284)})
+    assert v.fits and [m["request_rate"] for m in v.preemptions_unstable] == [3.0]
+    assert "swing with the steps' timing at rate=3 (the twin's replays 29-87, measured 15)" \
+        in v.text
+    # Replays 45-60 agree with each other: 15 measured is a miss, named with their range.
+    v = judged({2.0: (0, 0), 3.0: (45, 60), 6.0: (262, 284)})
+    assert not v.fits and "rate=3 (15 measured, 52 twin, 45-60 over its replays)" in v.text
+    # 290 measured at 6 req/s lies within 10% of the replays' 262-284: no miss there.
+    assert [m["request_rate"] for m in v.preemption_misses] == [3.0]

@@ -181,31 +181,29 @@ class Twin:
 
     def level_draws(self, level: Any, overrides: Mapping[str, Any] | None = None
                     ) -> dict[str, np.ndarray]:
-        """Output throughput and TTFT p95 of one level under the fit's bootstrap draws: matrix
-        products on the basis of a closed loop, simulations of an open one."""
+        """Output throughput, TTFT p95 and preemptions of one level under the fit's draws:
+        matrix products on the basis of a closed loop (whose preemptions do not move with the
+        step time), replays of an open one (``open_loop.simulated_draws``)."""
         fit = self.require_fit(f"the uncertainty at {self.level_name(level)}")
+        names = ("output_throughput", "ttft_p95_s", "preemptions")
         if not len(fit.samples):
-            return {"output_throughput": np.array([]), "ttft_p95_s": np.array([])}
+            return {k: np.array([]) for k in names}
         if self.open_loop:
             from kvpressure.twin.open_loop import simulated_draws
 
             sims = simulated_draws({**self.settings, **(overrides or {})},
                                    self.workloads[level], fit)
-            return {k: np.array([d[k] for d in sims]) for k in ("output_throughput",
-                                                                 "ttft_p95_s")}
+            return {k: np.array([d[k] for d in sims], dtype=float) for k in names}
         basis = self.basis(level, overrides or None)
         thr = basis.output_tokens / basis.time("duration", fit.samples[:, :-1])
         ttft = basis.ttft @ fit.samples[:, :-1].T + fit.samples[:, -1]
         return {"output_throughput": np.atleast_1d(thr),
-                "ttft_p95_s": np.percentile(ttft, 95, axis=0, method="inverted_cdf")}
+                "ttft_p95_s": np.percentile(ttft, 95, axis=0, method="inverted_cdf"),
+                "preemptions": np.full(len(fit.samples), float(basis.preemptions))}
 
     def throughput_band(self, level: Any) -> tuple[float, float]:
         """The 5-95% band of a level's output throughput over the fit's draws."""
-        thr = self.level_draws(level)["output_throughput"]
-        if not len(thr):
-            return (float("nan"), float("nan"))
-        lo, hi = np.percentile(thr, [5, 95])
-        return float(lo), float(hi)
+        return _band(self.level_draws(level)["output_throughput"], 5, 95)
 
     def fit_report(self, levels: list[int] | None = None) -> FitReport:
         """Measured against twin at ``levels`` (default: every measured level), with the
@@ -214,9 +212,15 @@ class Twin:
         t = time.perf_counter()
         chosen = levels if levels is not None else sorted(self.workloads)
         twin_levels = {c: self.predict_level(c) for c in chosen}
-        band = {c: self.throughput_band(c) for c in chosen}
+        draws = {c: self.level_draws(c) for c in chosen}
+        band = {c: _band(d["output_throughput"], 5, 95) for c, d in draws.items()}
+        # An open loop's preemptions move with the step times: their whole range over the
+        # replays is what a measured count is read against.
+        spread = ({c: _band(d["preemptions"], 0, 100) for c, d in draws.items()}
+                  if self.open_loop else None)
         sub = self.measured.levels[self.measured.levels[self.key].isin(chosen)]
-        table = comparison_table(sub, twin_levels, band, key=self.key)
+        table = comparison_table(sub, twin_levels, band, key=self.key,
+                                 preemption_range=spread)
         self.report = FitReport(table, verdict(table, key=self.key), twin_levels)
         self.timings["report_s"] = time.perf_counter() - t
         return self.report
@@ -315,6 +319,13 @@ class Twin:
         return (head + "; measured, a real client's slot stays empty " + "; ".join(parts)
                 + ("" if lagged else ": the twin keeps its slots fuller than the server saw "
                    "at low concurrency, where the engine is rarely full"))
+
+
+def _band(values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
+    if not len(values):
+        return (float("nan"), float("nan"))
+    a, b = np.percentile(values, [lo, hi])
+    return float(a), float(b)
 
 
 def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None,

@@ -63,6 +63,9 @@ class TwinFit:
     uniqueness: dict[str, float]
     levels: list[int]
     notes: list[str] = field(default_factory=list)
+    step_noise: float = 0.0
+    """Relative scatter of the server's step times around the model's (an open loop's draws
+    replay with it; 0 where it is not measured or does not matter)."""
 
     def vector(self) -> np.ndarray:
         return np.array([self.theta[p] for p in PARAMETERS])

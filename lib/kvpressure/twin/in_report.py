@@ -21,7 +21,13 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.errors import InputError
-from kvpressure.twin.output import FIGURE, SUMMARY_MD, TWIN_JSON, make_twin_folder
+from kvpressure.twin.output import (
+    FIGURE,
+    SUMMARY_MD,
+    TWIN_JSON,
+    make_twin_folder,
+    twin_preemptions,
+)
 
 TWIN_DIR = "twin"
 LABEL = "the measured server of this report"
@@ -100,7 +106,7 @@ def fit_frame(levels: list[dict[str, Any]]) -> pd.DataFrame:
             "output tok/s twin": r.get("output_throughput_twin"),
             "error %": r.get("output_throughput_error_pct"),
             "preemptions measured": r.get("preemptions_measured"),
-            "preemptions twin": r.get("preemptions_twin"),
+            "preemptions twin": twin_preemptions(r),
             "recompute measured (range)": _fmt_range(r.get("recompute_ratio_measured_low"),
                                                      r.get("recompute_ratio_measured_high")),
             "recompute twin": (f"{r['recompute_ratio_twin']:.1%}"

@@ -9,7 +9,12 @@ the queue all move with the time model. Two consequences:
   work and its time, whatever the arrivals did; the levels' aggregates alone would need a
   simulation inside the optimiser's loop and cannot tell a slow step from a queue;
 * **every prediction is a simulation** with the fitted coefficients, and the uncertainty is
-  the spread over a fixed subset of the bootstrap draws (``BAND_DRAWS``), each simulated.
+  the spread over ``BAND_DRAWS`` replays, each with one bootstrap draw of the coefficients and
+  its own seeded scatter of the step times, as wide as the trace's steps scatter around the
+  fitted model (``TwinFit.step_noise``: the relative RMS residual of their elapsed times).
+  Near the knee an open loop's preemptions swing with a few steps' timing, on the real server
+  as in the twin; the replays show how far, and the verdict reads the measured preemptions
+  against their range.
 
 ``ttft_offset`` (what the client and API server add to every first token) is fitted on the
 levels' mean TTFT with the step time from the trace, at the point coefficients; every draw
@@ -32,7 +37,10 @@ from kvpressure.twin.step_trace import StepTraceFit, fit_step_trace
 from kvpressure.twin.workload import LevelWorkload
 
 BAND_DRAWS = 12
-"""Bootstrap draws simulated for an interval (the first ones: the draws are independent)."""
+"""Replays simulated for an interval (the first bootstrap draws: they are independent)."""
+MAX_NOISE = 0.5
+"""The step-time scatter replays use at most (a trace the model fits badly is no measure of
+its noise)."""
 
 
 def level_windows(levels: pd.DataFrame) -> list[tuple[float, float]]:
@@ -108,17 +116,23 @@ def _with_offset(trace: StepTraceFit, measured_levels: pd.DataFrame,
     notes = [f"step time from the server's step trace: {trace.steps} steps, relative RMS "
              f"residual of the elapsed time {100 * trace.residual_rel:.0f}%", *trace.notes,
              "open loop: the TTFT offset is fitted at the point coefficients and kept by "
-             f"every draw; intervals come from {BAND_DRAWS} bootstrap draws, each simulated"]
+             f"every draw; intervals come from {BAND_DRAWS} replays, each simulated"]
+    noise = min(trace.residual_rel, MAX_NOISE)
+    notes.append(f"replays scatter each step's time by {100 * noise:.0f}% (log-normal), the "
+                 "spread of the traced steps around the fitted model")
     return TwinFit(theta, source, free, interval, samples, table, {},
-                   sorted(sims), notes)
+                   sorted(sims), notes, noise)
 
 
 def simulated_draws(settings: Mapping[str, Any], workload: LevelWorkload, fit: TwinFit,
                     n: int = BAND_DRAWS) -> list[dict[str, Any]]:
-    """The level simulated under the first ``n`` bootstrap draws of the coefficients."""
+    """The level replayed ``n`` times: the ``i``-th with the ``i``-th bootstrap draw of the
+    coefficients and step-time scatter seeded ``i + 1`` (the same seeds for every setting, so
+    a remedy's change is read draw by draw)."""
     out = []
     k = len(COEFFICIENTS)
-    for row in fit.samples[:n]:
+    for i, row in enumerate(fit.samples[:n]):
         coef = dict(zip(COEFFICIENTS, row[:k].tolist(), strict=True))
-        out.append(simulate_level(settings, workload, coef, float(row[k])))
+        out.append(simulate_level(settings, workload, coef, float(row[k]),
+                                  noise=fit.step_noise, seed=i + 1))
     return out

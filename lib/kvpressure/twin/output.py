@@ -94,6 +94,17 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def twin_preemptions(r: dict[str, Any]) -> str:
+    """The twin's preemptions at a level, with the range of its replays where it has one (an
+    open loop)."""
+    def finite(v: Any) -> bool:
+        return isinstance(v, int | float) and math.isfinite(v)
+
+    lo, hi, point = (r.get(f"preemptions_twin{k}") for k in ("_low", "_high", ""))
+    text = f"{point:.0f}" if finite(point) else "n/a"
+    return f"{text} ({lo:.0f}-{hi:.0f})" if finite(lo) and finite(hi) and lo != hi else text
+
+
 def _markdown(doc: dict[str, Any]) -> str:
     fit = doc["fit"]
     key = (doc.get("load") or {}).get("key", "concurrency")
@@ -106,7 +117,7 @@ def _markdown(doc: dict[str, Any]) -> str:
         lines.append(
             f"| {r[key]:g} | {_fmt(r['output_throughput_measured'], 4)} | "
             f"{_fmt(r['output_throughput_twin'], 4)} | {_fmt(r['output_throughput_error_pct'], 2)} "
-            f"| {_fmt(r['preemptions_measured'])} | {_fmt(r['preemptions_twin'])} | "
+            f"| {_fmt(r['preemptions_measured'])} | {twin_preemptions(r)} | "
             f"{_fmt(r['ttft_p95_s_measured'])} | {_fmt(r['ttft_p95_s_twin'])} | "
             f"{_fmt(r['itl_p95_s_measured'])} | {_fmt(r['itl_p95_s_twin'])} | "
             f"{_fmt(r['recompute_ratio_measured_low'])}-{_fmt(r['recompute_ratio_measured_high'])}"

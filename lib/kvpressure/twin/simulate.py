@@ -55,12 +55,14 @@ class TokenGaps:
 
 
 def simulate_level(settings: Mapping[str, Any], workload: LevelWorkload,
-                   coefficients: Mapping[str, float], ttft_offset: float = 0.0
-                   ) -> dict[str, Any]:
-    """Throughput, preemptions, recompute and latency percentiles of one level."""
+                   coefficients: Mapping[str, float], ttft_offset: float = 0.0, *,
+                   noise: float = 0.0, seed: int = 0) -> dict[str, Any]:
+    """Throughput, preemptions, recompute and latency percentiles of one level; ``noise`` and
+    ``seed`` scatter the step times (``TwinStepTime``)."""
     gaps = TokenGaps()
-    result = simulate(build_scenario(settings, workload), cost_model=TwinStepTime(coefficients),
-                      recorder=gaps, fast_path="leap")
+    result = simulate(build_scenario(settings, workload),
+                      cost_model=TwinStepTime(coefficients, noise, seed), recorder=gaps,
+                      fast_path="leap")
     s = result.summary
     ttft = np.array([r.first_token_time_s - r.submit_time_s for r in result.requests])
     ttft = ttft + ttft_offset

@@ -56,9 +56,13 @@ def _feature(features: Any, name: str) -> np.ndarray:
 
 class TwinStepTime:
     """Step duration from the five coefficients (seconds); a drop-in ``cost_model`` for
-    ``simulation.engine.simulate`` (only ``step_time`` is called)."""
+    ``simulation.engine.simulate`` (only ``step_time`` is called).
 
-    def __init__(self, coefficients: Mapping[str, float]):
+    ``noise``: each busy step's time is multiplied by a seeded log-normal factor of mean 1 and
+    that spread (a real server's steps scatter around the model's). It changes nothing in a
+    closed loop's decisions, and in an open loop shows how far they move with such scatter."""
+
+    def __init__(self, coefficients: Mapping[str, float], noise: float = 0.0, seed: int = 0):
         unknown = sorted(set(coefficients) - set(COEFFICIENTS))
         if unknown:
             raise InputError(f"unknown step-time coefficient(s) {', '.join(unknown)}; known: "
@@ -67,7 +71,11 @@ class TwinStepTime:
         bad = [k for k, v in values.items() if not (v >= 0 and np.isfinite(v))]
         if bad:
             raise InputError(f"step-time coefficient(s) {', '.join(bad)} must be finite and >= 0")
+        if not (noise >= 0 and np.isfinite(noise)):
+            raise InputError(f"step-time noise must be finite and >= 0, got {noise}")
         self.coefficients = values
+        self.noise = float(noise)
+        self._rng = np.random.default_rng(seed) if noise > 0 else None
 
     @classmethod
     def basis(cls, name: str) -> TwinStepTime:
@@ -87,6 +95,8 @@ class TwinStepTime:
             feat = FEATURE_OF[name]
             total = total + value * (1.0 if feat is None else _feature(features, feat))
         out = np.where(busy, total, 0.0)
+        if self._rng is not None:
+            out = out * self._rng.lognormal(-0.5 * self.noise ** 2, self.noise, np.shape(out))
         return float(out) if np.ndim(out) == 0 else out
 
     def describe(self) -> dict[str, float]:
