@@ -510,9 +510,10 @@ def twin_checks(setup: dict, work: Path) -> dict:
     if (measured / "report" / "runs.csv").is_file():
         out["measured_sweep"] = twin_on_sweep(measured / "report", measured / "server.log")
     recorded = json.loads(RESULT.read_text()) if RESULT.is_file() else {}
-    for key in ("ab", "ab_5_rounds"):
-        if key in recorded and (ROOT / recorded[key]["folder"]).is_dir():
-            out[f"pairs_{key}"] = twin_on_pairs(recorded[key])
+    for key, got in recorded.items():
+        if (key.startswith("ab") and isinstance(got, dict) and "remedies" in got
+                and (ROOT / got["folder"]).is_dir()):
+            out[f"pairs_{key}"] = twin_on_pairs(got)
     return out
 
 

@@ -1,7 +1,9 @@
 """``kvpressure twin RUN_DIR --out DIR [--limits ttft_p95=2s,itl_p95=80ms]``: the twin of a
 measured server (settings and workload from the data, step time fitted with bootstrap
 intervals), measured vs twin level by level with a verdict, then the remedies predicted on the
-fitted twin and the setting to recommend under the latency limits.
+fitted twin and the setting to recommend under the latency limits. The levels are the closed
+loops' concurrencies, or the request rates of open loops (``vllm bench serve --request-rate R``
+without ``--max-concurrency``), whose twin needs the server's iteration-details log.
 
 Writes ``twin.json``, ``fit_table.csv``, ``twin.png`` and ``twin.md`` to ``--out``.
 """
