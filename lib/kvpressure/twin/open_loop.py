@@ -33,7 +33,7 @@ import pandas as pd
 from kvpressure.twin.fit import PARAMETERS, FitRefused, TwinFit
 from kvpressure.twin.simulate import simulate_level
 from kvpressure.twin.step_time import COEFFICIENTS
-from kvpressure.twin.step_trace import StepTraceFit, fit_step_trace
+from kvpressure.twin.step_trace import StepTraceFit, fit_step_trace, level_windows
 from kvpressure.twin.workload import LevelWorkload
 
 BAND_DRAWS = 12
@@ -41,15 +41,6 @@ BAND_DRAWS = 12
 MAX_NOISE = 0.5
 """The step-time scatter replays use at most (a trace the model fits badly is no measure of
 its noise)."""
-
-
-def level_windows(levels: pd.DataFrame) -> list[tuple[float, float]]:
-    windows = [(float(r["t_start"]), float(r["t_end"])) for _, r in levels.iterrows()
-               if math.isfinite(r["t_start"]) and math.isfinite(r["t_end"])]
-    if not windows:
-        raise FitRefused("the measured levels have no start and end times, so the server's "
-                         "step trace cannot be matched to them")
-    return windows
 
 
 def fit_open_loop(steps: pd.DataFrame | None, measured_levels: pd.DataFrame,

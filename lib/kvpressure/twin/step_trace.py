@@ -290,16 +290,21 @@ def _read_steps(path: Path, near: float | None) -> pd.DataFrame:
     return steps
 
 
+def level_windows(levels: pd.DataFrame) -> list[tuple[float, float]]:
+    """The measured levels' ``(t_start, t_end)`` unix windows; refused when none has one."""
+    windows = [(float(r["t_start"]), float(r["t_end"])) for _, r in levels.iterrows()
+               if math.isfinite(r["t_start"]) and math.isfinite(r["t_end"])]
+    if not windows:
+        raise FitRefused("the measured levels have no start and end times, so the server's "
+                         "step trace cannot be matched to them")
+    return windows
+
+
 def fit_on_levels(steps: pd.DataFrame, measured_levels: pd.DataFrame,
                   bases: Mapping[int, LevelBasis], *, priors: Mapping[str, float] | None = None,
                   prior_source: str = "profile", bootstrap: int = 200, seed: int = 0
                   ) -> TwinFit:
     """The twin's fit from the steps logged inside the measured levels' windows."""
-    windows = [(float(r["t_start"]), float(r["t_end"])) for _, r in measured_levels.iterrows()
-               if math.isfinite(r["t_start"]) and math.isfinite(r["t_end"])]
-    if not windows:
-        raise FitRefused("the measured levels have no start and end times, so the server's "
-                         "step trace cannot be matched to them")
-    trace = fit_step_trace(steps, windows=windows, priors=priors, prior_source=prior_source,
-                           bootstrap=bootstrap, seed=seed)
+    trace = fit_step_trace(steps, windows=level_windows(measured_levels), priors=priors,
+                           prior_source=prior_source, bootstrap=bootstrap, seed=seed)
     return twin_fit(trace, measured_levels, bases)
