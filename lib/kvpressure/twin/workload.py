@@ -48,11 +48,6 @@ class LevelWorkload:
         return self.arrival_times_s is not None
 
     @property
-    def key(self) -> float | int:
-        """The level's identifier: its request rate (open loop) or concurrency."""
-        return float(self.request_rate) if self.open_loop else self.concurrency  # type: ignore[arg-type]
-
-    @property
     def num_requests(self) -> int:
         return len(self.prompt_lens)
 
