@@ -107,3 +107,13 @@ def test_the_send_times_fall_in_their_levels_window(results):
         ends = sent + np.array(res["latencies"])
         assert ends.max() < window["end"] and not any(res["errors"])
         assert math.isfinite(res["duration"]) and ends.max() - sent[0] <= res["duration"] + 1e-3
+
+
+def test_the_notes_say_each_window_is_the_results_own():
+    # Each result carries its exact span (kvpressure_window): the note must not say the span
+    # was rebuilt from vLLM's whole-second 'date'.
+    got = ingest([DATA / "bench", DATA / "metrics.prom.jsonl.gz"], run="load",
+                 scheduler_reserve_full_isl=False)
+    placed = [w for w in got.report["warnings"] if "preemption columns from scrapes in" in w]
+    assert len(placed) == len(BENCH)
+    assert all("(the result's kvpressure_window)" in w and "'date'" not in w for w in placed)

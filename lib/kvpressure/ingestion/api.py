@@ -592,7 +592,10 @@ def _merge_runs(
                     sub, _ = scrape_row(frame, name, t0=window[0], t1=end, source="",
                                         estimate_opts=estimate_opts,
                                         gauges=(steady.t0, steady.t1))
-                    how = (f"scrapes in [{window[0]:.0f}, {end:.0f}] (bench 'date' - duration)"
+                    stamped = isinstance(row.get("window_start"), float)
+                    how = (f"scrapes in [{window[0]:.0f}, {end:.0f}] "
+                           + ("(the result's kvpressure_window)" if stamped
+                              else "(bench 'date' - duration)")
                            + "".join(f"; {n}" for n in steady.notes))
                 elif len(rows) == 1:
                     sub, how = scrape, "the whole scrape log"
