@@ -163,7 +163,7 @@ def test_a_folder_with_closed_and_open_runs_keeps_the_closed_ones(tmp_path):
     from kvpressure.twin.measured import load_measured
 
     _, runs = _open_run(tmp_path, rates=(2.0, 4.0))
-    runs.loc[0, "concurrency"] = 4
+    runs.loc[0, ["concurrency", "request_rate"]] = [4, float("inf")]
     runs.to_csv(tmp_path / "runs.csv", index=False)
     m = load_measured(tmp_path)
     assert m.key == "concurrency" and m.keys == [4]
@@ -237,3 +237,19 @@ def test_a_level_whose_replays_disagree_is_a_caveat_not_a_miss():
     assert not v.fits and "rate=3 (15 measured, 52 twin, 45-60 over its replays)" in v.text
     # 290 measured at 6 req/s lies within 10% of the replays' 262-284: no miss there.
     assert [m["request_rate"] for m in v.preemption_misses] == [3.0]
+
+
+def test_runs_capped_at_a_concurrency_and_sent_at_a_rate_are_refused(tmp_path):
+    from kvpressure.twin.api import build_twin
+
+    _, runs = _open_run(tmp_path, rates=(2.0, 4.0))
+    runs["concurrency"] = 8
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    with pytest.raises(InputError, match=r"2 run\(s\) both capped at a concurrency and sent at "
+                                         r"a finite request rate \(e\.g\. concurrency 8 at 2 "
+                                         r"req/s"):
+        build_twin(tmp_path)
+    # The same concurrency levels sent as fast as the clients allow are closed loops.
+    runs["request_rate"] = float("inf")
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    assert not build_twin(tmp_path).open_loop

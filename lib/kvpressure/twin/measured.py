@@ -372,6 +372,17 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
             f"{without} run(s) without a request rate left out (the twin replays an open "
             "loop at the measured rates)")
     runs = runs.dropna(subset=[key]).reset_index(drop=True)
+    capped = runs[np.isfinite(runs[OPEN_KEY].to_numpy(float))] if key == "concurrency" else (
+        runs.iloc[0:0])
+    if len(capped):
+        first = capped.iloc[0]
+        raise InputError(
+            f"{run_dir / 'runs.csv'}: {len(capped)} run(s) both capped at a concurrency and sent "
+            f"at a finite request rate (e.g. concurrency {first['concurrency']:g} at "
+            f"{first[OPEN_KEY]:g} req/s, {first.get('source', first.get('run'))}): the twin "
+            "replays closed loops (vllm bench serve --max-concurrency C --request-rate inf) or "
+            "open loops (--request-rate R without --max-concurrency), not a mix, whose sends "
+            "wait on the real server's finishes; measure one of those")
     series = read_series(run_dir)
     ingest_path = run_dir / "ingest.json"
     ingest: dict[str, Any] = {}
