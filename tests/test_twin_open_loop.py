@@ -253,3 +253,15 @@ def test_runs_capped_at_a_concurrency_and_sent_at_a_rate_are_refused(tmp_path):
     runs["request_rate"] = float("inf")
     runs.to_csv(tmp_path / "runs.csv", index=False)
     assert not build_twin(tmp_path).open_loop
+
+
+def test_the_cli_names_the_option_an_open_loop_refuses(tmp_path, capsys):
+    from kvpressure.cli import main
+
+    _open_run(tmp_path / "run", rates=(2.0, 4.0))
+    assert main(["twin", str(tmp_path / "run"), "--out", str(tmp_path / "t"),
+                 "--return-steps", "2"]) == 2
+    assert "--return-steps (return_steps): an open loop has no clients" in capsys.readouterr().err
+    assert main(["twin", str(tmp_path / "run"), "--out", str(tmp_path / "t"), "--focus",
+                 "3"]) == 2
+    assert "--focus 3: not a measured level (2, 4)" in capsys.readouterr().err

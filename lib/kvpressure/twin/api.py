@@ -369,8 +369,8 @@ def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = Non
                 f"profile roofline ({name})" if priors else "profile", step_trace=trace)
     if measured.open_loop:
         if return_steps is not None:
-            raise InputError("return_steps: an open loop has no clients to return (its "
-                             "requests arrive at their measured times)")
+            raise InputError("--return-steps (return_steps): an open loop has no clients to "
+                             "return, its requests arrive at their measured times")
         return twin
     lag = None
     if trace is not None:

@@ -53,7 +53,8 @@ def fit_open_loop(steps: pd.DataFrame | None, measured_levels: pd.DataFrame,
         raise FitRefused(
             "an open loop's step time is fitted on the server's own steps, and there is no "
             "step trace: start vLLM with --enable-logging-iteration-details and give its log "
-            "(twin --server-log, or report --source server.log). In an open loop the "
+            "(kvpressure twin --server-log LOG, or kvpressure ingest it with the bench results "
+            "and the scrape log). In an open loop the "
             "scheduler's decisions move with the step time, so the per-rate aggregates cannot "
             "fit it alone; closed loops (vllm bench serve --max-concurrency C) can")
     trace = fit_step_trace(steps, windows=level_windows(measured_levels), priors=priors,
