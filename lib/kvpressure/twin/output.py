@@ -129,7 +129,7 @@ def _markdown(doc: dict[str, Any]) -> str:
                      f"{UNITS.get(name, c['unit'])} | {c['source']} |")
     rem = doc.get("remedies")
     if rem:
-        at = (rem.get("focus") or {}).get("name") or f"concurrency {rem['focus_concurrency']}"
+        at = rem["focus"]["name"]
         lines += ["", f"## Remedies at {at}", "",
                   f"{rem['trust']}", "",
                   f"**Recommendation: {rem['recommendation']['text']}**", "",
