@@ -265,3 +265,28 @@ def test_the_cli_names_the_option_an_open_loop_refuses(tmp_path, capsys):
     assert main(["twin", str(tmp_path / "run"), "--out", str(tmp_path / "t"), "--focus",
                  "3"]) == 2
     assert "--focus 3: not a measured level (2, 4)" in capsys.readouterr().err
+
+
+def test_an_open_twin_is_tuned_by_request_rate(tmp_path):
+    from dataclasses import replace
+
+    from kvpressure.tune.targets import TwinTarget
+    from kvpressure.twin.api import build_twin
+
+    _open_run(tmp_path, rates=(2.0, 16.0))
+    twin = build_twin(tmp_path)
+    twin.fit(bootstrap=0)
+    target = TwinTarget(twin, "open")
+    assert target.level_name == "request_rate" and target.levels == [2.0, 16.0]
+    base = target.evaluate({})
+    fewer = target.evaluate({"max_num_seqs": 4})
+    assert [r["level"] for r in base["levels"]] == [2.0, 16.0]
+    # The same levels as the twin predicts them, and a setting changes them.
+    assert base["levels"][1]["preemptions"] == twin.predict_level(16.0)["preemptions"] > 0
+    assert fewer["levels"][1]["preemptions"] < base["levels"][1]["preemptions"]
+    # A change of arrivals is another target: the identity holds them.
+    moved = build_twin(tmp_path)
+    moved.fit(bootstrap=0)
+    w = moved.workloads[2.0]
+    moved.workloads[2.0] = replace(w, arrival_times_s=tuple(t * 2 for t in w.arrival_times_s))
+    assert TwinTarget(moved, "open").identity() != target.identity()
