@@ -467,8 +467,7 @@ def twin_on_pairs(result: dict) -> dict:
     predicted on it, against the change measured in the same round."""
     from kvpressure.twin.api import build_twin
 
-    folder = ROOT / result["folder"] if not Path(result["folder"]).is_absolute() else Path(
-        result["folder"])
+    folder = ROOT / result["folder"]  # an absolute folder stays itself
     out = {}
     for name, rem in result["remedies"].items():
         per_rate = []

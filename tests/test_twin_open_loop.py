@@ -124,8 +124,6 @@ def test_open_twin_remedies_are_keyed_by_rate_and_written(tmp_path):
     low = by["lower_max_num_seqs"]
     assert low["overrides"] == {"max_num_seqs": holds}
     assert low["preemptions"] < by["baseline"]["preemptions"]
-    lo, _, hi = low["throughput_change_pct_p05_p50_p95"]
-    assert lo <= hi
     assert "request rate 16 req/s" in summary["recommendation"]
     md = (tmp_path / "twin" / "twin.md").read_text()
     assert "| req/s |" in md and "## Remedies at request rate 16 req/s" in md

@@ -130,18 +130,17 @@ def verdict(table: pd.DataFrame, key: str = "concurrency") -> FitVerdict:
         mv, tv = r["preemptions_measured"], r["preemptions_twin"]
         if not math.isfinite(mv):
             continue
-        lo, hi = (r["preemptions_twin_low"], r["preemptions_twin_high"]) if ranged else (tv, tv)
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            lo = hi = tv
-        if (mv < lo - max(PREEMPTION_TOL_PCT / 100.0 * lo, PREEMPTION_TOL_ABS)
-                or mv > hi + max(PREEMPTION_TOL_PCT / 100.0 * hi, PREEMPTION_TOL_ABS)):
-            miss = {key: c, "measured": mv, "twin": tv}
-            if ranged:
-                miss["twin_range"] = [lo, hi]
-            if ranged and hi > UNSTABLE_RANGE * lo + PREEMPTION_TOL_ABS:
-                unstable.append(miss)
-            else:
-                pre_miss.append(miss)
+        lo, hi = (r["preemptions_twin_low"], r["preemptions_twin_high"]) if ranged else (
+            math.nan, math.nan)
+        if math.isfinite(lo) and math.isfinite(hi):
+            outside = (mv < lo - max(PREEMPTION_TOL_PCT / 100.0 * lo, PREEMPTION_TOL_ABS)
+                       or mv > hi + max(PREEMPTION_TOL_PCT / 100.0 * hi, PREEMPTION_TOL_ABS))
+            if outside and hi > UNSTABLE_RANGE * lo + PREEMPTION_TOL_ABS:
+                unstable.append({key: c, "measured": mv, "twin": tv, "twin_range": [lo, hi]})
+            elif outside:
+                pre_miss.append({key: c, "measured": mv, "twin": tv, "twin_range": [lo, hi]})
+        elif abs(tv - mv) > max(PREEMPTION_TOL_PCT / 100.0 * mv, PREEMPTION_TOL_ABS):
+            pre_miss.append({key: c, "measured": mv, "twin": tv})
     mk = growth_stops(levels, table["output_throughput_measured"].tolist())
     tk = growth_stops(levels, table["output_throughput_twin"].tolist())
     knee = {"measured": mk, "twin": tk, "levels_apart": None, "ok": True,

@@ -78,10 +78,6 @@ class Measured:
         return self.key == OPEN_KEY
 
     @property
-    def concurrencies(self) -> list[Any]:
-        return self.keys
-
-    @property
     def keys(self) -> list[Any]:
         return [level_value(v, self.key) for v in self.levels[self.key]]
 

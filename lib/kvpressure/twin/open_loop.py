@@ -33,7 +33,12 @@ import pandas as pd
 from kvpressure.twin.fit import PARAMETERS, FitRefused, TwinFit
 from kvpressure.twin.simulate import simulate_level
 from kvpressure.twin.step_time import COEFFICIENTS
-from kvpressure.twin.step_trace import StepTraceFit, fit_step_trace, level_windows
+from kvpressure.twin.step_trace import (
+    StepTraceFit,
+    fit_step_trace,
+    level_windows,
+    ttft_offset,
+)
 from kvpressure.twin.workload import LevelWorkload
 
 BAND_DRAWS = 12
@@ -71,16 +76,13 @@ def _with_offset(trace: StepTraceFit, measured_levels: pd.DataFrame,
         x = float(m["request_rate"])
         if x in workloads:
             sims[x] = simulate_level(settings, workloads[x], coef)
-    # The offset minimising the squared relative errors of the mean TTFT, at least 0.
     pairs = [(float(m["ttft_mean_s"]), sims[float(m["request_rate"])]["ttft_mean_s"])
              for _, m in measured_levels.iterrows()
              if float(m["request_rate"]) in sims and m["ttft_mean_s"] > 0]
     offset, src = 0.0, "default 0 (no TTFT measured)"
     if pairs:
-        y = np.array([a for a, _ in pairs])
-        pred = np.array([b for _, b in pairs])
-        w = 1.0 / y
-        offset = max(0.0, float((w * (1.0 - pred * w)).sum() / (w * w).sum()))
+        offset = float(ttft_offset(np.array([a for a, _ in pairs]),
+                                   np.array([b for _, b in pairs]))[0])
         src = ("fitted (on the levels' mean TTFT, the step time from the trace, at the point "
                "coefficients)")
     theta = {**trace.theta, "ttft_offset": offset}

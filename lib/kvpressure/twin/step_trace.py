@@ -198,6 +198,15 @@ def fit_step_trace(steps: pd.DataFrame, *, windows: list[tuple[float, float]] | 
                         len(work), len(busy), residual_rel, notes)
 
 
+def ttft_offset(measured: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    """The constant added to every predicted mean TTFT that minimises the squared relative
+    errors against ``measured`` (rows), at least 0; ``predicted`` (rows, draws) gives one
+    offset per draw."""
+    w = 1.0 / np.asarray(measured, float)[:, None]
+    pred = np.asarray(predicted, float).reshape(len(w), -1)
+    return np.maximum(0.0, (w * (1.0 - pred * w)).sum(0) / (w * w).sum(0))
+
+
 def twin_fit(trace: StepTraceFit, measured_levels: pd.DataFrame,
              bases: Mapping[int, LevelBasis]) -> TwinFit:
     """The twin's fit with the step time from the trace; ``ttft_offset`` (a constant added to
@@ -213,9 +222,7 @@ def twin_fit(trace: StepTraceFit, measured_levels: pd.DataFrame,
         y = tt["y"].to_numpy(float)
 
         def solve(c: np.ndarray) -> np.ndarray:
-            pred = core @ np.atleast_2d(c).T  # (rows, draws)
-            w = 1.0 / y[:, None]
-            return np.maximum(0.0, (w * (1.0 - pred * w)).sum(0) / (w * w).sum(0))
+            return ttft_offset(y, core @ np.atleast_2d(c).T)
 
         offset = float(solve(coef)[0])
         src = "fitted (on the levels' mean TTFT, the step time from the trace)"

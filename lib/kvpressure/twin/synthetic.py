@@ -48,7 +48,7 @@ def synthetic_workloads(levels: Sequence[float], *, input_len: tuple[int, int],
     return out
 
 
-def _bench_result(w: LevelWorkload, sim: Mapping[str, Any], ttfts: list[float]) -> dict:
+def _bench_result(w: LevelWorkload, sim: Mapping[str, Any]) -> dict:
     """The fields of a ``vllm bench serve --save-detailed`` result the twin reads."""
     return {"date": "20260101-000000", "backend": "vllm", "model_id": "synthetic",
             "num_prompts": w.num_requests, "request_rate": w.request_rate, "burstiness": 1.0,
@@ -56,7 +56,7 @@ def _bench_result(w: LevelWorkload, sim: Mapping[str, Any], ttfts: list[float]) 
             "completed": w.num_requests, "failed": 0,
             "total_input_tokens": sum(w.prompt_lens), "total_output_tokens": sum(w.output_lens),
             "input_lens": list(w.prompt_lens), "output_lens": list(w.output_lens),
-            "start_times": [1000.0 + t for t in w.arrival_times_s or ()], "ttfts": ttfts,
+            "start_times": [1000.0 + t for t in w.arrival_times_s or ()],
             "errors": [""] * w.num_requests}
 
 
@@ -78,7 +78,7 @@ def write_synthetic_run(out_dir: str | Path, settings: Mapping[str, Any],
         if w.open_loop:
             bench = out / "bench" / f"rate-{c:g}.json"
             bench.parent.mkdir(parents=True, exist_ok=True)
-            bench.write_text(json.dumps(_bench_result(w, sim, [])) + "\n")
+            bench.write_text(json.dumps(_bench_result(w, sim)) + "\n")
             source = str(bench.relative_to(out))
         rows.append({
             **key, "variant": "baseline",
