@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pandas as pd
 
 from kvpressure.pipeline.display import readable
-from kvpressure.pipeline.html import knee_sentence
+from kvpressure.pipeline.sentences import knee_sentence
 from kvpressure.pipeline.notebooks import TerminalProgress
-from kvpressure.pipeline.verdict import symptom_sentence
+from kvpressure.pipeline.sentences import symptom_sentence
 
 
 def test_tables_get_units_milliseconds_and_whole_counts():
@@ -41,11 +41,11 @@ def _knee(knee_x, peak_x, peak_y, decline_pct, declines):
 
 def test_knee_and_peak_name_the_operating_limit():
     text = knee_sentence(_knee(16, 40, 2210.0, 41.0, True), 96)
-    assert "growth slows from concurrency <b>16</b>" in text
-    assert "peaks at <b>2,210 tok/s</b> at concurrency <b>40</b>, then falls 41% by 96" in text
-    assert "The operating limit is concurrency 40</b>" in text
+    assert "growth slows from concurrency **16**" in text
+    assert "peaks at **2,210 tok/s** at concurrency **40**, then falls 41% by 96" in text
+    assert "The operating limit is concurrency 40**" in text
     flat = knee_sentence(_knee(16, 24, 500.0, 0.2, False), 48)
-    assert "then stays flat" in flat and "The operating limit is concurrency 16</b>" in flat
+    assert "then stays flat" in flat and "The operating limit is concurrency 16**" in flat
     rising = knee_sentence(_knee(None, 48, 500.0, 0.0, False), 48)
     assert "still rising" in rising
 

@@ -79,6 +79,9 @@ class KneeResult:
     decline_onset: float | None = None
     plateau_band: float | None = None
     notes: list[str] = field(default_factory=list)
+    same_schedule_from: float | None = None
+    """The smallest level from which every larger level ran the same schedule
+    (:func:`same_schedule_from`); None when the levels all differ."""
 
     def to_dict(self) -> dict:
         return to_jsonable(self)
@@ -364,6 +367,35 @@ def _cell_reason(value: object, column: str) -> str | None:
     if math.isinf(number):
         return f"{column} is {'inf' if number > 0 else '-inf'}"
     return None
+
+
+# What the engine did at a level, independent of how long clients queued before admission.
+ENGINE_COLUMNS = ("output_throughput", "preemptions", "recomputed_tokens", "itl_mean_s",
+                  "itl_p95_s", "mean_running")
+
+
+def same_schedule_from(curve: pd.DataFrame, x: str = "concurrency") -> float | None:
+    """The smallest level from which every larger level gave the same engine-side numbers
+    (``ENGINE_COLUMNS``, equal to 1e-9), or None.
+
+    A closed loop whose waiting queue never empties hands the scheduler the same requests in the
+    same order whatever the client count, so its schedule stops depending on the level: those
+    levels are one measurement, not a trend (a curve "falling by 96" that fell at 48). Measured
+    data never repeats to 1e-9, so this names only such exact repeats.
+    """
+    cols = [c for c in ENGINE_COLUMNS if c in curve.columns]
+    if len(curve) < 2 or "output_throughput" not in cols:
+        return None
+    part = curve.sort_values(x)
+    values = part[cols].apply(pd.to_numeric, errors="coerce").to_numpy(float)
+    levels = pd.to_numeric(part[x]).to_numpy(float)
+    first = None
+    for i in range(len(values) - 2, -1, -1):
+        same = np.allclose(values[i], values[i + 1], rtol=1e-9, atol=0.0, equal_nan=True)
+        if not same:
+            break
+        first = levels[i]
+    return None if first is None else float(first)
 
 
 def knee_of_runs(runs: pd.DataFrame, x: str = "concurrency", y: str = "output_throughput", *,

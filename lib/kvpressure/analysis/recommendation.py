@@ -84,10 +84,43 @@ def _cost_text(outcome: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
     return head + ("; watch: " + "; ".join(extra) if extra else "")
 
 
+def _range(seeds: Sequence[float]) -> list[float] | None:
+    return [min(seeds), max(seeds)] if len(seeds) > 1 else None
+
+
+def _change_text(gain: float | None, spread: list[float] | None, seeds: int, where: str) -> str:
+    """A throughput change at ``where`` with its spread over the seeds; "no measurable effect"
+    when the spread holds zero (the change is inside the run-to-run noise)."""
+    if gain is None:
+        return f"output throughput at {where} not measured"
+    if spread is None:
+        return f"{_pct(gain)} output throughput at {where}"
+    over = f"{_pct(spread[0])} to {_pct(spread[1])} over {seeds} seeds"
+    if spread[0] <= 0.0 <= spread[1]:
+        return f"no measurable effect on output throughput at {where} ({_pct(gain)}, {over})"
+    return f"{_pct(gain)} output throughput at {where} ({over})"
+
+
+def _where_to_run(gain: Mapping[str, Any]) -> str:
+    """Which concurrency to run with the change: its own curve's operating limit."""
+    peak_x, knee_x = _finite(gain.get("new_peak_x")), _finite(gain.get("new_knee_x"))
+    end = _finite(gain.get("new_sustained_end"))
+    if peak_x is None:
+        return ""
+    if gain.get("new_declines"):
+        return f" With it, run at most {_num(peak_x)} clients: its curve peaks there and falls after."
+    limit = knee_x if knee_x is not None else peak_x
+    hold = (f" and holds to {_num(end)}" if end is not None and end > limit else "")
+    return (f" With it, run at {_num(limit)} clients or more: throughput reaches its plateau "
+            f"there{hold}, and more clients only add waiting time.")
+
+
 def recommend(report: Mapping[str, Any], settings: Mapping[str, Any],
               seed_gains: Mapping[str, Sequence[float]] | None = None,
               limits: Mapping[str, float] | None = None, *, min_gain_pct: float = 2.0,
-              latency_tolerance_pct: float = 10.0) -> dict[str, Any]:
+              latency_tolerance_pct: float = 10.0,
+              operating_seed_gains: Mapping[str, Sequence[float]] | None = None
+              ) -> dict[str, Any]:
     """The recommendation from a remedy what-if (``evaluate_remedies(...).to_dict()``).
 
     ``seed_gains``: per remedy, its throughput change (%) at the target seed by seed (the range
@@ -104,11 +137,21 @@ def recommend(report: Mapping[str, Any], settings: Mapping[str, Any],
         gain = _finite(o.get("gain", {}).get("throughput_at_target_pct"))
         param, value = next(iter(o["overrides"].items()))
         seeds = [g for g in (seed_gains or {}).get(o["remedy"], []) if _finite(g) is not None]
+        op_seeds = [g for g in (operating_seed_gains or {}).get(o["remedy"], [])
+                    if _finite(g) is not None]
+        g = o.get("gain", {})
         rows.append({
             "remedy": o["remedy"], "parameter": param, "value": value,
             "from": settings.get(param), "gain_pct": gain,
-            "gain_range_pct": [min(seeds), max(seeds)] if len(seeds) > 1 else None,
+            "gain_range_pct": _range(seeds),
             "seeds": len(seeds),
+            "operating_concurrency": _finite(g.get("operating_concurrency")),
+            "operating_gain_pct": _finite(g.get("throughput_at_operating_pct")),
+            "operating_gain_range_pct": _range(op_seeds),
+            "peak_pct": _finite(g.get("peak_pct")),
+            "ttft_p95_at_operating_pct": _finite(g.get("ttft_p95_at_operating_pct")),
+            "itl_p95_at_operating_pct": _finite(g.get("itl_p95_at_operating_pct")),
+            "where_to_run": _where_to_run(g),
             "breaks": _breaks(o, baseline, limits, latency_tolerance_pct),
             "ttft_p95_change_pct": _latency(o, baseline, "ttft_p95")[0],
             "itl_p95_change_pct": _latency(o, baseline, "itl_p95")[0],
@@ -118,10 +161,14 @@ def recommend(report: Mapping[str, Any], settings: Mapping[str, Any],
     over = [r for r in rows if r not in no_effect and r["breaks"]]
     ranked = sorted((r for r in rows if r not in no_effect and not r["breaks"]),
                     key=lambda r: -r["gain_pct"])
+    refused = [{"remedy": o["remedy"], "parameter": next(iter(o["overrides"])),
+                "value": next(iter(o["overrides"].values())),
+                "from": settings.get(next(iter(o["overrides"]))), "why": o.get("reason", "")}
+               for o in report.get("outcomes", []) if not o.get("applicable") and o.get("overrides")]
     out: dict[str, Any] = {
         "source": "simulated remedies", "concurrency": target,
         "limits": _limit_text(limits, latency_tolerance_pct),
-        "ranked": ranked, "no_effect": no_effect, "over_limits": over,
+        "ranked": ranked, "no_effect": no_effect, "over_limits": over, "not_run": refused,
     }
     if not ranked:
         out.update(remedy=None, text=(
@@ -130,17 +177,34 @@ def recommend(report: Mapping[str, Any], settings: Mapping[str, Any],
             f"({out['limits']})."))
         return out
     best = ranked[0]
-    spread = ("" if best["gain_range_pct"] is None else
-              f" ({_pct(best['gain_range_pct'][0])} to {_pct(best['gain_range_pct'][1])} "
-              f"over {best['seeds']} seeds)")
     out.update(
         remedy=best["remedy"], parameter=best["parameter"], value=best["value"],
         runner_up=ranked[1] if len(ranked) > 1 else None,
-        text=(f"Do this: set {best['parameter']} to {best['value']} (now {best['from']}): "
-              f"{_pct(best['gain_pct'])} output throughput at concurrency {_num(target)}"
-              f"{spread}, {best['cost']}."),
+        text=_do_this(best, target),
     )
     return out
+
+
+def _do_this(best: Mapping[str, Any], target: Any) -> str:
+    """The recommendation: the change, its gain at the focus level, at today's operating limit
+    and at the peak, the latency there, each with its spread over the seeds, and where to run."""
+    head = (f"Do this: set {best['parameter']} to {best['value']} (now {best['from']}): "
+            + _change_text(best["gain_pct"], best["gain_range_pct"], best["seeds"],
+                           f"concurrency {_num(target)}")
+            + f", {best['cost']}.")
+    op = best.get("operating_concurrency")
+    if op is None or _finite(target) == op:
+        return head + best.get("where_to_run", "")
+    lat = [f"{label} {_pct(v)}" for label, v in
+           (("TTFT p95", best.get("ttft_p95_at_operating_pct")),
+            ("ITL p95", best.get("itl_p95_at_operating_pct"))) if v is not None]
+    peak = ("" if best.get("peak_pct") is None else
+            f"; the peak throughput changes by {_pct(best['peak_pct'])}")
+    return (head + " At today's operating limit, "
+            + _change_text(best.get("operating_gain_pct"), best.get("operating_gain_range_pct"),
+                           best["seeds"], f"concurrency {_num(op)}")
+            + (f" ({' / '.join(lat)})" if lat else "") + peak + "."
+            + best.get("where_to_run", ""))
 
 
 def _num(v: Any) -> str:

@@ -44,6 +44,32 @@ REMEDY_ORDER = (
 
 RunsFn = Callable[[dict], pd.DataFrame]
 
+# The remedy each engine argument's change is, so an experiment's own remedy values take the
+# place of the defaults for the same argument.
+PARAMETER_REMEDY = {
+    "max_num_seqs": "lower_max_num_seqs",
+    "max_model_len": "lower_max_model_len",
+    "gpu_memory_utilization": "raise_gpu_memory_utilization",
+    "max_num_batched_tokens": "lower_max_num_batched_tokens",
+    "scheduler_reserve_full_isl": "scheduler_reserve_full_isl",
+    "watermark": "watermark",
+}
+
+
+def given_remedies(changes: Mapping[str, Mapping]) -> dict[str, dict]:
+    """Remedies an experiment lists (``{label: {parameter: value}}``, as
+    ``Experiment.remedies()`` gives them) keyed as :func:`evaluate_remedies` takes them: the
+    first value of a parameter in its remedy's place, further values (and parameters no remedy
+    of the workflow names) under their own label, in the order given."""
+    out: dict[str, dict] = {}
+    for label, overrides in changes.items():
+        if len(overrides) != 1:
+            raise InputError(f"remedy {label}: one setting a remedy (got {len(overrides)})")
+        param = next(iter(overrides))
+        name = PARAMETER_REMEDY.get(param, label)
+        out[name if name not in out else label] = dict(overrides)
+    return out
+
 
 @dataclass
 class RemedyOutcome:
@@ -147,6 +173,8 @@ def _summary(runs: pd.DataFrame, target: float | None, x: str, y: str) -> dict:
         "throughput_at_target": _get(row, y),
         "peak_y": k.peak_y if k else None, "peak_x": k.peak_x if k else None,
         "knee_x": k.knee_x if k else None,
+        "sustained_end": k.sustained_end if k else None,
+        "declines": bool(k.declines) if k else None,
         "recompute_ratio_at_target": _get(row, "recompute_ratio"),
         "ttft_p95_s": _get(row, "ttft_p95_s"), "itl_p95_s": _get(row, "itl_p95_s"),
         "itl_mean_s": _get(row, "itl_mean_s"),
@@ -181,14 +209,15 @@ def evaluate_remedies(
     chosen = dict(default_overrides(settings, baseline_runs, max_sequence_tokens=max_sequence_tokens,
                                     target=target_concurrency, x=x))
     if remedies is not None:
-        unknown = [k for k in remedies if k not in REMEDY_ORDER]
+        unknown = [k for k, v in remedies.items() if k not in REMEDY_ORDER and not v]
         if unknown:
             raise InputError(f"remedies: unknown remedy '{unknown[0]}' "
                              f"(known: {', '.join(REMEDY_ORDER)})")
         chosen.update(remedies)
     base = _summary(baseline_runs, target_concurrency, x, y)
     outcomes = []
-    for name in REMEDY_ORDER:
+    # The workflow's order, then remedies given beyond it (another value, another setting).
+    for name in [*REMEDY_ORDER, *[k for k in chosen if k not in REMEDY_ORDER]]:
         ov = chosen.get(name)
         if not ov:
             outcomes.append(RemedyOutcome(name, {}, False, "does not apply to these settings"))
@@ -205,7 +234,19 @@ def evaluate_remedies(
             outcomes.append(RemedyOutcome(name, dict(ov), False, "the simulation gave no runs"))
             continue
         new = _summary(runs, target_concurrency, x, y)
+        # Today's operating limit (the baseline's peak): what the change does where a user who
+        # sized the clients by the curve already runs.
+        at_op = _row_at(runs, base["peak_x"], x) if base["peak_x"] is not None else None
+        op_base = _row_at(baseline_runs, base["peak_x"], x) if base["peak_x"] is not None else None
         gain = {
+            "operating_concurrency": base["peak_x"],
+            "throughput_at_operating_pct": _pct(_get(at_op, y), _get(op_base, y)),
+            "ttft_p95_at_operating_pct": _pct(_get(at_op, "ttft_p95_s"),
+                                              _get(op_base, "ttft_p95_s")),
+            "itl_p95_at_operating_pct": _pct(_get(at_op, "itl_p95_s"),
+                                             _get(op_base, "itl_p95_s")),
+            "new_peak_x": new["peak_x"], "new_knee_x": new["knee_x"],
+            "new_sustained_end": new["sustained_end"], "new_declines": new["declines"],
             "throughput_at_target": new["throughput_at_target"],
             "throughput_at_target_pct": _pct(new["throughput_at_target"],
                                              base["throughput_at_target"]),

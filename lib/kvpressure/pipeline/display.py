@@ -134,39 +134,59 @@ COLUMN_NAMES = {
     "max_running": "running (max)", "mean_kv_usage": "KV usage (mean)",
     "mean_waiting": "waiting (mean)", "repeats": "runs averaged", "num_requests": "requests",
     "t0": "from (s)", "t1": "to (s)", "gauge_t0": "steady from (s)", "gauge_t1": "steady to (s)",
+    "recompute_ratio_low": "recompute ratio, low end", "recompute_ratio_high":
+    "recompute ratio, high end", "seed": "seed",
 }
 MS_COLUMNS = frozenset({"itl_mean_s", "itl_p95_s", "itl_p99_s"})
 # Counts: whole numbers even when averaged over seeds (620.333 preemptions reads as noise).
 COUNT_COLUMNS = frozenset({"preemptions", "recomputed_tokens", "max_running", "num_requests",
-                           "requests_preempted"})
+                           "requests_preempted", "requests", "count", "repeats", "steps"})
+# Measurements whose value depends on the window they are read over: the table names it.
+WINDOWED_COLUMNS = frozenset({"preemptions", "recomputed_tokens", "recompute_ratio",
+                              "recompute_ratio_low", "recompute_ratio_high"})
 
 
-def readable(frame: Any) -> Any:
-    """``frame`` with human column names and units, ITL in ms and counts as integers."""
+def readable(frame: Any, window: str = "") -> Any:
+    """``frame`` with human column names and units, ITL in ms, counts and whole-number levels
+    as integers; ``window`` (e.g. "whole runs, mean of 3 seeds") is added to the names of the
+    columns whose value depends on the window they were counted over."""
     import pandas as pd
 
     if not isinstance(frame, pd.DataFrame):
         return frame
     out = frame.copy()
     for col in out.columns:
+        values = pd.to_numeric(out[col], errors="coerce") if col != "variant" else None
         if col in MS_COLUMNS:
-            out[col] = pd.to_numeric(out[col], errors="coerce") * 1000.0
-        elif col in COUNT_COLUMNS:
-            out[col] = pd.to_numeric(out[col], errors="coerce").round().astype("Int64")
-    return out.rename(columns={c: COLUMN_NAMES[c] for c in out.columns if c in COLUMN_NAMES})
+            out[col] = values * 1000.0
+        elif col in COUNT_COLUMNS or (col == "concurrency" and values.notna().all()
+                                      and (values % 1 == 0).all()):
+            out[col] = values.round().astype("Int64")
+    names = {c: COLUMN_NAMES.get(c, c) + (f" ({window})" if window and c in WINDOWED_COLUMNS
+                                          else "")
+             for c in out.columns if c in COLUMN_NAMES or (window and c in WINDOWED_COLUMNS)}
+    return out.rename(columns=names)
 
 
 def show_table(frame: Any, digits: int = 3, index: bool = False, text: bool = False,
-               missing: str = "") -> None:
-    """Display a DataFrame rounded for reading, with human column names (``readable``);
-    ``text`` left-aligns every column; ``missing`` is shown for empty cells (e.g. "no data"
-    where a measurement is missing, never zero)."""
+               missing: str = "", window: str = "") -> None:
+    """Display a DataFrame rounded for reading, with human column names (``readable``), counts
+    with thousands separators; ``text`` left-aligns every column; ``missing`` is shown for
+    empty cells (e.g. "no data" where a measurement is missing, never zero); ``window`` names
+    the window of the counted columns."""
+    import pandas as pd
     from IPython.display import HTML, display
 
-    shown = readable(frame)
+    shown = readable(frame, window)
     shown = shown.round(digits) if hasattr(shown, "round") else shown
     classes = ["kv-table", "text"] if text else "kv-table"
-    display(HTML(shown.to_html(index=index, border=0, classes=classes, na_rep=missing)))
+    formatters = {}
+    if isinstance(shown, pd.DataFrame):
+        for col in shown.columns:
+            if str(shown[col].dtype) == "Int64":
+                formatters[col] = lambda v: missing if pd.isna(v) else f"{int(v):,}"
+    display(HTML(shown.to_html(index=index, border=0, classes=classes, na_rep=missing,
+                               formatters=formatters or None)))
 
 
 def say(text: str) -> None:
@@ -240,6 +260,26 @@ def time_series_panel(timeline: Any, preemptions: Any, window: Window,
     Grafana view of a vLLM server), with the level's window and its steady part marked."""
     import matplotlib.pyplot as plt
 
+    from kvpressure.pipeline.sentences import EPOCH_S, clock
+
+    t0, t1 = window.window
+    g0, g1 = window.gauge_window
+    # Ingested data keeps the server's epoch clock: seconds from the level's start read better
+    # than "+1.7961554e9", and the wall clock of that start is in the axis label.
+    times = timeline["t"] if len(timeline) else []
+    origin = 0.0
+    xlabel = "time (s)"
+    if len(times) and float(min(times)) > EPOCH_S:
+        origin = float(t0) if t0 is not None else float(min(times))
+        xlabel = f"time (s from {clock(origin)})"
+        timeline = timeline.assign(t=timeline["t"] - origin)
+        if preemptions is not None and len(preemptions):
+            preemptions = preemptions.assign(t=preemptions["t"] - origin)
+
+    def shift(a: float | None) -> float | None:
+        return None if a is None else a - origin
+
+    t0, t1, g0, g1 = shift(t0), shift(t1), shift(g0), shift(g1)
     fig, axes = plt.subplots(4, 1, sharex=True, figsize=(FIGSIZE[0], 7.6),
                              gridspec_kw={"height_ratios": [1.2, 1.2, 1.0, 0.8]})
     run_ax, wait_ax, kv_ax, pre_ax = axes
@@ -254,9 +294,8 @@ def time_series_panel(timeline: Any, preemptions: Any, window: Window,
         top = max(float(timeline.loc[timeline["metric"] == "running", "value"].max() or 0), 1.0)
         if max_num_seqs <= 3 * top:
             run_ax.axhline(max_num_seqs, color="0.3", ls="--", lw=1, label="max_num_seqs")
-        else:  # keep the running count readable; say where the setting is
-            run_ax.set_title(f"max_num_seqs = {max_num_seqs}, off the chart", loc="right",
-                             fontsize="small", color="0.3")
+        else:  # keep the running count readable; the legend says where the setting is
+            run_ax.plot([], [], ls="none", label=f"max_num_seqs {max_num_seqs} (off the chart)")
     run_ax.set_title("Running, waiting, KV usage and preemptions over time"
                      + (f" (concurrency {window.concurrency})" if window.concurrency
                         else ""), loc="left")
@@ -273,9 +312,7 @@ def time_series_panel(timeline: Any, preemptions: Any, window: Window,
         width = float(preemptions["t"].diff().median() or 1.0) * 0.9
         pre_ax.bar(preemptions["t"], preemptions["preemptions"], width=width, color="tab:brown",
                    label="preemptions per scrape interval")
-    pre_ax.set(ylabel="preemptions", xlabel="time (s)")
-    t0, t1 = window.window
-    g0, g1 = window.gauge_window
+    pre_ax.set(ylabel="preemptions", xlabel=xlabel)
     for ax in axes:
         if t0 is not None and t1 is not None:
             ax.axvspan(t0, t1, color="0.93", zorder=0,

@@ -18,6 +18,17 @@ from typing import Any
 
 from kvpressure.pipeline.notebooks import NOTEBOOKS
 from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
+from kvpressure.pipeline.sentences import (
+    count,
+    focus_label,
+    lead_sentence,
+    ms,
+    num,
+    recompute_ratio_text,
+    symptom_sentence,
+    to_html,
+    window_text,
+)
 from kvpressure.record.schema import STATUS_KV_BOUND, STATUS_NOT_ESTABLISHED, Record
 from kvpressure.stages.results import VerdictResult
 
@@ -101,16 +112,6 @@ def _clean(fragment: str) -> str:
                         strip_comments=True)
 
 
-def _num(value: float, digits: int = 3) -> str:
-    if float(value).is_integer() and abs(value) >= 1:
-        return f"{int(value):,}"
-    return f"{value:,.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds:,.1f} s" if seconds >= 10 else f"{seconds * 1000:,.1f} ms"
-
-
 def _markdown(text: str) -> str:
     from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
@@ -145,68 +146,6 @@ def _holds(check: Any) -> str:
     return NO_DATA if check.holds is None else ("yes" if check.holds else "no")
 
 
-def focus_label(record: Record) -> str:
-    """Where the record's counters come from, to tell its recompute ratio from the per-level
-    means of the curve and the remedies: the focus window of the experiment's own seed."""
-    seed = record.provenance.seed
-    return "in the focus window" + ("" if seed is None else f", seed {seed}")
-
-
-def knee_sentence(knee: Any, last: float) -> str:
-    """Where growth slows, where it peaks, what follows, and which of them is the operating
-    limit (the number to size the client's concurrency or ``max_num_seqs`` by)."""
-    peak = f"peaks at <b>{_num(knee.peak_y)} tok/s</b> at concurrency <b>{_num(knee.peak_x)}</b>"
-    slows = ("" if knee.knee_x is None or knee.knee_x >= knee.peak_x
-             else f"growth slows from concurrency <b>{_num(knee.knee_x)}</b>, ")
-    if knee.knee_x is None:
-        return (f"Output throughput is still rising at the largest level: it {peak}; no knee "
-                "inside the range, so the operating limit lies beyond it.")
-    if knee.declines:
-        return (f"Output throughput: {slows}{peak}, then falls {knee.decline_pct:.0f}% by "
-                f"{_num(last)}. <b>The operating limit is concurrency {_num(knee.peak_x)}</b>: "
-                "past it more clients lower throughput"
-                + (f"; from {_num(knee.knee_x)} on they mostly add waiting time." if slows
-                   else "."))
-    flat = ("then stays flat" if knee.decline_pct < 1 else
-            f"then is {knee.decline_pct:.0f}% lower by {_num(last)}, a change within the noise")
-    return (f"Output throughput: {slows}{peak}, {flat}. <b>The operating limit is concurrency "
-            f"{_num(knee.knee_x)}</b> (the knee): beyond it more clients add waiting time, not "
-            "throughput.")
-
-
-def _lead(record: Record) -> str:
-    s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
-    knee = p.knee
-    parts = []
-    if knee is not None:
-        parts.append(knee_sentence(knee, max(w.concurrency_levels or [knee.peak_x])))
-    elif p.throughput_by_concurrency:
-        pt = p.throughput_by_concurrency[-1]
-        parts.append(f"One load level measured: <b>{_num(pt.output_throughput)} tok/s</b> at "
-                     f"concurrency {pt.concurrency} (no curve, so no knee).")
-    else:
-        parts.append("One load of unknown concurrency measured (no curve, so no knee).")
-    at = f"At concurrency {w.concurrency}" if w.concurrency is not None else "Over the window"
-    if c.kv_cache_usage_perc is None and c.num_requests_running is None:
-        parts.append(f"{at}, the engine's own metrics were not measured (running, waiting, KV "
-                     "usage, preemptions: no data), so the cause of the curve's shape is open.")
-    else:
-        mns = _or(s.max_num_seqs, str, "an unknown max_num_seqs")
-        parts.append(
-            f"{at}, {_or(c.num_requests_running, lambda v: f'{v:.1f}')} sequences run on "
-            f"average (at most {_or(s.max_num_seqs_effective, _num)}) against max_num_seqs "
-            f"{mns}, {_or(c.num_requests_waiting, lambda v: f'{v:.1f}')} wait, the KV cache is "
-            f"{_or(c.kv_cache_usage_perc, _pct(0))} full, and "
-            + (f"{c.recompute_ratio:.1%} of the processed tokens are recomputed "
-               f"{focus_label(record)}"
-               + ("" if c.recompute_exact or c.recompute_ratio_range is None else
-                  f" (estimated range {c.recompute_ratio_range[0]:.1%}–"
-                  f"{c.recompute_ratio_range[1]:.1%})")
-               if c.recompute_ratio is not None else "the recompute ratio is not measured")
-            + ".")
-    return " ".join(parts)
-
-
 def _fmt_pct(v: Any) -> str:
     return "no data" if v is None else f"{v:+.0f}%"
 
@@ -237,7 +176,7 @@ def recommendation_html(rec: dict[str, Any] | None) -> str:
         folded = (
             f"<details><summary>Other remedies tried ({len(rows)}), under the limits: "
             f"{_e(rec.get('limits', ''))}</summary><div class='table-wrap'><table class='text'>"
-            f"<tr><th>change</th><th>output throughput at concurrency {_e(_num(c) if c else '?')}"
+            f"<tr><th>change</th><th>output throughput at concurrency {_e(num(c) if c else '?')}"
             "</th><th>TTFT p95</th><th>ITL p95</th><th>why not first</th></tr>"
             f"{''.join(rows)}</table></div></details>")
     note = ""
@@ -277,51 +216,40 @@ def verdict_html(record: Record, headline: str = "", verdict: VerdictResult | No
     """The first screen: status, the recommendation, the sentence that explains it, the
     headline figure (the curve with its knee), key numbers, evidence, remedies, and what the
     data could not give. ``verdict`` is stage 06's result (its recommendation and symptoms)."""
-    from kvpressure.pipeline.verdict import symptom_sentence
     s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
     knee = p.knee
     kind = "kv" if record.status == STATUS_KV_BOUND else (
         "open" if record.status == STATUS_NOT_ESTABLISHED else "seq")
-    lead = _lead(record)
-    if c.recompute_ratio is None:
-        ratio = NO_DATA
-    elif c.recompute_exact or c.recompute_ratio_range is None:
-        ratio = f"{c.recompute_ratio:.1%}"
-    else:
-        ratio = (f"{c.recompute_ratio:.1%} (range {c.recompute_ratio_range[0]:.1%}–"
-                 f"{c.recompute_ratio_range[1]:.1%})")
+    lead = to_html(lead_sentence(record))
+    ratio = recompute_ratio_text(c.recompute_ratio, *(c.recompute_ratio_range or (None, None)),
+                                 exact=c.recompute_exact)
 
     def one(v: float | None) -> str:
         return _or(v, lambda x: f"{x:.1f}")
 
-    if c.window.snapshot:
-        span = f"one scrape at {c.window.end_s:.0f} s: gauges then, counters since the start"
-    else:
-        span = f"{c.window.start_s:.0f}–{c.window.end_s:.0f} s"
-        if (c.window.gauges_start_s, c.window.gauges_end_s) != (c.window.start_s,
-                                                                c.window.end_s):
-            span += (f"; gauges over the steady load {c.window.gauges_start_s:.0f}–"
-                     f"{c.window.gauges_end_s:.0f} s")
-    window = f"{_or(w.concurrency, str, 'unknown')} ({c.window.run}, {span})"
+    window = f"{_or(w.concurrency, str, 'unknown')} ({c.window.run}, {window_text(c.window)})"
     numbers = [
         ("knee / peak concurrency",
          NO_DATA + " (too few levels)" if knee is None else
-         f"{'none' if knee.knee_x is None else _num(knee.knee_x)} / {_num(knee.peak_x)}"),
-        ("peak output throughput", NO_DATA if knee is None else f"{_num(knee.peak_y)} tok/s"),
+         f"{'none' if knee.knee_x is None else num(knee.knee_x)} / {num(knee.peak_x)}"),
+        ("peak output throughput", NO_DATA if knee is None else f"{num(knee.peak_y)} tok/s"),
         ("decline after the peak", NO_DATA if knee is None else
          f"{knee.decline_pct:.1f}%" + ("" if knee.declines else " (within noise)")),
         ("counters read at concurrency", window),
         ("running (mean / max) vs max_num_seqs",
-         f"{one(c.num_requests_running)} / {_or(s.max_num_seqs_effective, _num)} vs "
+         f"{one(c.num_requests_running)} / {_or(s.max_num_seqs_effective, num)} vs "
          f"{_or(s.max_num_seqs, str, 'unknown')}"),
         ("waiting: capacity / deferred", f"{one(c.waiting_capacity)} / {one(c.waiting_deferred)}"),
         ("KV cache usage (mean)", _or(c.kv_cache_usage_perc, _pct())),
-        ("preemptions in window", _or(c.num_preemptions_total, _num)),
-        ("recomputed tokens", _or(c.recomputed_tokens, _num)),
-        (f"recompute ratio ({focus_label(record)})", ratio),
-        ("ITL mean / p95", f"{_or(p.itl_mean, _ms)} / {_or(p.itl_p95, _ms)}"),
+        (f"preemptions ({focus_label(record.provenance.seed)})", count(c.num_preemptions_total)),
+        (f"recomputed tokens ({focus_label(record.provenance.seed)})",
+         count(c.recomputed_tokens) if c.recompute_exact or c.recomputed_tokens_range is None
+         else f"{count(c.recomputed_tokens_range[0])}–{count(c.recomputed_tokens_range[1])} "
+              "(estimated from counters)"),
+        (f"recompute ratio ({focus_label(record.provenance.seed)})", ratio),
+        ("ITL mean / p95", f"{_or(p.itl_mean, ms)} / {_or(p.itl_p95, ms)}"),
         ("TTFT p95" + (" (mostly time queued before admission)"
-                       if (c.num_requests_waiting or 0) >= 1 else ""), _or(p.ttft_p95, _ms)),
+                       if (c.num_requests_waiting or 0) >= 1 else ""), _or(p.ttft_p95, ms)),
     ]
     missing = "".join(f"<tr><td><code>{_e(k)}</code></td><td>{_e(v)}</td></tr>"
                       for k, v in record.missing.items())

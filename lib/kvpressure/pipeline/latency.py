@@ -59,22 +59,46 @@ def _bench(info: CollectInfo) -> pd.DataFrame:
                 continue
             ttfts = res["ttfts"]
             n = len(ttfts)
-            errors = res.get("errors") if isinstance(res.get("errors"), list) else [""] * n
-            itls = res.get("itls") if isinstance(res.get("itls"), list) else [[]] * n
-            e2e = res.get("latencies") if isinstance(res.get("latencies"), list) else [None] * n
-            if not (len(errors) == len(itls) == len(e2e) == n):
+            errors = _array(res, "errors", n, "")
+            itls = _array(res, "itls", n, None)
+            e2e = _array(res, "latencies", n, None)
+            out_lens = _array(res, "output_lens", n, None)
+            if any(a is None for a in (errors, itls, e2e, out_lens)):
                 continue
             ok = [not e for e in errors]
             level = res.get("max_concurrency")
             frames.append(pd.DataFrame({
                 "concurrency": level,
                 "ttft_s": [t for t, k in zip(ttfts, ok, strict=True) if k],
-                "tpot_s": [float(np.mean(r)) if r else np.nan
-                           for r, k in zip(itls, ok, strict=True) if k],
+                "tpot_s": [request_tpot(t, x, o, r) for t, x, o, r, k
+                           in zip(ttfts, e2e, out_lens, itls, ok, strict=True) if k],
                 "e2e_s": [x for x, k in zip(e2e, ok, strict=True) if k],
             }))
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
     return out.dropna(subset=["concurrency"])
+
+
+def _array(res: dict[str, Any], key: str, n: int, fill: Any) -> list[Any] | None:
+    """The per-request array ``key`` of a result (``fill`` for each request when the result
+    has none), or None when its length does not match the requests'."""
+    value = res.get(key)
+    if not isinstance(value, list):
+        return [fill] * n
+    return value if len(value) == n else None
+
+
+def request_tpot(ttft: Any, e2e: Any, output_len: Any, itls: Any = None) -> float:
+    """One request's time per output token as ``vllm bench serve`` defines it: the time after
+    the first token over the tokens after it, ``(e2e - ttft) / (output_len - 1)``; from its
+    token gaps when the result kept them (``--save-detailed``) and the lengths are missing.
+    NaN when it has no token after the first (a TPOT that does not exist, not a slow one)."""
+    try:
+        n_out, first, total = int(output_len), float(ttft), float(e2e)
+    except (TypeError, ValueError):
+        return float(np.mean(itls)) if itls else np.nan
+    if n_out <= 1 or not (np.isfinite(first) and np.isfinite(total)):
+        return np.nan
+    return (total - first) / (n_out - 1)
 
 
 def level_requests(run_dir: str | os.PathLike[str], info: CollectInfo) -> pd.DataFrame:
@@ -82,6 +106,17 @@ def level_requests(run_dir: str | os.PathLike[str], info: CollectInfo) -> pd.Dat
     if info.simulated:
         return _simulated(Path(run_dir), info)
     return _bench(info)
+
+
+def within_limits(requests: pd.DataFrame, ttft_limit_s: float, tpot_limit_s: float) -> float:
+    """The share of ``requests`` within both limits, as ``vllm bench serve --goodput`` counts:
+    a request without a token after its first has no TPOT and is judged on its TTFT alone.
+    NaN when no request's TPOT is known (the data cannot judge the TPOT limit: never read as
+    every request failing it)."""
+    if not len(requests) or requests["tpot_s"].isna().all() or requests["ttft_s"].isna().all():
+        return float("nan")
+    tpot_ok = (requests["tpot_s"] <= tpot_limit_s) | requests["tpot_s"].isna()
+    return float(((requests["ttft_s"] <= ttft_limit_s) & tpot_ok).mean())
 
 
 def goodput(requests: pd.DataFrame, runs: pd.DataFrame, ttft_limit_s: float,
@@ -93,11 +128,11 @@ def goodput(requests: pd.DataFrame, runs: pd.DataFrame, ttft_limit_s: float,
             .drop_duplicates("concurrency").set_index("concurrency")["request_throughput"]
             if "request_throughput" in runs else pd.Series(dtype=float))
     for level, part in requests.groupby("concurrency"):
-        good = ((part["ttft_s"] <= ttft_limit_s) & (part["tpot_s"] <= tpot_limit_s)).mean()
+        good = within_limits(part, ttft_limit_s, tpot_limit_s)
         rps = float(rate.get(level, np.nan))
         rows.append({"concurrency": int(level), "requests": int(len(part)),
-                     "requests/s": rps, "within limits": float(good),
-                     "goodput (requests/s)": rps * float(good)})
+                     "requests/s": rps, "within limits": good,
+                     "goodput (requests/s)": rps * good})
     return pd.DataFrame(rows)
 
 

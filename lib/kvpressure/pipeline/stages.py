@@ -237,7 +237,7 @@ def curve(runs: pd.DataFrame) -> pd.DataFrame:
 def knee_stage(tables: Tables) -> StageOutput:
     """Knee, peak, sustained range and decline of the baseline curve (repeats averaged, their
     spread the noise); latencies at every level."""
-    from kvpressure.analysis.knee import knee_of_runs
+    from kvpressure.analysis.knee import knee_of_runs, same_schedule_from
     from kvpressure.analysis.symptoms import ITL_P99_NOTE
 
     base = tables.baseline_runs
@@ -248,6 +248,8 @@ def knee_stage(tables: Tables) -> StageOutput:
     enough = levels >= MIN_KNEE_LEVELS
     # The function `kvpressure knee` calls: the report's knee is the command's.
     knee = knee_of_runs(base, where="runs.csv") if enough else None
+    if knee is not None:
+        knee.same_schedule_from = same_schedule_from(points)
     here = points[points["concurrency"] == focus.concurrency]
     at = here.iloc[0] if len(here) else base.iloc[0]
     why = None if enough else (
@@ -334,31 +336,54 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
 
 def variant_table(result: ComparisonResult) -> pd.DataFrame:
     """One row per variant of compare.json: its knee and the end of its sustained range, each
-    with its bootstrap range, the peak and the noise (empty without a comparison)."""
+    with its bootstrap range, the peak and the noise (empty without a comparison). A range
+    end past the largest level (a curve that does not turn inside the sweep) reads "past N"."""
+    from kvpressure.pipeline.sentences import num
+
     if not result.available:
         return pd.DataFrame()
 
-    def span(r: Any) -> str | None:
-        return None if r is None else f"{r[0]:g}-{r[1]:g}"
+    def span(r: Any, last: float) -> str | None:
+        if r is None:
+            return None
+        hi = f"past {num(last)}" if r[1] > last else num(r[1])
+        return f"{num(r[0])} to {hi}" if r[0] <= last else f"past {num(last)}"
 
-    return pd.DataFrame([
-        {"variant": v["variant"], "knee_x": v["knee_x"], "knee range": span(v["knee_range"]),
-         "holds to": v["sustained_end"], "declines from": v["decline_onset"],
-         "holds-to range": span(v["sustained_range"]), "peak_y": v["peak_y"],
-         "noise_sd": v["noise_sd"], "repeats": v["repeats"]}
-        for v in result.variants])
+    def at(x: Any, last: float) -> str | None:
+        return None if x is None else (f"past {num(last)}" if x > last else num(x))
+
+    rows = []
+    for v in result.variants:
+        last = max((p["x"] for p in v.get("points") or []), default=math.inf)
+        rows.append({
+            "variant": v["variant"], "knee (clients)": at(v["knee_x"], last),
+            "knee range": span(v["knee_range"], last),
+            "holds to (clients)": at(v["sustained_end"], last),
+            "declines from": at(v["decline_onset"], last),
+            "holds-to range": span(v["sustained_range"], last),
+            "peak (tok/s)": v["peak_y"], "noise (tok/s per run)": v["noise_sd"],
+            "runs averaged": v["repeats"]})
+    return pd.DataFrame(rows)
 
 
 SHIFT_COLUMNS = ("variant", "baseline_value", "value", "shift", "knee_beyond_noise",
                  "sustained_shift", "sustained_beyond_noise", "beyond_noise", "peak_gain_pct")
+SHIFT_NAMES = {"baseline_value": "baseline value", "shift": "knee shift (clients)",
+               "knee_beyond_noise": "knee moved beyond noise",
+               "sustained_shift": "holds-to shift (clients)",
+               "sustained_beyond_noise": "holds-to moved beyond noise",
+               "beyond_noise": "either beyond noise", "peak_gain_pct": "peak change (%)"}
 
 
 def shift_table(result: ComparisonResult) -> pd.DataFrame:
     """One row per compared variant of compare.json: how far its knee and its sustained range
     moved from the baseline's, and whether beyond noise (empty without a comparison)."""
     if not result.available:
-        return pd.DataFrame(columns=list(SHIFT_COLUMNS))
-    return pd.DataFrame(result.shifts)[list(SHIFT_COLUMNS)]
+        return pd.DataFrame(columns=[SHIFT_NAMES.get(c, c) for c in SHIFT_COLUMNS])
+    table = pd.DataFrame(result.shifts)[list(SHIFT_COLUMNS)]
+    for col in ("knee_beyond_noise", "sustained_beyond_noise", "beyond_noise"):
+        table[col] = table[col].map({True: "yes", False: "no"})
+    return table.rename(columns=SHIFT_NAMES)
 
 
 def _at(x: float | None) -> str:
@@ -432,7 +457,18 @@ def interference_stage(tables: Tables) -> StageOutput:
     words = {True: "present", False: "absent", None: "not measurable"}
     d["summary"] = (f"prefill interference {words[pi]}; preemption-driven slow steps "
                     f"{words[pre]} (from {rep.source})")
-    return StageOutput(as_result(InterferenceResult, d), {"steps": view})
+    return StageOutput(as_result(InterferenceResult, d), {"steps": view,
+                                                          "by_kind": steps_by_kind(view)})
+
+
+def steps_by_kind(view: pd.DataFrame) -> pd.DataFrame:
+    """Stage 05's steps by what they carried: how many, and their time seen by decodes (ms)."""
+    if not len(view):
+        return pd.DataFrame(columns=["kind", "steps", "mean (ms)", "p50 (ms)", "p95 (ms)",
+                                     "max (ms)"])
+    g = view.groupby("kind")["step_ms"]
+    return pd.DataFrame({"steps": g.size(), "mean (ms)": g.mean(), "p50 (ms)": g.median(),
+                         "p95 (ms)": g.quantile(0.95), "max (ms)": g.max()}).reset_index()
 
 
 def interference_of(result: InterferenceResult) -> Any:

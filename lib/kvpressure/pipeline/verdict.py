@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.pipeline.collect import Tables
+from kvpressure.pipeline.sentences import knee_sentence, runs_label, symptom_sentence, to_plain
 from kvpressure.pipeline.stages import StageOutput, comparison_of, interference_of
 from kvpressure.stages.files import as_result, read_stage
 from kvpressure.stages.results import (
@@ -41,66 +42,14 @@ STATIC_REMEDIES: dict[str, tuple[str, str, str, str]] = {
 }
 
 
-def _n(v: Any, fmt: str = ".0f") -> str | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if not math.isfinite(f) else format(f, fmt)
-
-
-def symptom_sentence(symptom: dict[str, Any], max_num_seqs: Any = None) -> str:
-    """What was seen for one symptom, in words (its evidence as numbers a reader can check)."""
-    ev = symptom.get("evidence") or {}
-    sid, verdict = symptom.get("id"), symptom.get("verdict")
-    if verdict == "no data":
-        return f"no data: {ev.get('missing') or 'not measured'}"
-    try:
-        if sid == "curve_falls":
-            fall = f"falls {ev['decline_pct']:.0f}% after it" if verdict == "present" else (
-                f"changes by {-ev['decline_pct']:.0f}% after it, within the noise")
-            return (f"throughput peaks at {ev['peak_y']:.0f} tok/s at concurrency "
-                    f"{ev['peak_x']:g} and {fall}")
-        if sid == "waiting_persists":
-            cap = _n(100 * ev["frac_capacity"]) if ev.get("frac_capacity") is not None else None
-            return (f"requests waited {ev['frac_waiting']:.0%} of the time, "
-                    f"{ev['mean_waiting']:.0f} on average and at most {ev['max_waiting']:.0f}"
-                    + (f"; for KV space {cap}% of the time" if cap is not None else ""))
-        if sid == "running_below_max_num_seqs":
-            limit = f" of {max_num_seqs} allowed" if max_num_seqs else ""
-            return (f"requests waited for KV space {ev['frac_silent']:.0%} of the time while "
-                    f"{ev['mean_running']:.0f}{limit} sequences ran (at most "
-                    f"{ev['max_running']:.0f})")
-        if sid == "kv_usage_near_full":
-            return (f"the KV cache was {ev['mean_kv_usage']:.0%} full on average and near full "
-                    f"{ev['frac_near_full']:.0%} of the time")
-        if sid == "preemption_recompute":
-            tokens = _n(ev.get("recomputed_tokens"), ",.0f")
-            return (f"{int(ev['preemptions']):,} preemptions; {ev['recompute_ratio']:.0%} of the "
-                    "processed tokens were computed a second time"
-                    + (f" ({tokens} tokens)" if tokens else ""))
-        if sid == "itl_jitter":
-            return (f"the spread of inter-token latency grows {ev['spread_growth']:.1f}x from "
-                    "the lowest to the highest level" + ("" if verdict == "present" else
-                                                         ", below the threshold"))
-    except (KeyError, TypeError, ValueError):
-        pass
-    shown = {k: v for k, v in ev.items() if not isinstance(v, dict | list)}
-    return ", ".join(f"{k.replace('_', ' ')} {_short(v)}" for k, v in list(shown.items())[:4])
-
-
-def symptoms_frame(checklist: Any, max_num_seqs: Any = None) -> pd.DataFrame:
+def symptoms_frame(checklist: Any, max_num_seqs: Any = None,
+                   max_num_seqs_assumed: bool = False) -> pd.DataFrame:
     """The checklist as a reader's table: the symptom, whether it holds, what was seen."""
     rows = [{"symptom": s["name"], "holds": {"present": "yes", "absent": "no"}.get(
-                s["verdict"], s["verdict"]), "what was seen": symptom_sentence(s, max_num_seqs)}
+                s["verdict"], s["verdict"]),
+             "what was seen": symptom_sentence(s, max_num_seqs, max_num_seqs_assumed)}
             for s in checklist.to_dict()["symptoms"]]
     return pd.DataFrame(rows)
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
 
 
 def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2,
@@ -129,10 +78,12 @@ def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2,
 
 
 def seed_gains(baseline: pd.DataFrame, kept: dict[str, pd.DataFrame], report: dict[str, Any],
-               y: str = "output_throughput") -> dict[str, list[float]]:
-    """Per remedy, its throughput change (%) at the target concurrency seed by seed against
-    the baseline's same seed (the same request set): the spread the mean hides."""
-    target = report["target_concurrency"]
+               y: str = "output_throughput", level: float | None = None
+               ) -> dict[str, list[float]]:
+    """Per remedy, its throughput change (%) at ``level`` (default: the target concurrency)
+    seed by seed against the baseline's same seed (the same request set): the spread the mean
+    hides, which is the run-to-run noise of a simulation."""
+    target = report["target_concurrency"] if level is None else level
     out: dict[str, list[float]] = {}
     if target is None or "seed" not in baseline:
         return out
@@ -183,10 +134,14 @@ def _twin_refusal(run_dir: str | os.PathLike[str]) -> str | None:
     return twin.refused if twin is not None else None
 
 
-def runs_label(repeats: int) -> str:
-    """Which measurement a runs-table number is: each run whole, averaged over the repeats
-    (:mod:`kvpressure.pipeline.levels`), unlike the focus window's counters of seed 0."""
-    return f"whole runs, mean of {repeats} seeds" if repeats > 1 else "whole run"
+def _experiment_remedies(path: Path) -> dict[str, dict] | None:
+    """The remedy values the experiment lists, in place of the defaults for their settings
+    (None when it lists none)."""
+    from kvpressure.analysis.remedies import given_remedies
+    from kvpressure.simulation.experiment import load_experiment
+
+    changes = load_experiment(str(path)).remedies()
+    return given_remedies(changes) if changes else None
 
 
 def _remedy_rows(report: dict[str, Any], settings: dict[str, Any],
@@ -277,12 +232,15 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
             base, _simulate_levels(str(candidate), info.concurrency_levels, kept=kept,
                                    progress=progress),
             settings=settings, target_concurrency=focus_c, max_sequence_tokens=max_seq,
+            remedies=_experiment_remedies(candidate),
         ).to_dict()
         rows = _remedy_rows(report, settings, tables.repeats)
         remedies = {"simulated": True, "try_first": report["try_first"], "why": report["why"],
                     "rows": rows, "report": report,
-                    "recommendation": recommend(report, settings, seed_gains(base, kept, report),
-                                                limits)}
+                    "recommendation": recommend(
+                        report, settings, seed_gains(base, kept, report), limits,
+                        operating_seed_gains=seed_gains(base, kept, report,
+                                                        level=report["baseline"]["peak_x"]))}
     elif status.status != NOT_ESTABLISHED:
         order = list(STATIC_REMEDIES)
         if status.status == SEQ_BOUND:  # one sequence is the problem: shrink it first
@@ -322,9 +280,6 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
 def closing_lines(run_dir: str | os.PathLike[str]) -> list[str]:
     """What ``kvpressure report`` prints when done: the status, the curve in one sentence,
     and the recommendation (plain text, for a terminal)."""
-    import re
-
-    from kvpressure.pipeline.html import knee_sentence
     from kvpressure.record.io import load_record
 
     record = load_record(Path(run_dir) / "record.yaml")
@@ -332,7 +287,7 @@ def closing_lines(run_dir: str | os.PathLike[str]) -> list[str]:
     knee = record.perf.knee
     if knee is not None:
         last = max(record.workload.concurrency_levels or [knee.peak_x])
-        lines.append(re.sub(r"<[^>]+>", "", knee_sentence(knee, last)))
+        lines.append(to_plain(knee_sentence(knee, last)))
     rec = read_stage(run_dir, VerdictResult).remedies.recommendation
     if rec.get("text"):
         lines.append(rec["text"])

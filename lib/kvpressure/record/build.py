@@ -202,7 +202,7 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
             ] or None,
             "knee": None if k is None else {
                 key: k[key] for key in ("knee_x", "peak_x", "peak_y", "declines", "decline_pct")
-            } | {"plateau": k["plateau"][1] > k["plateau"][0],
+            } | {"same_schedule_from": k.get("same_schedule_from")} | {"plateau": k["plateau"][1] > k["plateau"][0],
                  "sustained_to": k["sustained_end"]},
             "itl_mean": knee.itl_mean_s,
             "itl_p95": knee.itl_p95_s,

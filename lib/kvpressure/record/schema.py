@@ -148,6 +148,11 @@ class Knee(_Strict):
     )
     declines: bool
     decline_pct: Annotated[float, Field(allow_inf_nan=False)]
+    same_schedule_from: Annotated[float, Field(allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="the smallest level from which every larger level ran the same schedule "
+                    "(the waiting queue never empties: more clients only queue longer); null "
+                    "when the levels all differ")
 
 
 class Perf(_Strict):
@@ -235,7 +240,7 @@ class Provenance(_Strict):
 
 
 # Nulls with a meaning of their own, not missing measurements.
-_MEANINGFUL_NULLS = frozenset({"perf.knee.knee_x", "provenance.seed", "provenance.seeds",
+_MEANINGFUL_NULLS = frozenset({"perf.knee.knee_x", "perf.knee.same_schedule_from", "provenance.seed", "provenance.seeds",
                                "evidence.comparison"})
 
 

@@ -1,0 +1,437 @@
+"""The report's sentences: one home for every sentence the page, the terminal and the notebooks
+say about a number, so each number is worded (and rounded) once.
+
+Sentences are Markdown with ``**bold**`` only: the notebooks show them as they are, the page
+turns them into HTML (:func:`to_html`) and the terminal drops the marks (:func:`to_plain`).
+Every number carries its unit and, where the page shows the same quantity from more than one
+measurement, the window it comes from (:func:`focus_label`, :func:`runs_label`).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+NO_DATA = "no data"
+
+
+# --------------------------------------------------------------------------- numbers
+def finite(v: Any) -> float | None:
+    """``v`` as a float, or None when it is missing or not finite."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def num(value: Any, digits: int = 3) -> str:
+    """A number as a reader writes it: whole numbers without a decimal point (a level is "16",
+    not "16.0") and with thousands separators, others to ``digits`` significant figures."""
+    f = finite(value)
+    if f is None:
+        return NO_DATA
+    if f.is_integer():
+        return f"{int(f):,}"
+    return f"{f:,.{digits}g}" if abs(f) < 1000 else f"{f:,.0f}"
+
+
+def count(value: Any) -> str:
+    """A count (preemptions, tokens, requests): an integer with separators, even when it is a
+    mean over seeds (620.3 preemptions reads as noise)."""
+    f = finite(value)
+    return NO_DATA if f is None else f"{round(f):,}"
+
+
+def ms(seconds: Any) -> str:
+    """A latency in ms below 10 s, in s above."""
+    f = finite(seconds)
+    if f is None:
+        return NO_DATA
+    return f"{f:,.1f} s" if f >= 10 else f"{f * 1000:,.1f} ms"
+
+
+def pct(value: Any, digits: int = 1) -> str:
+    """A fraction as a percentage."""
+    f = finite(value)
+    return NO_DATA if f is None else f"{f:.{digits}%}"
+
+
+def signed_pct(value: Any) -> str:
+    """A change in percent, with its sign."""
+    f = finite(value)
+    return NO_DATA if f is None else f"{f:+.0f}%"
+
+
+def levels_text(levels: Sequence[Any]) -> str:
+    """``8, 16 and 24``."""
+    words = [num(v) for v in levels]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+# --------------------------------------------------------------------------- markup
+def to_html(text: str) -> str:
+    """A sentence for the page: escaped, ``**bold**`` as ``<b>``."""
+    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+
+
+def to_plain(text: str) -> str:
+    """A sentence for the terminal: the bold marks dropped."""
+    return text.replace("**", "")
+
+
+# --------------------------------------------------------------------------- windows
+def focus_label(seed: int | None) -> str:
+    """Where the record's counters come from, to tell them from the per-level means of the
+    curve and the remedies: the focus window of the experiment's own seed."""
+    return "in the focus window" + ("" if seed is None else f", seed {seed}")
+
+
+def runs_label(repeats: int) -> str:
+    """Which measurement a runs-table number is: each run whole, averaged over the repeats
+    (:mod:`kvpressure.pipeline.levels`), unlike the focus window's counters of seed 0."""
+    return f"whole runs, mean of {repeats} seeds" if repeats > 1 else "whole run"
+
+
+def window_span(start_s: float, end_s: float) -> str:
+    """A window in seconds from the start of the load."""
+    return f"{start_s:,.0f}–{end_s:,.0f} s"
+
+
+# --------------------------------------------------------------------------- recompute
+def recompute_ratio_text(ratio: Any, low: Any = None, high: Any = None, exact: bool = True
+                         ) -> str:
+    """The recompute ratio as far as it is known: the exact share when the steps were counted,
+    the estimated range when only counters were (never the range's end alone as if measured)."""
+    r, lo, hi = finite(ratio), finite(low), finite(high)
+    if exact or lo is None or hi is None:
+        return NO_DATA if r is None else pct(r)
+    if math.isclose(lo, hi, abs_tol=5e-4):
+        return f"{pct(lo)} (estimated from counters)"
+    return f"between {pct(lo)} and {pct(hi)} (estimated from counters)"
+
+
+# --------------------------------------------------------------------------- knee
+def _attr(knee: Any, key: str) -> Any:
+    return knee.get(key) if isinstance(knee, Mapping) else getattr(knee, key, None)
+
+
+def same_schedule_sentence(levels: Sequence[Any], same_from: Any) -> str:
+    """Why levels from ``same_from`` on give the same numbers: the queue never empties."""
+    same = [c for c in levels if finite(c) is not None and float(c) >= float(same_from)]
+    if len(same) < 2:
+        return ""
+    return (f"Levels {levels_text(same)} give the same schedule (the same throughput, "
+            f"preemptions and inter-token latency): from {num(same_from)} clients on the waiting "
+            "queue never empties, so the scheduler sees the same requests in the same order "
+            "whatever the client count, and more clients only add time queued before admission "
+            "(TTFT).")
+
+
+def knee_sentence(knee: Any, last: float) -> str:
+    """Where growth slows, where it peaks, what follows, and which of them is the operating
+    limit (the number to size the client's concurrency or ``max_num_seqs`` by)."""
+    knee_x, peak_x, peak_y = _attr(knee, "knee_x"), _attr(knee, "peak_x"), _attr(knee, "peak_y")
+    decline_pct = _attr(knee, "decline_pct") or 0.0
+    same_from = _attr(knee, "same_schedule_from")
+    peak = f"peaks at **{num(peak_y)} tok/s** at concurrency **{num(peak_x)}**"
+    slows = ("" if knee_x is None or knee_x >= peak_x
+             else f"growth slows from concurrency **{num(knee_x)}**, ")
+    if knee_x is None:
+        return (f"Output throughput is still rising at the largest level: it {peak}; no knee "
+                "inside the range, so the operating limit lies beyond it.")
+    if _attr(knee, "declines"):
+        by = (f"falls {decline_pct:.0f}% at {num(same_from)} and stays there up to "
+              f"{num(last)}" if same_from is not None and same_from < last
+              else f"falls {decline_pct:.0f}% by {num(last)}")
+        return (f"Output throughput: {slows}{peak}, then {by}. **The operating limit is "
+                f"concurrency {num(peak_x)}**: past it more clients lower throughput"
+                + (f"; from {num(knee_x)} on they mostly add waiting time." if slows else "."))
+    flat = ("then stays flat" if decline_pct < 1 else
+            f"then is {decline_pct:.0f}% lower by {num(last)}, a change within the noise")
+    return (f"Output throughput: {slows}{peak}, {flat}. **The operating limit is concurrency "
+            f"{num(knee_x)}** (the knee): beyond it more clients add waiting time, not "
+            "throughput.")
+
+
+# --------------------------------------------------------------------------- symptoms
+def _short(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def symptom_sentence(symptom: Mapping[str, Any], max_num_seqs: Any = None,
+                     max_num_seqs_assumed: bool = False) -> str:
+    """What was seen for one symptom, in words (its evidence as numbers a reader can check)."""
+    ev = symptom.get("evidence") or {}
+    sid, verdict = symptom.get("id"), symptom.get("verdict")
+    if verdict == "no data":
+        return f"no data: {ev.get('missing') or 'not measured'}"
+    try:
+        if sid == "curve_falls":
+            fall = f"falls {ev['decline_pct']:.0f}% after it" if verdict == "present" else (
+                f"changes by {-ev['decline_pct']:.0f}% after it, within the noise")
+            return (f"throughput peaks at {num(ev['peak_y'])} tok/s at concurrency "
+                    f"{num(ev['peak_x'])} and {fall}")
+        if sid == "waiting_persists":
+            cap = finite(ev.get("frac_capacity"))
+            return (f"requests waited {ev['frac_waiting']:.0%} of the time, "
+                    f"{ev['mean_waiting']:.0f} on average and at most {ev['max_waiting']:.0f}"
+                    + (f"; for KV space {100 * cap:.0f}% of the time" if cap is not None else ""))
+        if sid == "running_below_max_num_seqs":
+            limit = ""
+            if max_num_seqs:
+                limit = (f" of {max_num_seqs} allowed (vLLM's default, assumed)"
+                         if max_num_seqs_assumed else f" of {max_num_seqs} allowed")
+            return (f"requests waited for KV space {ev['frac_silent']:.0%} of the time while "
+                    f"{ev['mean_running']:.0f}{limit} sequences ran (at most "
+                    f"{ev['max_running']:.0f})")
+        if sid == "kv_usage_near_full":
+            return (f"the KV cache was {ev['mean_kv_usage']:.0%} full on average and near full "
+                    f"{ev['frac_near_full']:.0%} of the time")
+        if sid == "preemption_recompute":
+            tokens = finite(ev.get("recomputed_tokens"))
+            lo, hi = finite(ev.get("ratio_low")), finite(ev.get("ratio_high"))
+            if lo is not None and hi is not None and not math.isclose(lo, hi, abs_tol=5e-3):
+                share = (f"an estimated {lo:.0%} to {hi:.0%} of the processed tokens were "
+                         "computed a second time")
+                tokens = None  # a point count would claim more than the range knows
+            else:
+                share = (f"{ev['recompute_ratio']:.0%} of the processed tokens were computed "
+                         "a second time")
+            return (f"{count(ev['preemptions'])} preemptions; {share}"
+                    + (f" ({count(tokens)} tokens)" if tokens is not None else ""))
+        if sid == "itl_jitter":
+            return (f"the spread of inter-token latency grows {ev['spread_growth']:.1f}x from "
+                    "the lowest to the highest level" + ("" if verdict == "present" else
+                                                         ", below the threshold"))
+    except (KeyError, TypeError, ValueError):
+        pass
+    shown = {k: v for k, v in ev.items() if not isinstance(v, dict | list)}
+    return ", ".join(f"{k.replace('_', ' ')} {_short(v)}" for k, v in list(shown.items())[:4])
+
+
+# --------------------------------------------------------------------------- goodput
+def goodput_sentence(gp: Any, ttft_limit_s: float, tpot_limit_s: float) -> str:
+    """The goodput table (``pipeline.latency.goodput``) in one sentence: where it is highest,
+    or that the data cannot judge the limits."""
+    head = (f"**Goodput**: requests per second that meet TTFT ≤ {ttft_limit_s:g} s and time per "
+            f"output token ≤ {1000 * tpot_limit_s:g} ms (`vllm bench serve --goodput`)")
+    col = "goodput (requests/s)"
+    known = gp[gp[col].notna()] if len(gp) else gp
+    if not len(known):
+        return (head + ": not measured, the results give no time per output token (neither "
+                "output lengths nor token gaps per request).")
+    best = known.loc[known[col].idxmax()]
+    return (head + f"; highest at concurrency **{int(best['concurrency'])}**, "
+            f"{best[col]:.2f} requests/s ({best['within limits']:.0%} of its requests within "
+            "both limits). TTFT counts from the request's arrival, so at high concurrency it is "
+            "mostly time queued for admission, not prefill.")
+
+
+# --------------------------------------------------------------------------- the lead
+# Times past this are Unix epoch seconds (ingested data keeps the server's clock); smaller ones
+# count from the start of a simulated load.
+EPOCH_S = 1e8
+
+
+def clock(t: float) -> str:
+    """An epoch time as the wall clock (UTC)."""
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S UTC")
+
+
+def span_text(start_s: float, end_s: float) -> str:
+    """A window: the wall clock for ingested data (with its length), seconds from the start of
+    the load for a simulation."""
+    if start_s > EPOCH_S:
+        return f"{clock(start_s)}–{clock(end_s)}, {end_s - start_s:,.0f} s"
+    return window_span(start_s, end_s)
+
+
+def window_text(window: Any) -> str:
+    """The record's counter window in words: which run, when, and the gauges' steady part."""
+    if window.snapshot:
+        return (f"one scrape at {span_text(window.end_s, window.end_s).split(',')[0]}: gauges "
+                "then, counters since the server started")
+    span = span_text(window.start_s, window.end_s)
+    if (window.gauges_start_s, window.gauges_end_s) != (window.start_s, window.end_s):
+        span += ("; gauges over the steady load "
+                 f"{span_text(window.gauges_start_s, window.gauges_end_s)}")
+    return span
+
+
+def lead_sentence(record: Any, max_num_seqs_note: str = "") -> str:
+    """The verdict box's paragraph: the curve in one sentence, then the engine's state at the
+    focus level with the window it was read over."""
+    s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
+    knee = p.knee
+    parts = []
+    if knee is not None:
+        levels = w.concurrency_levels or [knee.peak_x]
+        parts.append(knee_sentence(knee, max(levels)))
+        if getattr(knee, "same_schedule_from", None) is not None:
+            parts.append(same_schedule_sentence(levels, knee.same_schedule_from))
+    elif p.throughput_by_concurrency:
+        pt = p.throughput_by_concurrency[-1]
+        parts.append(f"One load level measured: **{num(pt.output_throughput)} tok/s** at "
+                     f"concurrency {pt.concurrency} (no curve, so no knee).")
+    else:
+        parts.append("One load of unknown concurrency measured (no curve, so no knee).")
+    where = focus_label(record.provenance.seed).removeprefix("in the ")
+    at = (f"At concurrency {w.concurrency} ({where}, {window_text(c.window)})"
+          if w.concurrency is not None else f"Over the window ({window_text(c.window)})")
+    if c.kv_cache_usage_perc is None and c.num_requests_running is None:
+        parts.append(f"{at}, the engine's own metrics were not measured (running, waiting, KV "
+                     "usage, preemptions: no data), so the cause of the curve's shape is open.")
+        return " ".join(parts)
+    mns = (f"max_num_seqs {s.max_num_seqs}" if s.max_num_seqs is not None
+           else "an unknown max_num_seqs")
+
+    def one(v: Any) -> str:
+        return NO_DATA if finite(v) is None else f"{v:.1f}"
+
+    ratio = recompute_ratio_text(c.recompute_ratio, *(c.recompute_ratio_range or (None, None)),
+                                 exact=c.recompute_exact)
+    parts.append(
+        f"{at}, {one(c.num_requests_running)} sequences run on average (at most "
+        f"{num(s.max_num_seqs_effective)}) against {mns}{max_num_seqs_note}, "
+        f"{one(c.num_requests_waiting)} wait, the KV cache is {pct(c.kv_cache_usage_perc, 0)} "
+        f"full, {count(c.num_preemptions_total)} preemptions, and "
+        + (f"{ratio} of the processed tokens are recomputed." if ratio != NO_DATA
+           else "the recompute ratio is not measured."))
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- stage 03
+def knee_stage_sentences(res: Any) -> list[str]:
+    """Stage 03's reading of its curve (``stages.results.KneeResult``): the peak, the knee, the
+    sustained range and the fall, the latencies at the focus level, the noise, then its notes."""
+
+    def lat(seconds: Any) -> str:
+        return "not measured" if finite(seconds) is None else f"{1000 * seconds:.0f} ms"
+
+    at = (f"At the focus concurrency {res.focus_concurrency}" if res.focus_concurrency is not None
+          else "Over the measured load")
+    tail = (f"{lat(res.itl_p95_s)} p95" if res.itl_p99_s is None  # p99 where p95 was not measured
+            else f"{lat(res.itl_p99_s)} p99; {res.itl_tail_note}")
+    latency = (f"{at}, ITL is {lat(res.itl_mean_s)} on average ({tail}) and TTFT p95 is "
+               + ("not measured." if res.ttft_p95_s is None else f"{ms(res.ttft_p95_s)}."))
+    k = res.knee
+    if k is None:
+        return [f"**No curve, no knee**: {res.why_not}. Measure the same workload at several "
+                "concurrency levels (e.g. `vllm bench serve --max-concurrency C` for each C) to "
+                "locate it. " + latency]
+    levels = [p["concurrency"] for p in res.curve]
+    last = max(levels) if levels else k["peak_x"]
+    knee_txt = ("still rising at the largest level: no knee inside the range"
+                if k["knee_x"] is None else f"the knee is at concurrency **{num(k['knee_x'])}**")
+    if k["decline_onset"] is not None:
+        held = (f"it holds within {k['plateau_band']:.0f} tok/s of the peak up to concurrency "
+                f"{num(k['sustained_end'])} and has turned down from {num(k['decline_onset'])}")
+    else:
+        held = (f"it holds within {k['plateau_band']:.0f} tok/s of the peak up to the largest "
+                f"level, {num(last)}: no turn inside the range")
+    same_from = k.get("same_schedule_from")
+    if k["declines"]:
+        fall = f"past the peak it **falls {k['decline_pct']:.0f}%**"
+    else:
+        fall = f"past the peak it changes by {-k['decline_pct']:.0f}%, within the noise"
+    noise = (f"Noise: {k['noise_sd']:.1f} tok/s per run ({k['noise_source']})."
+             if k["noise_sd"] is not None else f"Noise: {k['noise_source']}.")
+    out = [f"Throughput peaks at **{num(k['peak_y'])} tok/s** at concurrency "
+           f"{num(k['peak_x'])}; {knee_txt}; {held}; {fall}. {latency} {noise}"]
+    if same_from is not None:
+        out.append(same_schedule_sentence(levels, same_from))
+    out += [f"Note: {note}." for note in k["notes"]]
+    return out
+
+
+# --------------------------------------------------------------------------- stage 01
+def collect_sentence(info: Any, points: int, runs: int) -> str:
+    """What stage 01 collected (``stages.results.CollectInfo``): the points, levels and
+    variants, the pool, the seeds, what matched, incomplete levels, and where the counters are
+    read."""
+    focus, s = info.focus, info.settings
+    seeds = info.seeds or []
+    levels = (f"{len(info.concurrency_levels)} concurrency level(s) "
+              f"({', '.join(map(str, info.concurrency_levels))})" if info.concurrency_levels
+              else "a load of unknown concurrency")
+
+    def setting(key: str) -> str:
+        return "unknown" if s.get(key) is None else num(s[key])
+
+    text = (f"**{info.name}** ({info.mode}): {points} point(s), {levels} for the variants "
+            f"{', '.join(info.variants)}; model {info.model_name}, "
+            f"{setting('num_gpu_blocks')} KV blocks of {setting('block_size')} tokens, "
+            f"max_num_seqs {setting('max_num_seqs')}. ")
+    if len(seeds) > 1:
+        text += (f"Every point also ran with {len(seeds) - 1} more workload seeds "
+                 f"({', '.join(map(str, seeds[1:]))}) for the run-to-run noise, {runs} runs in "
+                 f"all; the table shows seed {seeds[0]}, each point over its whole run; the "
+                 "curves later are means over the seeds. ")
+    if info.matched:
+        text += f"Data: {info.matched}. "
+    for lv in info.incomplete_levels:
+        text += (f"**Level {lv.concurrency} was not measured in full** ({lv.reason}; "
+                 f"{lv.completed} requests completed, `{lv.source}`): it is left off the "
+                 "curve. ")
+    if not info.engine_metrics:
+        text += ("**No engine metrics were given**: running, waiting, KV usage and preemptions "
+                 "are not measured (missing, not zero), so the later stages can draw the curve "
+                 "but not its cause. ")
+    text += (f"The counters are read at concurrency **{focus.concurrency or 'unknown'}** "
+             f"({focus.why}), over {span_text(focus.t0, focus.t1)} of run `{focus.run}`. ")
+    text += " ".join(n[0].upper() + n[1:] + "." for n in info.load.notes)
+    if info.load.idle:
+        text += " **No load in the data**: nothing ran or waited while the server was scraped."
+    return text
+
+
+# --------------------------------------------------------------------------- stage 02
+def recompute_stage_sentence(r: Any, seed: int | None) -> str:
+    """Stage 02's preemptions and recompute in the focus window
+    (``stages.results.RecomputeResult``): exact counts, or the estimated range."""
+    where = focus_label(seed).capitalize()
+    if r.preemptions is None:
+        return (f"{where}, preemptions are **not measured** (the server does not export "
+                "`vllm:num_preemptions_total`), so recomputed tokens cannot be sized.")
+    if r.recompute_ratio is None:
+        return (f"{where}, **{count(r.preemptions)}** preemptions; the token counters needed to "
+                "size the recomputed tokens are missing.")
+    share = finite(r.recompute_time_share)
+    time = f"; recomputed tokens took {share:.0%} of the step time." if share is not None else "."
+    if r.exact:
+        return (f"{where}, **{count(r.preemptions)}** preemptions; "
+                f"**{count(r.recomputed_tokens)}** tokens were computed again, a recompute ratio "
+                f"of **{pct(r.recompute_ratio)}** (counted exactly, step by step){time}")
+    tokens = (f"{count(r.recomputed_tokens_low)} to {count(r.recomputed_tokens_high)}"
+              if r.recomputed_tokens_low is not None and r.recomputed_tokens_high is not None
+              else count(r.recomputed_tokens))
+    return (f"{where}, **{count(r.preemptions)}** preemptions; an estimated **{tokens}** tokens "
+            "were computed again, a recompute ratio of **"
+            + recompute_ratio_text(r.recompute_ratio, r.recompute_ratio_low,
+                                   r.recompute_ratio_high, exact=False)
+              .replace(" (estimated from counters)", "")
+            + "** (estimated from the counters; the exact share needs the server's per-step "
+              f"log, `--enable-logging-iteration-details`){time}")
+
+
+# --------------------------------------------------------------------------- stage 06
+def record_sentence(record: Any, path: Any) -> str:
+    """Where the record was written and what it holds; a simulation's fields are simulated,
+    never "measured"."""
+    if record.missing:
+        filled = (f"{len(record.missing)} fields not measured (null, with the reason, never "
+                  "zero).")
+    elif record.provenance.mode == "simulation":
+        filled = "every field simulated (none missing)."
+    else:
+        filled = "every field measured."
+    return (f"The record is written to [`record.yaml`](../record.yaml) (`{path}`), validated "
+            f"against its schema: status **{record.status}**, {len(record.evidence.checks)} "
+            f"symptom checks, {len(record.remedies)} remedies, {filled} `kvpressure analyse` "
+            "writes the same file without Jupyter.")
