@@ -42,6 +42,38 @@ STATIC_REMEDIES: dict[str, tuple[str, str, str, str]] = {
 }
 
 
+# The smallest max_num_seqs vLLM 0.33.0's API server defaults to on any GPU (256; 1024 on GPUs
+# of 70 GiB or more other than the A100, and on those of 160 GiB or more): a batch that never
+# reached it ran below the setting whichever default the server had.
+DEFAULT_MAX_NUM_SEQS_FLOOR = 256
+
+
+def assumed_max_num_seqs(checklist: Any, settings: Mapping[str, Any],
+                         max_running: float | None) -> int | None:
+    """The max_num_seqs to judge the silent symptom against when the data does not carry it:
+    vLLM's smallest default, when fewer sequences than that ever ran (else None: no default
+    would tell the symptom apart)."""
+    if settings.get("max_num_seqs") is not None:
+        return None
+    silent = next((sym for sym in checklist.symptoms if sym.id == "running_below_max_num_seqs"),
+                  None)
+    if silent is None or silent.verdict != "no data":
+        return None
+    missing = str(silent.evidence.get("missing", ""))
+    if missing.replace(" ", "") != "max_num_seqs":
+        return None  # something else is missing too: a default would not be enough
+    return (DEFAULT_MAX_NUM_SEQS_FLOOR if max_running is not None
+            and max_running < DEFAULT_MAX_NUM_SEQS_FLOOR else None)
+
+
+def assumption_finding(assumed: int) -> str:
+    """The status's line saying which max_num_seqs was assumed and how to give the real one."""
+    return (f"assumed: max_num_seqs is not in the data, so the symptoms are judged against "
+            f"{assumed}, vLLM 0.33.0's smallest API-server default (1024 on GPUs of 70 GiB or "
+            "more other than the A100); fewer sequences than that ever ran, so the status holds "
+            "for either; give the real value with --param 'engine_args={max_num_seqs: N}'")
+
+
 def symptoms_frame(checklist: Any, max_num_seqs: Any = None,
                    max_num_seqs_assumed: bool = False) -> pd.DataFrame:
     """The checklist as a reader's table: the symptom, whether it holds, what was seen."""
@@ -196,12 +228,23 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     t0, t1 = tables.gauge_window
     base = tables.baseline_runs  # every repeat: the symptoms' curve and the remedies average them
     series = tables.series if len(tables.series) else None  # missing, never read as zero
-    checklist = check_symptoms(
-        series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info.focus.run,
-        max_num_seqs=settings.get("max_num_seqs"),
-        recompute=None if series is None else focus_recompute_estimate(tables),
-        counters=tables.window, counter_origin=info.focus.counter_origin,
-    )
+    def checklist_for(max_num_seqs: int | None) -> Any:
+        return check_symptoms(
+            series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info.focus.run,
+            max_num_seqs=max_num_seqs,
+            recompute=None if series is None else focus_recompute_estimate(tables),
+            counters=tables.window, counter_origin=info.focus.counter_origin,
+        )
+
+    checklist = checklist_for(settings.get("max_num_seqs"))
+    assumed = None
+    if series is not None and settings.get("max_num_seqs") is None:
+        from kvpressure.analysis.waiting import waiting_from_series
+
+        top = waiting_from_series(series, t0, t1, run=info.focus.run).max_running
+        assumed = assumed_max_num_seqs(checklist, settings, top)
+    if assumed is not None:
+        checklist = checklist_for(assumed)
     comparison = comparison_of(read_stage(run_dir, ComparisonResult))
     interference = interference_of(read_stage(run_dir, InterferenceResult))
     max_seq = None
@@ -258,20 +301,30 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     else:
         remedies = {"simulated": False, "try_first": None,
                     "why": "no KV-pressure remedy is called for by this status", "rows": []}
+    if assumed is not None:
+        status.findings.append(assumption_finding(assumed))
     status_d = status.to_dict()
     if "recommendation" not in remedies:
         refused = None if info.simulated else _twin_refusal(run_dir)
-        remedies["recommendation"] = _twin_recommendation(run_dir) or recommend_from_symptoms(
-            {"status": status_d, "symptoms": checklist.to_dict()}, settings,
-            ("ingested data cannot be re-run" + (f", and no twin of it: {refused}"
-                                                 if refused else ""))
-            if not info.simulated else "remedy simulation was switched off")
+        rec = _twin_recommendation(run_dir)
+        if rec is None:
+            rec = recommend_from_symptoms(
+                {"status": status_d, "symptoms": checklist.to_dict()},
+                settings if assumed is None else {**settings, "max_num_seqs": assumed},
+                ("ingested data cannot be re-run" + (f", and no twin of it: {refused}"
+                                                     if refused else ""))
+                if not info.simulated else "remedy simulation was switched off")
+            if assumed is not None and rec.get("parameter") == "max_num_seqs":
+                rec["text"] += (f" (max_num_seqs {assumed} is vLLM's default, assumed: the data "
+                                "does not carry the server's setting)")
+        remedies["recommendation"] = rec
     result = {
         "symptoms": checklist.to_dict(),
         "status": status_d,
         "remedies": remedies,
     }
-    frames = {"symptoms": symptoms_frame(checklist, settings.get("max_num_seqs")),
+    frames = {"symptoms": symptoms_frame(checklist, settings.get("max_num_seqs") or assumed,
+                                         assumed is not None),
               "remedies": pd.DataFrame(remedies["rows"],
                                        columns=["parameter", "change", "effect", "cost"])}
     return StageOutput(as_result(VerdictResult, result), frames)
