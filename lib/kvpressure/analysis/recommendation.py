@@ -32,7 +32,7 @@ def _finite(v: Any) -> float | None:
 
 
 def _pct(v: float) -> str:
-    return f"{v:+.0f}%"
+    return "0%" if round(v) == 0 else f"{v:+.0f}%"
 
 
 def _limit_text(limits: Mapping[str, float], tolerance: float) -> str:
@@ -96,6 +96,8 @@ def _change_text(gain: float | None, spread: list[float] | None, seeds: int, whe
     if spread is None:
         return f"{_pct(gain)} output throughput at {where}"
     over = f"{_pct(spread[0])} to {_pct(spread[1])} over {seeds} seeds"
+    if round(spread[0]) == round(spread[1]) == 0:
+        return f"no change in output throughput at {where} (0% on each of {seeds} seeds)"
     if spread[0] <= 0.0 <= spread[1]:
         return f"no measurable effect on output throughput at {where} ({_pct(gain)}, {over})"
     return f"{_pct(gain)} output throughput at {where} ({over})"

@@ -22,6 +22,31 @@ FIGSIZE = (9.0, 4.2)
 DPI = 100
 
 
+def _show_input_error(shell: Any, etype: Any, value: Any, tb: Any, tb_offset: Any = None) -> Any:
+    """A bad parameter or input in a notebook: its message, not a 40-line traceback (the
+    message names the file, line or parameter; the traceback adds nothing a user can act on).
+    The error still stops the run, so papermill and nbval see it as a failed cell."""
+    import sys
+
+    print(f"{etype.__name__}: {value}", file=sys.stderr)
+    return None
+
+
+def _quiet_input_errors() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and hasattr(shell, "set_custom_exc"):
+        from kvpressure.errors import InputError
+
+        shell.set_custom_exc((InputError,), _show_input_error)
+
+
+_quiet_input_errors()
+
+
 def setup_plots() -> None:
     """Seaborn's theme, sized for a 1280 px wide report."""
     import matplotlib
@@ -203,12 +228,30 @@ def progress_bar(total: int | None = None, desc: str = "") -> Any:
     from kvpressure.pipeline.run_context import BATCH_ENV
 
     if os.environ.get(BATCH_ENV):
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=desc, disable=True)
+        return _StderrBar(total, desc)
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc)
+
+
+class _StderrBar:
+    """A bar for batch kernels: each step a line ``[n/total] desc: what`` on stderr, which
+    ``kvpressure report`` shows as its bar's postfix (a widget would only leave markup)."""
+
+    def __init__(self, total: int | None, desc: str) -> None:
+        self.total, self.desc, self.n = total, desc, 0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        import sys
+
+        of = f"/{self.total}" if self.total else ""
+        print(f"[{self.n}{of}] {self.desc}: {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
 
 
 class LineProgress:

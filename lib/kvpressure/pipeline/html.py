@@ -150,40 +150,56 @@ def _fmt_pct(v: Any) -> str:
     return "no data" if v is None else f"{v:+.0f}%"
 
 
+def _gain_cell(gain: Any, spread: Any) -> str:
+    text = _fmt_pct(gain)
+    if spread:
+        text += f" ({spread[0]:+.0f}% to {spread[1]:+.0f}%)"
+    return text
+
+
 def recommendation_html(rec: dict[str, Any] | None) -> str:
-    """The first thing on the page: the change to make, then (folded) the runner-up and the
-    remedies that had no effect or broke the latency limits."""
+    """The first thing on the page: the change to make, then (folded) the runner-up, the
+    remedies that had no effect or broke the latency limits, and those not run (with why)."""
     if not rec or not rec.get("text"):
         return ""
     folded = ""
     rows = []
+    op = next((r.get("operating_concurrency") for r in rec.get("ranked") or []
+               if r.get("operating_concurrency") is not None), None)
     for label, items in (("runner-up", (rec.get("ranked") or [])[1:2]),
                          ("also gains", (rec.get("ranked") or [])[2:]),
                          ("over the latency limits", rec.get("over_limits") or []),
                          ("no effect", rec.get("no_effect") or [])):
         for r in items:
-            gain = _fmt_pct(r.get("gain_pct"))
-            if r.get("gain_range_pct"):
-                gain += f" ({r['gain_range_pct'][0]:+.0f}% to {r['gain_range_pct'][1]:+.0f}%)"
             why = "; ".join(r.get("breaks") or []) or label
             rows.append(f"<tr><td><code>{_e(r['parameter'])}</code> {_e(r.get('from'))} → "
-                        f"{_e(r['value'])}</td><td>{_e(gain)}</td>"
-                        f"<td>{_e(_fmt_pct(r.get('ttft_p95_change_pct')))}</td>"
+                        f"{_e(r['value'])}</td>"
+                        f"<td>{_e(_gain_cell(r.get('gain_pct'), r.get('gain_range_pct')))}</td>"
+                        + (f"<td>{_e(_gain_cell(r.get('operating_gain_pct'), r.get('operating_gain_range_pct')))}</td>"
+                           if op is not None else "")
+                        + f"<td>{_e(_fmt_pct(r.get('ttft_p95_change_pct')))}</td>"
                         f"<td>{_e(_fmt_pct(r.get('itl_p95_change_pct')))}</td><td>{_e(why)}</td>"
                         "</tr>")
+    for r in rec.get("not_run") or []:
+        blank = "<td>not run</td>" * (4 if op is not None else 3)
+        rows.append(f"<tr><td><code>{_e(r['parameter'])}</code> {_e(r.get('from'))} → "
+                    f"{_e(r['value'])}</td>{blank}<td>{_e(r.get('why') or 'not run')}</td></tr>")
     if rows:
         c = rec.get("concurrency")
         folded = (
             f"<details><summary>Other remedies tried ({len(rows)}), under the limits: "
             f"{_e(rec.get('limits', ''))}</summary><div class='table-wrap'><table class='text'>"
             f"<tr><th>change</th><th>output throughput at concurrency {_e(num(c) if c else '?')}"
-            "</th><th>TTFT p95</th><th>ITL p95</th><th>why not first</th></tr>"
+            "</th>" + (f"<th>at concurrency {_e(num(op))} (today's operating limit)</th>"
+                       if op is not None else "")
+            + "<th>TTFT p95</th><th>ITL p95</th><th>why not first</th></tr>"
             f"{''.join(rows)}</table></div></details>")
     note = ""
     if rec.get("source") == "twin" and rec.get("twin_fit"):
         # The fit before the prediction: how far the twin's numbers can be trusted.
         note = (f"<p class='muted'>The twin of the measured server, fitted to its curve: "
-                f"{_e(rec['twin_fit'])} (the fit, level by level, in stage 06).</p>")
+                f"{_e(rec['twin_fit'])} (the fit, level by level, in stage 06; every remedy it "
+                "predicted, with its interval, in <a href='twin/twin.md'>twin/twin.md</a>).</p>")
         return (f'<div id="recommendation" class="recommend">{note}'
                 f'<p class="do">{_e(rec["text"])}</p>{folded}</div>')
     if rec.get("source") == "symptoms" and rec.get("why_not_simulated"):

@@ -352,7 +352,9 @@ class TerminalProgress:
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, file=file, unit="step", dynamic_ncols=True,
-                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}] {postfix}")
+                        desc="starting the notebooks' kernel",
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} stages [{elapsed}] "
+                                   "{postfix}")
         self._partial = ""
 
     def __call__(self, message: str) -> None:
@@ -360,7 +362,9 @@ class TerminalProgress:
 
         m = re.match(r"^\[(\d+)/(\d+)\] (\S+) (\.\.\.|done in .*)$", message)
         if m and m.group(4) == "...":
+            # A new stage: the last stage's progress line would read as this one's.
             self.bar.set_description(m.group(3))
+            self.bar.set_postfix_str("")
         elif m:
             self.bar.update(1)
         elif message == "index.html ...":

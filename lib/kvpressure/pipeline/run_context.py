@@ -60,7 +60,28 @@ def context_file() -> Path:
 
 
 def _absolute(path: str) -> str:
-    return str(Path(path).resolve()) if path else ""
+    """``path`` made absolute: from the working directory (``notebooks/`` in Jupyter), else
+    from the project root when it names a file there (``data/experiments/x.yaml``, as the
+    README writes paths)."""
+    if not path:
+        return ""
+    here = Path(path)
+    if not here.is_absolute() and not here.exists() and (REPO_ROOT / here).exists():
+        return str((REPO_ROOT / here).resolve())
+    return str(here.resolve())
+
+
+def _check_experiment(experiment: str, given: str) -> None:
+    """Refuse an experiment file that does not exist before anything is shown or created (no
+    banner claiming a collection, no empty run folder)."""
+    if not experiment or Path(experiment).is_file():
+        return
+    from kvpressure.simulation.experiment import list_experiments
+
+    raise InputError(
+        f"experiment {given!r}: no such file, looked for from {Path.cwd()} and from the project "
+        f"root {REPO_ROOT}; give a path to an experiment YAML, or a built-in one as "
+        f"../data/experiments/NAME.yaml ({', '.join(list_experiments())})")
 
 
 def choose_run(experiment: Any = "", source: Any = "", run_dir: Any = "") -> RunContext:
@@ -78,9 +99,15 @@ def choose_run(experiment: Any = "", source: Any = "", run_dir: Any = "") -> Run
             by = "$KVPRESSURE_NB_EXPERIMENT"
     if not run_dir and os.environ.get(RUN_DIR_ENV):
         run_dir, by = os.environ[RUN_DIR_ENV], f"${RUN_DIR_ENV}"
+    given = experiment
+    experiment = "" if sources else _absolute(experiment)
+    _check_experiment(experiment, given)
     folder = (Path(os.fspath(run_dir)).resolve() if run_dir
-              else Path(_from_notebooks(default_run_dir(experiment, sources))))
-    return RunContext(folder, "" if sources else _absolute(experiment), sources, by)
+              else Path(_from_notebooks(default_run_dir(given, sources))))
+    return RunContext(folder, experiment, sources, by)
+
+
+
 
 
 def _from_notebooks(path: str) -> str:

@@ -248,7 +248,8 @@ def span_text(start_s: float, end_s: float) -> str:
     """A window: the wall clock for ingested data (with its length), seconds from the start of
     the load for a simulation."""
     if start_s > EPOCH_S:
-        return f"{clock(start_s)}–{clock(end_s)}, {end_s - start_s:,.0f} s"
+        return (f"{clock(start_s).removesuffix(' UTC')}–{clock(end_s)}, "
+                f"{end_s - start_s:,.0f} s")
     return window_span(start_s, end_s)
 
 
