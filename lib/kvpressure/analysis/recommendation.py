@@ -201,6 +201,7 @@ def _do_this(best: Mapping[str, Any], target: Any) -> str:
            (("TTFT p95", best.get("ttft_p95_at_operating_pct")),
             ("ITL p95", best.get("itl_p95_at_operating_pct"))) if v is not None]
     peak = ("" if best.get("peak_pct") is None else
+            "; the peak throughput is unchanged" if round(best["peak_pct"]) == 0 else
             f"; the peak throughput changes by {_pct(best['peak_pct'])}")
     return (head + " At today's operating limit, "
             + _change_text(best.get("operating_gain_pct"), best.get("operating_gain_range_pct"),
