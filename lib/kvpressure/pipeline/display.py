@@ -165,7 +165,8 @@ COLUMN_NAMES = {
 MS_COLUMNS = frozenset({"itl_mean_s", "itl_p95_s", "itl_p99_s"})
 # Counts: whole numbers even when averaged over seeds (620.333 preemptions reads as noise).
 COUNT_COLUMNS = frozenset({"preemptions", "recomputed_tokens", "max_running", "num_requests",
-                           "requests_preempted", "requests", "count", "repeats", "steps"})
+                           "requests_preempted", "requests", "count", "repeats", "steps",
+                           "preemptions measured"})
 # Measurements whose value depends on the window they are read over: the table names it.
 WINDOWED_COLUMNS = frozenset({"preemptions", "recomputed_tokens", "recompute_ratio",
                               "recompute_ratio_low", "recompute_ratio_high"})

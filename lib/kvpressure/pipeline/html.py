@@ -63,7 +63,7 @@ p, li { max-width: 980px; }
 .muted { color: var(--muted); }
 details summary { cursor: pointer; color: #1f5fa8; margin: 6px 0; }
 p.files a { color: #1f5fa8; }
-td { overflow-wrap: anywhere; max-width: 36em; }
+td { overflow-wrap: break-word; max-width: 36em; }
 .grid { display: grid; grid-template-columns: 1fr 1fr; gap: 8px 32px; }
 table { border-collapse: collapse; font-size: 13.5px; margin: 10px 0 16px; }
 th, td { border-bottom: 1px solid var(--line); padding: 5px 10px; text-align: right;

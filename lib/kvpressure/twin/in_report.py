@@ -184,7 +184,7 @@ def show_report_twin(twin: ReportTwin | None) -> None:
     say(f"**Fit: {twin.verdict}.** The twin is vLLM's scheduler replaying the measured "
         "closed loop on the measured pool, with a step time fitted to this server's curve; "
         "measured against twin at every level:")
-    show_table(twin.fit_table, digits=3, missing="no data")
+    show_table(twin.fit_table, digits=1, missing="no data")
     if twin.figure is not None:
         png = base64.b64encode(twin.figure.read_bytes()).decode("ascii")
         display({"image/png": png, "text/plain": "measured and twin curves: output "

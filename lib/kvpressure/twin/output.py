@@ -75,12 +75,16 @@ def _figure(twin: Any, remedies: dict[str, Any] | None, path: Path) -> None:
     ax.set(xlabel=xlabel, ylabel="preemptions", title="preemptions")
     ax.legend(fontsize=8)
     ax = axes[2]
-    for stat, color in (("ttft_p95_s", "tab:purple"), ("itl_p95_s", "tab:orange")):
-        ax.plot(x, t[f"{stat}_measured"], "o-", color=color, label=f"{stat[:-2]} measured")
-        ax.plot(x, t[f"{stat}_twin"], "s--", color=color, alpha=0.7, label=f"{stat[:-2]} twin")
+    for stat, name, color in (("ttft_p95_s", "TTFT p95", "tab:purple"),
+                              ("itl_p95_s", "ITL p95", "tab:orange")):
+        ax.plot(x, t[f"{stat}_measured"], "o-", color=color, label=f"{name} measured")
+        ax.plot(x, t[f"{stat}_twin"], "s--", color=color, alpha=0.7, label=f"{name} twin")
     ax.set(xlabel=xlabel, ylabel="seconds", title="latency p95", yscale="log")
     ax.legend(fontsize=8)
-    fig.suptitle(twin.report.verdict.text[:140], fontsize=9)
+    import textwrap
+
+    # The whole verdict, wrapped to the figure's width (a cut title hides what did not fit).
+    fig.suptitle("\n".join(textwrap.wrap(twin.report.verdict.text, 160)), fontsize=9)
     fig.tight_layout()
     path.write_bytes(figure_png(fig))
     plt.close(fig)
