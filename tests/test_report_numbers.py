@@ -208,3 +208,24 @@ def test_a_readme_style_path_in_01_resolves_from_the_project_root(tmp_path, monk
     with pytest.raises(InputError, match="'data/experiments/nope.yaml': no such file"):
         choose_run("data/experiments/nope.yaml", "", str(tmp_path / "nope"))
     assert not (tmp_path / "nope").exists()
+
+
+# --------------------------------------------------------------------------- real CPU vLLM data
+@pytest.mark.slow
+def test_a_real_servers_report_has_every_number_right(tmp_path):
+    """The real falling sweep of the CPU vLLM server (bench results without token gaps, the
+    scrape log, the server log): goodput measured, the TPOT panel drawn, the recompute ratio
+    as its range, and the page check clean."""
+    from kvpressure.pipeline.page_check import page_problems
+    from kvpressure.pipeline.report import make_report
+
+    res = make_report(tmp_path / "fall", sources=[FALL / "bench", FALL / "metrics.prom.jsonl.gz",
+                                                   FALL / "server.log.gz"],
+                      progress=lambda _m: None, stream=None)
+    page = res.index_path.read_text()
+    assert page_problems(page, res.run_dir) == []
+    assert "0.00 requests/s (0% of" not in page
+    assert "Goodput</strong>: requests per second" in page and "highest at concurrency" in page
+    assert "recomputed (estimated" not in page and "between " in page
+    assert "twin/twin.md" in page
+

@@ -81,6 +81,9 @@ def test_index_html_verdict_first_with_embedded_figures(simulated):
     # No code: inputs and stderr streams are left out.
     assert "import " not in re.sub(r"<[^>]+>", "", page)
     assert "ensure_collected" not in page and "Traceback" not in page
+    from kvpressure.pipeline.page_check import page_problems
+
+    assert page_problems(page, simulated.run_dir) == []
     for name in NOTEBOOKS:
         assert f'id="{name}"' in page
         nb = nbformat.read(simulated.run_dir / "notebooks" / f"{name}.ipynb", as_version=4)

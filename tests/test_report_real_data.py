@@ -161,6 +161,9 @@ def test_bench_sweep_with_one_log_is_investigated_like_the_simulation(full, swee
                                          "provenance.seeds", "missing"]
     page = full.index_path.read_text()
     assert KV_BOUND in page and "not confirmed" in page and "Not measured" not in page
+    from kvpressure.pipeline.page_check import page_problems
+
+    assert page_problems(page, full.run_dir) == []
 
 
 # --------------------------------------------------------------------------- 2. bench alone

@@ -172,6 +172,11 @@ def test_the_sweep_runs_every_level_and_the_report_completes(sweep: Sweep) -> No
     assert [lv["status"] for lv in sweep.levels["levels"]] == ["complete"] * len(LEVELS)
     for name in ("index.html", "record.yaml", "runs.csv"):
         assert (sweep.out / "report" / name).stat().st_size > 0
+    # Every number on the page of a real server's report is right or marked missing.
+    from kvpressure.pipeline.page_check import page_problems
+
+    report = sweep.out / "report"
+    assert page_problems((report / "index.html").read_text(), report) == []
     assert sorted(p.name for p in (sweep.out / "bench").glob("c*.json")) == sorted(
         f"c{c}.json" for c in LEVELS)
     # The engine configuration came from the server where it exports it.

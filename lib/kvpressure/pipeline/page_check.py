@@ -175,3 +175,21 @@ def _float_counts(page: str) -> list[str]:
                 if head.startswith(_COUNT_HEADS) and re.fullmatch(r"-?\d[\d,]*\.0+", cell):
                     out.append(f"column {head!r}: the count {cell} printed as a float")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvpressure.pipeline.page_check RUN_DIR...``: exit 1 naming each defect."""
+    import sys
+
+    bad = 0
+    for run_dir in argv if argv is not None else sys.argv[1:]:
+        problems = page_problems((Path(run_dir) / "index.html").read_text(encoding="utf-8"),
+                                 run_dir)
+        for p in problems:
+            print(f"{run_dir}/index.html: {p}", file=sys.stderr)
+        bad += len(problems)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
