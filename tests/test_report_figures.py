@@ -90,3 +90,16 @@ def test_real_datas_time_panel_counts_seconds_from_the_level_start(tmp_path):
     assert label.startswith("time (s from ") and label.endswith("UTC)")
     lo, hi = fig.axes[-1].get_xlim()
     assert -60 < lo < hi < 600
+
+
+def test_log_axes_of_a_short_decade_have_no_overlapping_labels():
+    fig, ax = plt.subplots(figsize=(3, 3))
+    ax.plot([0.6, 4.0], [0, 1])
+    ax.set_xscale("log")
+    ax.set_xlim(0.6, 4.0)
+    assert any("tick labels overlap" in p for p in layout_problems(fig))
+    # the same range in the per-request CDFs (E2E 0.6-4 s, as on the real falling sweep)
+    reqs = pd.DataFrame({"concurrency": [2] * 4 + [16] * 4, "ttft_s": [0.1] * 8,
+                         "tpot_s": [0.01] * 8,
+                         "e2e_s": [0.6, 0.8, 0.9, 1.0, 3.0, 3.5, 3.8, 4.0]})
+    assert layout_problems(latency_figure(reqs, 10.0, 0.1)) == []

@@ -228,4 +228,21 @@ def test_a_real_servers_report_has_every_number_right(tmp_path):
     assert "Goodput</strong>: requests per second" in page and "highest at concurrency" in page
     assert "recomputed (estimated" not in page and "between " in page
     assert "twin/twin.md" in page
+    assert "served by vLLM 0.32.0" in page and "The data comes from a vLLM 0.32.0 server" in page
 
+
+
+def test_the_served_vllm_version_is_read_from_the_data(tmp_path):
+    from kvpressure.ingestion.server_log import served_version
+
+    reports = {"r": {"runs": {"a": {"server_log": {"version": "0.32.0"}}}}}
+    assert served_version(reports, []) == ("0.32.0", "the server log's start-up lines")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "engine.json").write_text(json.dumps({"server": {"version": "0.32.0+cpu"}}))
+    assert served_version({}, [str(tmp_path / "bench")])[0] == "0.32.0+cpu"
+    assert served_version({}, [str(tmp_path / "bench" / "c8.json")])[0] == "0.32.0+cpu"
+    assert served_version({}, []) is None
+    from kvpressure.pipeline.sentences import version_warning
+
+    assert "vLLM 0.32.0 server" in version_warning("0.32.0", "0.33.0")
+    assert version_warning("0.33.0+cu129", "0.33.0") == "" == version_warning(None, "0.33.0")

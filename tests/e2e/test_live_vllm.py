@@ -176,7 +176,15 @@ def test_the_sweep_runs_every_level_and_the_report_completes(sweep: Sweep) -> No
     from kvpressure.pipeline.page_check import page_problems
 
     report = sweep.out / "report"
-    assert page_problems((report / "index.html").read_text(), report) == []
+    page = (report / "index.html").read_text()
+    assert page_problems(page, report) == []
+    # The record names the vLLM that served the data, and the page says it differs from the
+    # scheduler rules the kit follows.
+    from kvpressure.record.io import load_record
+
+    served = load_record(report / "record.yaml").provenance.vllm_version_served
+    assert served is not None and served.startswith("0.32"), served
+    assert "The data comes from a vLLM 0.32" in page and "verify-vllm" in page
     assert sorted(p.name for p in (sweep.out / "bench").glob("c*.json")) == sorted(
         f"c{c}.json" for c in LEVELS)
     # The engine configuration came from the server where it exports it.

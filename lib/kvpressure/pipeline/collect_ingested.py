@@ -14,7 +14,7 @@ import pandas as pd
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.cache_config import cache_config
-from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes
+from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes, served_version
 from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report, recompute_args
 from kvpressure.pipeline.focus import focus_level
 from kvpressure.pipeline.lengths import (
@@ -245,8 +245,11 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         lengths.setdefault(key, unmeasured(base_name))
     model = (model_name or (_model_name(series) if engine_metrics else None)
              or _dropped_model_name(reports) or _first(runs.get("model")) or "unknown model")
+    served = served_version(reports, sources)
     return as_result(CollectInfo, {
         "mode": "ingested",
+        "server_version": served[0] if served else None,
+        "server_version_from": served[1] if served else None,
         "name": run_dir.name,
         "description": "ingested metrics",
         "inputs": inputs,

@@ -96,7 +96,9 @@ def layout_problems(fig: Any) -> list[str]:
             ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
             if offset or any(abs(t) > 1e6 for t in ticks):
                 problems.append(f"{name}: time axis in raw epoch seconds ({offset or ticks[0]})")
-        labels = [t for t in ax.get_xticklabels() if t.get_text() and t.get_visible()]
+        labels = [t for t in ax.get_xticklabels() + ax.get_xticklabels(minor=True)
+                  if t.get_text() and t.get_visible()]
+        labels.sort(key=lambda t: _bbox(t, renderer).x0)
         boxes = [_bbox(t, renderer) for t in labels]
         for a, b in zip(boxes, boxes[1:], strict=False):
             if a.overlaps(b):

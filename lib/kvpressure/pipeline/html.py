@@ -27,6 +27,7 @@ from kvpressure.pipeline.sentences import (
     recompute_ratio_text,
     symptom_sentence,
     to_html,
+    version_warning,
     window_text,
 )
 from kvpressure.record.schema import STATUS_KV_BOUND, STATUS_NOT_ESTABLISHED, Record
@@ -61,6 +62,7 @@ p, li { max-width: 980px; }
   padding: 10px 16px; margin: 12px 0; }
 .recommend p.do { font-size: 19px; font-weight: 700; margin: 4px 0; }
 .muted { color: var(--muted); }
+.version { color: #8a4b00; font-size: 15px; }
 details summary { cursor: pointer; color: #1f5fa8; margin: 6px 0; }
 p.files a { color: #1f5fa8; }
 td { overflow-wrap: break-word; max-width: 36em; }
@@ -237,6 +239,10 @@ def verdict_html(record: Record, headline: str = "", verdict: VerdictResult | No
     kind = "kv" if record.status == STATUS_KV_BOUND else (
         "open" if record.status == STATUS_NOT_ESTABLISHED else "seq")
     lead = to_html(lead_sentence(record))
+    from kvpressure import VLLM_BEHAVIOUR_VERSION
+
+    warning = version_warning(record.provenance.vllm_version_served, VLLM_BEHAVIOUR_VERSION)
+    version = f"<p class='version'>{to_html(warning)}</p>" if warning else ""
     ratio = recompute_ratio_text(c.recompute_ratio, *(c.recompute_ratio_range or (None, None)),
                                  exact=c.recompute_exact)
 
@@ -302,7 +308,8 @@ def verdict_html(record: Record, headline: str = "", verdict: VerdictResult | No
         f'<section id="verdict" class="verdict {kind}">'
         f'<span class="status">{_e(record.status)}</span>'
         f"{recommendation_html(verdict.remedies.recommendation if verdict else None)}"
-        f'<p class="lead">{lead}</p>{headline}{comp_html}<ul>{reasons}</ul>{links_html()}'
+        f'<p class="lead">{lead}</p>{version}{headline}{comp_html}<ul>{reasons}</ul>'
+        f"{links_html()}"
         "</section>"
         f"<h3>Key numbers</h3>{_rows(numbers)}"
         "<h3>Symptom checklist</h3><div class='table-wrap'><table class='text'>"
@@ -414,11 +421,16 @@ def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str,
         f"<h1>{_e(title)}</h1>"
         f'<p class="subtitle">{_e(record.workload.model_name)} · policy '
         f"{_e(_or(record.scheduler.policy, str, 'unknown'))} · {_pool(record)} · "
-        f"{_e(prov.mode)} data" + (f" · run folder {_e(run_folder)}" if run_folder else "")
+        f"{_e(prov.mode)} data"
+        + (f" · served by vLLM {_e(prov.vllm_version_served)}" if prov.vllm_version_served
+           else "")
+        + (f" · run folder {_e(run_folder)}" if run_folder else "")
         + "</p>"
         f"{verdict_html(record, headline_figure(notebooks), verdict)}"
         f'<nav class="toc">Stages: {toc}</nav>\n{sections}'
-        f"<footer>kvpressure {_e(__version__)} (vLLM {_e(VLLM_BEHAVIOUR_VERSION)} behaviour) · "
+        f"<footer>kvpressure {_e(__version__)} (vLLM {_e(VLLM_BEHAVIOUR_VERSION)}'s scheduler "
+        "rules" + (f"; the data's server: vLLM {_e(prov.vllm_version_served)}"
+                   if prov.vllm_version_served else "") + ") · "
         f"inputs: {inputs}{_e(seed)} · record: {RECORD_YAML} · executed notebooks: "
         f"{NOTEBOOKS_DIR}/</footer></main></body></html>\n"
     )

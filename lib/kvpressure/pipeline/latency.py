@@ -158,7 +158,11 @@ def latency_figure(requests: pd.DataFrame, ttft_limit_s: float | None = None,
             ax.axvline(limit, color="0.2", ls="--", lw=1)
         ax.set(title=title, xlabel="seconds", ylabel="share of requests")
         if col != "tpot_s":
+            from matplotlib.ticker import NullFormatter
+
             ax.set_xscale("log")
+            # Labelled minor ticks ("2x10^0 3x10^0 ...") overlap on a short decade.
+            ax.xaxis.set_minor_formatter(NullFormatter())
     legend = axes[2].get_legend()
     if legend is not None:
         legend.set_title("concurrency")

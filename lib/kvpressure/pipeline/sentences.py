@@ -74,8 +74,9 @@ def levels_text(levels: Sequence[Any]) -> str:
 
 # --------------------------------------------------------------------------- markup
 def to_html(text: str) -> str:
-    """A sentence for the page: escaped, ``**bold**`` as ``<b>``."""
-    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+    """A sentence for the page: escaped, ``**bold**`` as ``<b>``, backticks as ``<code>``."""
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
 
 
 def to_plain(text: str) -> str:
@@ -302,8 +303,11 @@ def lead_sentence(record: Any, max_num_seqs_note: str = "") -> str:
         f"{num(s.max_num_seqs_effective)}) against {mns}{max_num_seqs_note}, "
         f"{one(c.num_requests_waiting)} wait, the KV cache is {pct(c.kv_cache_usage_perc, 0)} "
         f"full, {count(c.num_preemptions_total)} preemptions, and "
-        + (f"{ratio} of the processed tokens are recomputed." if ratio != NO_DATA
-           else "the recompute ratio is not measured."))
+        + ("the recompute ratio is not measured." if ratio == NO_DATA else
+           f"{ratio} of the processed tokens are recomputed." if c.recompute_exact else
+           f"{ratio.removesuffix(' (estimated from counters)')} of the processed tokens are "
+           "recomputed (estimated from the counters: the exact share needs the server's "
+           "per-step log)."))
     return " ".join(parts)
 
 
@@ -436,3 +440,16 @@ def record_sentence(record: Any, path: Any) -> str:
             f"against its schema: status **{record.status}**, {len(record.evidence.checks)} "
             f"symptom checks, {len(record.remedies)} remedies, {filled} `kvpressure analyse` "
             "writes the same file without Jupyter.")
+
+
+# --------------------------------------------------------------------------- versions
+def version_warning(served: str | None, rules: str) -> str:
+    """What a reader must know when the data's server ran another vLLM than the one whose
+    scheduler rules the kit follows (empty when they agree or the data does not say)."""
+    if not served or served.split("+")[0] == rules:
+        return ""
+    return (f"The data comes from a vLLM {served} server; the kit's scheduler "
+            f"rules, which the twin and every what-if follow, are vLLM {rules}'s. Admission and "
+            "preemption rules change between releases: check them against that version's own "
+            f"scheduler with `kvpressure verify-vllm --vllm-python PATH` (PATH: the python of "
+            f"an environment with vLLM {served}).")

@@ -224,6 +224,7 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
             "inputs": [i.model_dump() for i in collect.inputs],
             "seed": collect.seed,
             "seeds": collect.seeds,
+            "vllm_version_served": collect.server_version,
         },
     }
     checks = _checks_missing(verdict.symptoms, collect)

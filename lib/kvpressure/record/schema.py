@@ -225,6 +225,11 @@ class Provenance(_Strict):
     mode: Literal["simulation", "ingested"]
     inputs: Annotated[list[InputFile], Field(min_length=1)]
     seed: int | None = Field(description="the workload seed; null only for ingested data")
+    vllm_version_served: NonEmptyStr | None = Field(
+        default=None,
+        description="the vLLM version that served ingested data, when the data says (a server "
+                    "log's start-up lines, the server's /version); null for a simulation and "
+                    "when unknown")
     seeds: Annotated[list[int], Field(min_length=1)] | None = Field(
         description="every workload seed the sweep ran with, ``seed`` first (the repeats that "
                     "give the run-to-run noise); null only for ingested data"
@@ -240,7 +245,8 @@ class Provenance(_Strict):
 
 
 # Nulls with a meaning of their own, not missing measurements.
-_MEANINGFUL_NULLS = frozenset({"perf.knee.knee_x", "perf.knee.same_schedule_from", "provenance.seed", "provenance.seeds",
+_MEANINGFUL_NULLS = frozenset({"perf.knee.knee_x", "perf.knee.same_schedule_from",
+                               "provenance.vllm_version_served", "provenance.seed", "provenance.seeds",
                                "evidence.comparison"})
 
 

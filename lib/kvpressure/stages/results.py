@@ -139,6 +139,10 @@ class CollectInfo(StageResult):
     bench_timezone: str | None = None
     incomplete_levels: list[IncompleteLevel] = Field(default_factory=list)
     load: Load = Field(default_factory=Load)
+    server_version: str | None = None
+    """The vLLM version that served ingested data, when the data says (a server log, the
+    server's /version); None for a simulation."""
+    server_version_from: str | None = None
 
     @property
     def simulated(self) -> bool:
