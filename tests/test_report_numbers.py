@@ -246,3 +246,22 @@ def test_the_served_vllm_version_is_read_from_the_data(tmp_path):
 
     assert "vLLM 0.32.0 server" in version_warning("0.32.0", "0.33.0")
     assert version_warning("0.33.0+cu129", "0.33.0") == "" == version_warning(None, "0.33.0")
+
+
+def test_a_log_without_max_num_seqs_gets_the_status_under_vllms_default(tmp_path):
+    """A V1 server log whose start-up arguments were cut (KV 88-98% full, 18-21 running, 23-43
+    waiting): the status under vLLM 0.33's smallest default, the assumption named, and the
+    recommendation from it, instead of "not established"."""
+    from kvpressure.pipeline.analyse import analyse
+    from kvpressure.record.io import load_record
+    from kvpressure.stages.files import read_stage
+    from kvpressure.stages.results import VerdictResult
+
+    log = REPO_ROOT / "tests" / "data" / "logs" / "v1_kv_bound_no_args.log"
+    record = load_record(analyse(tmp_path / "run", source=str(log), log_year=2026))
+    assert record.status == "bound by KV blocks"
+    assert record.scheduler.max_num_seqs is None  # still not measured, and said so
+    assert any("assumed: max_num_seqs is not in the data" in r and "256" in r
+               and "engine_args={max_num_seqs: N}" in r for r in record.evidence.reasons)
+    rec = read_stage(tmp_path / "run", VerdictResult).remedies.recommendation
+    assert rec["parameter"] == "max_num_seqs" and "vLLM's default, assumed" in rec["text"]

@@ -306,8 +306,7 @@ def lead_sentence(record: Any, max_num_seqs_note: str = "") -> str:
         + ("the recompute ratio is not measured." if ratio == NO_DATA else
            f"{ratio} of the processed tokens are recomputed." if c.recompute_exact else
            f"{ratio.removesuffix(' (estimated from counters)')} of the processed tokens are "
-           "recomputed (estimated from the counters: the exact share needs the server's "
-           "per-step log)."))
+           "recomputed (estimated from the counters)."))
     return " ".join(parts)
 
 
