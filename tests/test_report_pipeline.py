@@ -37,7 +37,10 @@ def test_record_is_complete_and_agrees_with_the_stages(simulated):
     data = yaml.safe_load(simulated.record_path.read_text())
     # Only a status that calls for no remedy may leave the remedies empty.
     allowed = [] if data["status"] == KV_BOUND else [["remedies"], []]
-    assert list(empty_fields(data)) in (allowed or [[]])
+    # A simulation was served by no vLLM; a curve whose levels all differ has no same-schedule
+    # tail: those nulls mean something, every other field has a value.
+    meaningful = {"provenance.vllm_version_served", "perf.knee.same_schedule_from"}
+    assert [p for p in empty_fields(data) if p not in meaningful] in (allowed or [[]])
     record = load_record(simulated.record_path)
     verdict = read_stage(simulated.run_dir, VerdictResult)
     knee = read_stage(simulated.run_dir, KneeResult)

@@ -25,11 +25,9 @@ DPI = 100
 def _show_input_error(shell: Any, etype: Any, value: Any, tb: Any, tb_offset: Any = None) -> Any:
     """A bad parameter or input in a notebook: its message, not a 40-line traceback (the
     message names the file, line or parameter; the traceback adds nothing a user can act on).
-    The error still stops the run, so papermill and nbval see it as a failed cell."""
-    import sys
-
-    print(f"{etype.__name__}: {value}", file=sys.stderr)
-    return None
+    It is still the cell's error output, so papermill and nbval see the failed cell and its
+    InputError."""
+    shell.showtraceback((etype, value, tb), exception_only=True)
 
 
 def _quiet_input_errors() -> None:
