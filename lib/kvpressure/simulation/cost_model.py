@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from kvpressure.errors import InputError
+from kvpressure.simulation.request_path import RequestPath
 
 ACTIVATION_BYTES = 2  # bf16 activations travel through the all-reduce
 
@@ -127,10 +128,17 @@ def _result(value: np.ndarray) -> Any:
     return float(value) if np.ndim(value) == 0 else value
 
 
-class StepCostModel:
-    """Duration of one engine step (seconds) from the step's token and context counts."""
+REQUEST_PATH_FIELDS = ("api_server_s", "tokenize_s_per_token", "output_s")
 
-    def __init__(self, geometry: ModelGeometry, coefficients: CostCoefficients):
+
+class StepCostModel:
+    """Duration of one engine step (seconds) from the step's token and context counts.
+
+    ``request_path`` is the host's share of a request's latency priced from the same profile
+    (``request_path.py``); the engine loop applies it, this class never adds it to a step."""
+
+    def __init__(self, geometry: ModelGeometry, coefficients: CostCoefficients,
+                 request_path: RequestPath | None = None):
         if geometry.tensor_parallel_size < 1:
             raise InputError(
                 f"tensor_parallel_size must be >= 1, got {geometry.tensor_parallel_size}"
@@ -144,6 +152,7 @@ class StepCostModel:
                 raise InputError(f"cost model coefficient {name} must be > 0")
         self.geometry = geometry
         self.coefficients = coefficients
+        self.request_path = request_path
 
     # --- construction --------------------------------------------------------------------
     @classmethod
@@ -151,7 +160,8 @@ class StepCostModel:
         cls, hardware: Any, model: Any, tensor_parallel_size: int = 1, **overrides: Any
     ) -> StepCostModel:
         """Build from a ``HardwareProfile`` and a ``ModelProfile``; ``overrides`` replace
-        coefficients (``eta_m=0.85``, ``t0=0.004``, ...)."""
+        coefficients (``eta_m=0.85``, ``t0=0.004``, ...) or the request path's values
+        (``api_server_s``, ``tokenize_s_per_token``, ``output_s``)."""
         tp = int(tensor_parallel_size)
         geometry = geometry_from_profile(model, tp)
         allreduce = (
@@ -170,7 +180,9 @@ class StepCostModel:
             t0=float(hardware.t0),
             t_seq=float(hardware.t_seq),
         )
-        model_ = cls(geometry, coeffs)
+        path = {k: float(getattr(hardware, k, 0.0)) for k in REQUEST_PATH_FIELDS}
+        path.update({k: overrides.pop(k) for k in REQUEST_PATH_FIELDS if k in overrides})
+        model_ = cls(geometry, coeffs, RequestPath(**path))
         return model_.with_coefficients(**overrides) if overrides else model_
 
     def with_coefficients(self, **changes: Any) -> StepCostModel:
@@ -182,11 +194,15 @@ class StepCostModel:
                 f"unknown cost model coefficient(s) {', '.join(unknown)}; "
                 f"known: {', '.join(sorted(known))}"
             )
-        return StepCostModel(self.geometry, replace(self.coefficients, **changes))
+        return StepCostModel(self.geometry, replace(self.coefficients, **changes),
+                             self.request_path)
 
     def describe(self) -> dict[str, Any]:
         """Geometry and coefficients as plain values (for summaries and reports)."""
-        return {"geometry": asdict(self.geometry), "coefficients": asdict(self.coefficients)}
+        out = {"geometry": asdict(self.geometry), "coefficients": asdict(self.coefficients)}
+        if self.request_path is not None:
+            out["request_path"] = self.request_path.describe()
+        return out
 
     # --- the roofline terms ----------------------------------------------------------------
     def terms(self, features: Any) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvpressure.errors import InputError
 from kvpressure.paths import data_dir
-from kvpressure.simulation.cost_model import CostCoefficients, StepCostModel
+from kvpressure.simulation.cost_model import REQUEST_PATH_FIELDS, CostCoefficients, StepCostModel
 from kvpressure.simulation.prom_view import MAX_SCRAPES
 from kvpressure.simulation.workload import (
     WorkloadSpec,
@@ -73,13 +73,14 @@ ENGINE_ARGS: dict[str, str | None] = {
     "watermark": "watermark",
     "num_gpu_blocks": "num_gpu_blocks",
     "max_num_active_seqs": "max_num_active_seqs",
+    "async_scheduling": "async_scheduling",
 }
 ALIASES = {"policy": "scheduling_policy", "num_gpu_blocks_override": "num_gpu_blocks"}
 # More repeats than this would make a sweep slow without sharpening the noise much.
 MAX_SEEDS = 16
 # Overrides of these change the pool size vLLM would compute.
 POOL_ARGS = ("gpu_memory_utilization", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
-             "block_size", "enable_chunked_prefill")
+             "block_size", "enable_chunked_prefill", "async_scheduling")
 
 
 class _Strict(BaseModel):
@@ -102,6 +103,10 @@ class EngineArgs(_Strict):
     watermark: float = Field(0.0, ge=0, lt=1)
     num_gpu_blocks: int | None = Field(None, ge=2)
     max_num_active_seqs: int | None = Field(None, ge=1)
+    async_scheduling: bool | None = None
+    """None: vLLM 0.33.0's choice (config/vllm.py): on, unless pipeline parallelism, a pooling
+    model, an executor without it or some speculative decoding methods turn it off; none of
+    those is in an experiment, so on."""
 
     @model_validator(mode="before")
     @classmethod
@@ -206,7 +211,7 @@ class ExperimentFile(_Strict):
     @field_validator("cost_model")
     @classmethod
     def _coefficients(cls, v: dict[str, Any]) -> dict[str, Any]:
-        known = {f for f in CostCoefficients.__dataclass_fields__}
+        known = {f for f in CostCoefficients.__dataclass_fields__} | set(REQUEST_PATH_FIELDS)
         unknown = sorted(set(v) - known)
         if unknown:
             raise ValueError(f"unknown coefficient(s) {', '.join(unknown)}; known: "
@@ -353,9 +358,12 @@ class Experiment:
                                  f"{', '.join(ENGINE_ARGS)}")
             merged[key] = value
         try:
-            return EngineArgs.model_validate(merged).model_dump()
+            args = EngineArgs.model_validate(merged).model_dump()
         except ValidationError as exc:
             raise format_validation_error(exc, self._where(), "engine") from None
+        if args["async_scheduling"] is None:
+            args["async_scheduling"] = True
+        return args
 
     def _where(self) -> str:
         return str(self.path) if self.path else f"experiment {self.name}"
@@ -377,6 +385,7 @@ class Experiment:
                     block_size=args["block_size"],
                     num_gpu_blocks_override=args["num_gpu_blocks"],
                     enable_chunked_prefill=args["enable_chunked_prefill"],
+                    async_scheduling=args["async_scheduling"],
                 )
             except InputError as exc:
                 raise InputError(f"{self._where()}: {exc}") from None
