@@ -15,8 +15,9 @@ Two settings of the simulation are compared in the same run:
 * ``after``: vLLM 0.33.0's defaults, async scheduling on, and the request path priced from the
   hardware profile (API server, tokenising, output path).
 
-Split: the runs of ``CALIBRATION_MODELS`` are the only ones any profile value may be chosen
-on; every other run is held out and MAPE is reported on each split apart. Runs whose real
+Split: the runs of the ``CALIBRATION_WORKLOADS`` (one run of every model, at two rates each) are
+the only ones any profile value or modelling choice may be made on; every other run (other
+workloads, other rates, the same servers) is held out, and MAPE is reported on each split apart. Runs whose real
 server failed more than 10% of its requests (overload with client time-outs) are shown but
 left out of the MAPE: their latencies are the client's time-out, not the server's.
 
@@ -42,7 +43,7 @@ from kvpressure.simulation.experiment import experiment_from_dict  # noqa: E402
 
 DATA = ROOT / "data" / "sim_to_real"
 HARDWARE = {"H100 SXM 80GB": "h100-80g"}
-CALIBRATION_MODELS = ("llama-2-7b",)
+CALIBRATION_WORKLOADS = ("codegen",)
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p99",
            "output_tps")
 OVERLOAD_FAILURES = 0.10
@@ -132,12 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", nargs="*", help="run ids (default: all)")
     ap.add_argument("--json", help="write every row to this file")
+    ap.add_argument("--split", choices=("calibration", "held-out"),
+                    help="only the runs of one split")
     args = ap.parse_args(argv)
     runs = [r for r in load_runs() if not args.runs or r["id"] in args.runs]
     rows = []
     t_wall = time.perf_counter()
     for run in runs:
-        split = "calibration" if run["model"] in CALIBRATION_MODELS else "held-out"
+        split = "calibration" if run["id"].rsplit("-", 1)[-1] in CALIBRATION_WORKLOADS \
+            else "held-out"
+        if args.split and split != args.split:
+            continue
         predicted = {}
         overloaded = [st["failures"] > OVERLOAD_FAILURES * (st["failures"] + st["successes"])
                       for st in run["stages"]]

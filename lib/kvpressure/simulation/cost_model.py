@@ -14,6 +14,11 @@ T_comm = 2 * L * (alpha_c + 2 * (TP-1)/TP * N * hidden * 2 B / allreduce_bandwid
 T_step = max(T_comp, T_mem) + T_comm + T0 + t_seq * (D + prefill sequences)
 ```
 
+With ``cpu_overlap`` (async scheduling, vLLM 0.33.0's default: the engine core processes a
+step's outputs and prepares the next step while the GPU computes), the per-sequence CPU work
+hides behind the GPU's part of the step and only its excess shows:
+``T0 + max(0, t_seq * seqs - (max(T_comp, T_mem) + T_comm))``.
+
 ``step_time`` works elementwise: every field of the features may be a scalar or a numpy array
 (the engine prices a whole leap of decode steps in one call). An empty step (no tokens) costs
 nothing: the engine is idle, not iterating.
@@ -74,6 +79,9 @@ class CostCoefficients:
     """Per-sequence cost per step (output processing, detokenization), s."""
     overlap: bool = True
     """True: compute and memory traffic overlap (max); False: they add (pessimistic bound)."""
+    cpu_overlap: bool = False
+    """True (async scheduling): the per-sequence CPU work runs during the GPU's part of the
+    step; only what exceeds it adds to the step."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +153,8 @@ class StepCostModel:
             )
         for f in fields(CostCoefficients):
             value = getattr(coefficients, f.name)
-            if f.name != "overlap" and (not isinstance(value, int | float) or value < 0):
+            if f.name not in ("overlap", "cpu_overlap") and (
+                    not isinstance(value, int | float) or value < 0):
                 raise InputError(f"cost model coefficient {f.name} must be >= 0, got {value!r}")
         for name in ("eta_f", "eta_a", "eta_m", "peak_flops", "hbm_bandwidth"):
             if getattr(coefficients, name) <= 0:
@@ -234,7 +243,11 @@ class StepCostModel:
             )
         else:
             t_comm = np.zeros_like(n)
-        t_overhead = np.where(busy, c.t0 + c.t_seq * (d + n_prefill), 0.0)
+        cpu = c.t_seq * (d + n_prefill)
+        if c.cpu_overlap:
+            gpu = (np.maximum(t_comp, t_mem) if c.overlap else t_comp + t_mem) + t_comm
+            cpu = np.maximum(cpu - gpu, 0.0)
+        t_overhead = np.where(busy, c.t0 + cpu, 0.0)
         return {
             "t_comp": t_comp,
             "t_mem": t_mem,

@@ -570,8 +570,11 @@ class Experiment:
                 f"{self._where()}: the requests arrive over {span:.3g} s of simulated time, "
                 f"{span / interval:.3g} scrapes at scrape_interval_s {interval:g} (at most "
                 f"{MAX_SCRAPES:,}); raise the request rate or scrape_interval_s")
+        # Async scheduling overlaps the step's CPU work with the GPU (cost_model.py).
+        cost_model = self.cost_model if "cpu_overlap" in self.config.cost_model else \
+            self.cost_model.with_coefficients(cpu_overlap=bool(settings["async_scheduling"]))
         if not with_recorder:
-            return Point(scenario, self.cost_model, None, variant, mode.get("concurrency"),
+            return Point(scenario, cost_model, None, variant, mode.get("concurrency"),
                          request_rate if self.mode == "open" else None, settings)
         recorder = PromRecorder(
             self.model_name,
@@ -585,7 +588,7 @@ class Experiment:
                 "num_gpu_blocks_override": self.engine_args(overrides)["num_gpu_blocks"],
             },
         )
-        return Point(scenario, self.cost_model, recorder, variant, mode.get("concurrency"),
+        return Point(scenario, cost_model, recorder, variant, mode.get("concurrency"),
                      request_rate if self.mode == "open" else None, settings)
 
 
