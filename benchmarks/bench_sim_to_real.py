@@ -70,11 +70,13 @@ def load_runs() -> list[dict]:
 
 def experiment_for(run: dict, setting: str):
     """The experiment a capacity planner would write for this run: its configuration only."""
-    sp = run["workload"]["shared_prefix"]
+    pool = run["workload"]["prompt_pool"]
     stages = run["stages"]
-    prompt = np.mean([s["prompt_len_mean"] for s in stages])
+    prompt = int(round(np.mean([s["prompt_len_mean"] for s in stages])))
     output = np.mean([s["output_len_mean"] for s in stages])
-    groups = int(sp["num_unique_system_prompts"])
+    # The load generator draws every request from a fixed pool of prompts: requests of one
+    # prompt share all of it but the last token (vLLM recomputes that one in any case).
+    prompts = int(pool["num_groups"]) * int(pool["num_prompts_per_group"])
     extra = SETTINGS[setting]
     data = {
         "name": run["id"], "hardware": run["hardware"], "model": run["model"],
@@ -83,11 +85,10 @@ def experiment_for(run: dict, setting: str):
                    **extra["engine"]},
         "workload": {
             "seed": 1,
-            "input_len": max(1, int(round(prompt)) - int(sp["system_prompt_len"])),
+            "input_len": 1,
             "output_len": max(1, int(round(output))),
-            "prefix_groups": {f"system{g}": {"share": 1.0 / groups,
-                                             "length": int(sp["system_prompt_len"])}
-                              for g in range(groups)},
+            "prefix_groups": {f"prompt{g}": {"share": 1.0 / prompts, "length": prompt - 1}
+                              for g in range(prompts)},
             "stages": [{"request_rate": s["rate"], "duration_s": s["duration_s"]}
                        for s in stages],
             # inference-perf's "constant" load sends at fixed intervals.

@@ -570,9 +570,7 @@ class Experiment:
                 f"{self._where()}: the requests arrive over {span:.3g} s of simulated time, "
                 f"{span / interval:.3g} scrapes at scrape_interval_s {interval:g} (at most "
                 f"{MAX_SCRAPES:,}); raise the request rate or scrape_interval_s")
-        # Async scheduling overlaps the step's CPU work with the GPU (cost_model.py).
-        cost_model = self.cost_model if "cpu_overlap" in self.config.cost_model else \
-            self.cost_model.with_coefficients(cpu_overlap=bool(settings["async_scheduling"]))
+        cost_model = self.cost_model
         if not with_recorder:
             return Point(scenario, cost_model, None, variant, mode.get("concurrency"),
                          request_rate if self.mode == "open" else None, settings)
