@@ -59,7 +59,7 @@ SETTINGS = {
 
 def load_runs() -> list[dict]:
     runs = []
-    for path in sorted(DATA.glob("*.json")):
+    for path in sorted(DATA.glob("*.json")):  # the data files; README.md holds the results
         data = json.loads(path.read_text())
         src = data["source"]
         for run in data["runs"]:
