@@ -6,7 +6,9 @@ YAML files use unit-suffixed field names so that a number never stands without i
 ``usable_memory_gb`` for the total the runtime reports (``torch.cuda.mem_get_info``; what vLLM
 multiplies by ``gpu_memory_utilization``, a few hundred MiB to ~3 GiB below the nameplate), ``hbm_bandwidth_gb_s`` (10**9 B/s), ``peak_flops_tflops``
 (10**12 FLOP/s), ``link_bandwidth_per_direction_gb_s`` / ``link_bandwidth_aggregate_gb_s``,
-``alpha_c_us``, ``t0_ms``, ``t_seq_us``. The dataclass holds SI base units (bytes, B/s, FLOP/s,
+``alpha_c_us``, ``t0_ms``, ``t_seq_us``, and the host's share of a request's path
+(``simulation/request_path.py``): ``api_server_ms``, ``tokenize_us_per_token``,
+``output_path_ms``. The dataclass holds SI base units (bytes, B/s, FLOP/s,
 seconds) so the cost model never converts.
 """
 
@@ -43,7 +45,8 @@ YAML_FIELDS = {
     "usable_memory_gib", "usable_memory_gb", "hbm_bandwidth_gb_s", "peak_flops_tflops",
     "peak_flops_total_tflops", "link_bandwidth_per_direction_gb_s",
     "link_bandwidth_aggregate_gb_s", "allreduce_bandwidth_gb_s", "eta_f", "eta_a", "eta_m",
-    "eta_c", "alpha_c_us", "t0_ms", "t_seq_us", "default_block_size", "batch_defaults",
+    "eta_c", "alpha_c_us", "t0_ms", "t_seq_us", "api_server_ms", "tokenize_us_per_token",
+    "output_path_ms", "default_block_size", "batch_defaults",
     "graph_pool_in_kv_budget", "sources", "references",
 }
 
@@ -94,6 +97,14 @@ class HardwareProfile:
     graph_pool_in_kv_budget: bool = True
     """vLLM 0.33.0's GPU worker takes its graph-pool estimate out of the KV budget (CUDA, ROCm,
     XPU); vllm-ascend's NPU worker sizes the pool without it."""
+    api_server_s: float = 0.0
+    """Client send to the engine core's input queue, tokenising aside (HTTP, input processing,
+    IPC), s."""
+    tokenize_s_per_token: float = 0.0
+    """The API server's tokenising cost per prompt token, s."""
+    output_s: float = 0.0
+    """End of a step to the client reading its token (output processing, IPC, detokenising,
+    streaming), s."""
     sources: dict[str, str] = field(default_factory=dict)
     path: str | None = None
 
@@ -202,6 +213,9 @@ class HardwareProfile:
             default_block_size=r.integer("default_block_size", 16),
             batch_defaults_override=override,
             graph_pool_in_kv_budget=r.boolean("graph_pool_in_kv_budget", True),
+            api_server_s=r.number("api_server_ms", 0.0, positive=False) * 1e-3,
+            tokenize_s_per_token=r.number("tokenize_us_per_token", 0.0, positive=False) * 1e-6,
+            output_s=r.number("output_path_ms", 0.0, positive=False) * 1e-3,
             sources=load_sources(r),
             path=None if source.startswith("<") else source,
         )

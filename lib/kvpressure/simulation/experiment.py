@@ -48,9 +48,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvpressure.errors import InputError
 from kvpressure.paths import data_dir
-from kvpressure.simulation.cost_model import CostCoefficients, StepCostModel
+from kvpressure.simulation.cost_model import REQUEST_PATH_FIELDS, CostCoefficients, StepCostModel
 from kvpressure.simulation.prom_view import MAX_SCRAPES
 from kvpressure.simulation.workload import (
+    LoadStage,
     WorkloadSpec,
     format_validation_error,
     generate_requests,
@@ -73,13 +74,14 @@ ENGINE_ARGS: dict[str, str | None] = {
     "watermark": "watermark",
     "num_gpu_blocks": "num_gpu_blocks",
     "max_num_active_seqs": "max_num_active_seqs",
+    "async_scheduling": "async_scheduling",
 }
 ALIASES = {"policy": "scheduling_policy", "num_gpu_blocks_override": "num_gpu_blocks"}
 # More repeats than this would make a sweep slow without sharpening the noise much.
 MAX_SEEDS = 16
 # Overrides of these change the pool size vLLM would compute.
 POOL_ARGS = ("gpu_memory_utilization", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
-             "block_size", "enable_chunked_prefill")
+             "block_size", "enable_chunked_prefill", "async_scheduling")
 
 
 class _Strict(BaseModel):
@@ -102,6 +104,10 @@ class EngineArgs(_Strict):
     watermark: float = Field(0.0, ge=0, lt=1)
     num_gpu_blocks: int | None = Field(None, ge=2)
     max_num_active_seqs: int | None = Field(None, ge=1)
+    async_scheduling: bool | None = None
+    """None: vLLM 0.33.0's choice (config/vllm.py): on, unless pipeline parallelism, a pooling
+    model, an executor without it or some speculative decoding methods turn it off; none of
+    those is in an experiment, so on."""
 
     @model_validator(mode="before")
     @classmethod
@@ -116,13 +122,25 @@ class ExperimentWorkload(WorkloadSpec):
 
     concurrency: list[int] | None = None
     request_rates: list[Annotated[float, Field(allow_inf_nan=True)]] | None = None
-    burstiness: float = Field(1.0, gt=0)
+    stages: list[LoadStage] | None = Field(None, min_length=1)
+    """One open loop whose rate changes in stages (instead of a sweep over rates)."""
+    burstiness: float = Field(1.0, gt=0, allow_inf_nan=True)
+    """Gamma shape of the gaps between arrivals: 1 Poisson, .inf evenly spaced."""
 
     @model_validator(mode="before")
     @classmethod
     def _single_level_as_list(cls, data: Any) -> Any:
         if isinstance(data, dict):
             data = dict(data)
+            stages = data.get("stages")
+            if isinstance(stages, list) and data.get("num_requests") is None \
+                    and data.get("trace") is None:
+                # The stages fix the count; this only completes the request set's spec.
+                try:
+                    data["num_requests"] = max(1, math.ceil(sum(
+                        float(st["request_rate"]) * float(st["duration_s"]) for st in stages)))
+                except (KeyError, TypeError, ValueError):
+                    pass  # the stage's own validation names the field
             if isinstance(data.get("concurrency"), int):
                 data["concurrency"] = [data["concurrency"]]
             if isinstance(data.get("request_rates"), int | float):
@@ -148,10 +166,19 @@ class ExperimentWorkload(WorkloadSpec):
 
     @model_validator(mode="after")
     def _one_mode(self) -> ExperimentWorkload:
-        if (self.concurrency is None) == (self.request_rates is None):
-            raise ValueError("give either concurrency (closed loop) or request_rates (open "
-                             "loop)")
+        given = [k for k in ("concurrency", "request_rates", "stages")
+                 if getattr(self, k) is not None]
+        if len(given) > 1 or (not given and not self.replays_trace):
+            raise ValueError("give one of concurrency (closed loop), request_rates (open "
+                             "loop), stages (an open loop in stages) or a trace with its "
+                             "arrival times")
         return self
+
+    @property
+    def replays_trace(self) -> bool:
+        """An open loop at the trace's own arrival times."""
+        return (self.trace is not None and self.trace.use_arrivals and self.concurrency is None
+                and self.request_rates is None and self.stages is None)
 
     def spec(self) -> WorkloadSpec:
         """The request-set part alone (what ``generate_requests`` builds from)."""
@@ -206,7 +233,7 @@ class ExperimentFile(_Strict):
     @field_validator("cost_model")
     @classmethod
     def _coefficients(cls, v: dict[str, Any]) -> dict[str, Any]:
-        known = {f for f in CostCoefficients.__dataclass_fields__}
+        known = {f for f in CostCoefficients.__dataclass_fields__} | set(REQUEST_PATH_FIELDS)
         unknown = sorted(set(v) - known)
         if unknown:
             raise ValueError(f"unknown coefficient(s) {', '.join(unknown)}; known: "
@@ -263,7 +290,7 @@ class Experiment:
     def levels(self) -> list[float]:
         """Concurrency levels (closed loop) or request rates (open loop), sorted."""
         w = self.config.workload
-        return sorted(w.concurrency if w.concurrency is not None else w.request_rates)
+        return sorted(w.concurrency if w.concurrency is not None else w.request_rates or [])
 
     @property
     def concurrencies(self) -> list[int]:
@@ -334,13 +361,48 @@ class Experiment:
                                                              base_dir=self.base_dir)
         return self._requests_by_seed[seed]
 
-    def requests_at_rate(self, request_rate: float, seed: int | None = None
+    def requests_at_rate(self, request_rate: float | None, seed: int | None = None
                          ) -> list[dict[str, Any]]:
+        """The open loop's requests at ``request_rate``; None: the workload's stages, or the
+        trace's own arrival times."""
         w = self.config.workload
+        if request_rate is None:
+            if w.stages:
+                return generate_requests(self._spec(seed), stages=w.stages,
+                                         arrivals={"request_rate": 1.0,
+                                                   "burstiness": w.burstiness},
+                                         base_dir=self.base_dir)
+            return generate_requests(self._spec(seed), base_dir=self.base_dir)
         return generate_requests(
             self._spec(seed), arrivals={"request_rate": request_rate, "burstiness": w.burstiness},
             base_dir=self.base_dir,
         )
+
+    def with_trace(self, trace: dict[str, Any], replay: bool) -> Experiment:
+        """The same experiment with its request lengths from ``trace`` (a ``Trace`` mapping);
+        ``replay``: an open loop at the trace's own arrival times instead of the levels."""
+        data = self.config.model_dump(exclude_none=True)
+        workload = data["workload"]
+        for k in ("input_len", "output_len", "num_requests", "prefix_groups"):
+            workload.pop(k, None)
+        if replay:
+            for k in ("concurrency", "request_rates", "stages"):
+                workload.pop(k, None)
+            data.pop("focus", None)
+        workload["trace"] = {**trace, "use_arrivals": replay}
+        return experiment_from_dict(data, self.path, self.text)
+
+    def with_stages(self, stages: list[dict[str, float]]) -> Experiment:
+        """The same experiment as one open loop whose rate changes in ``stages``."""
+        data = self.config.model_dump(exclude_none=True)
+        workload = data["workload"]
+        for k in ("concurrency", "request_rates"):
+            workload.pop(k, None)
+        if workload.get("trace"):
+            workload["trace"]["use_arrivals"] = False
+        workload["stages"] = stages
+        data.pop("focus", None)
+        return experiment_from_dict(data, self.path, self.text)
 
     # --- engine arguments ----------------------------------------------------------------------
     def engine_args(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -353,9 +415,12 @@ class Experiment:
                                  f"{', '.join(ENGINE_ARGS)}")
             merged[key] = value
         try:
-            return EngineArgs.model_validate(merged).model_dump()
+            args = EngineArgs.model_validate(merged).model_dump()
         except ValidationError as exc:
             raise format_validation_error(exc, self._where(), "engine") from None
+        if args["async_scheduling"] is None:
+            args["async_scheduling"] = True
+        return args
 
     def _where(self) -> str:
         return str(self.path) if self.path else f"experiment {self.name}"
@@ -377,6 +442,7 @@ class Experiment:
                     block_size=args["block_size"],
                     num_gpu_blocks_override=args["num_gpu_blocks"],
                     enable_chunked_prefill=args["enable_chunked_prefill"],
+                    async_scheduling=args["async_scheduling"],
                 )
             except InputError as exc:
                 raise InputError(f"{self._where()}: {exc}") from None
@@ -462,13 +528,14 @@ class Experiment:
             if concurrency is not None:
                 raise InputError(f"{self._where()}: an open-loop experiment takes a request "
                                  "rate, not a concurrency")
-            if request_rate is None:
+            if request_rate is None and self.request_rates:
                 request_rate = self.config.focus.request_rate or self.request_rates[-1]
-            if not request_rate > 0:
+            if request_rate is not None and not request_rate > 0:
                 raise InputError(f"request rate must be > 0, got {request_rate}")
             requests = self.requests_at_rate(request_rate, seed)
             mode = {"type": "open"}
-            level = f"rate{_fmt(request_rate)}"
+            level = (f"rate{_fmt(request_rate)}" if request_rate is not None
+                     else "staged" if self.config.workload.stages else "trace")
         settings = self.settings(overrides)
         mml = settings["max_model_len"]
         # vLLM refuses a prompt that does not fit max_model_len; it never reaches the scheduler.
@@ -503,8 +570,9 @@ class Experiment:
                 f"{self._where()}: the requests arrive over {span:.3g} s of simulated time, "
                 f"{span / interval:.3g} scrapes at scrape_interval_s {interval:g} (at most "
                 f"{MAX_SCRAPES:,}); raise the request rate or scrape_interval_s")
+        cost_model = self.cost_model
         if not with_recorder:
-            return Point(scenario, self.cost_model, None, variant, mode.get("concurrency"),
+            return Point(scenario, cost_model, None, variant, mode.get("concurrency"),
                          request_rate if self.mode == "open" else None, settings)
         recorder = PromRecorder(
             self.model_name,
@@ -518,7 +586,7 @@ class Experiment:
                 "num_gpu_blocks_override": self.engine_args(overrides)["num_gpu_blocks"],
             },
         )
-        return Point(scenario, self.cost_model, recorder, variant, mode.get("concurrency"),
+        return Point(scenario, cost_model, recorder, variant, mode.get("concurrency"),
                      request_rate if self.mode == "open" else None, settings)
 
 

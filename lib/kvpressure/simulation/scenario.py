@@ -329,9 +329,6 @@ def resolve_settings(raw: dict[str, Any], requests: list[RequestSpec],
         raise InputError(f"{_where(where)}settings.num_gpu_blocks must be >= 2 "
                          "(block 0 is the null block)")
     check_pool_memory(vals["num_gpu_blocks"], f"{_where(where)}settings.num_gpu_blocks")
-    if vals.get("async_scheduling"):
-        raise InputError(f"{_where(where)}settings.async_scheduling: true is not modelled; "
-                         "the simulation runs vLLM's synchronous loop (set it to false)")
     if vals.get("block_size", 16) < 1:
         raise InputError(f"{_where(where)}settings.block_size must be >= 1")
     chunked = vals.get("enable_chunked_prefill", True)
