@@ -77,12 +77,9 @@ def _load(path: Path) -> Any:
         text = fh.read()
     if text.lstrip().startswith("{"):
         return parse_json(text, path)
-    import yaml
+    from kvpressure.user_files import parse_user_yaml
 
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: YAML that does not parse ({exc})") from None
+    return parse_user_yaml(text, path)
 
 
 def read(path: Path, run: str, notes: list[str]) -> list[dict[str, Any]]:

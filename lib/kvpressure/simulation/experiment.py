@@ -83,7 +83,8 @@ POOL_ARGS = ("gpu_memory_utilization", "max_model_len", "max_num_batched_tokens"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: `max_num_seqs: true` is a mistake, not 1
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class EngineArgs(_Strict):
@@ -203,6 +204,21 @@ class ExperimentFile(_Strict):
     scrape_interval_s: float = Field(5.0, ge=0.01)
     focus: Focus = Field(default_factory=Focus)
 
+    @model_validator(mode="after")
+    def _values_are_engine_arguments(self) -> ExperimentFile:
+        """Each value a comparison or remedy tries is one its engine argument takes (a remedy
+        of ``watermark: .nan`` or ``max_num_seqs: abc`` would otherwise fail mid-sweep)."""
+        changes = [("comparison", self.comparison)] if self.comparison is not None else []
+        changes += [(f"remedies[{i}]", r) for i, r in enumerate(self.remedies)]
+        for where, change in changes:
+            for j, value in enumerate(change.values):
+                try:
+                    EngineArgs.model_validate({change.parameter: value})
+                except ValidationError as exc:
+                    raise ValueError(f"field '{where}.values[{j}]': {value!r} is no value of "
+                                     f"{change.parameter}: {exc.errors()[0]['msg']}") from None
+        return self
+
     @field_validator("cost_model")
     @classmethod
     def _coefficients(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -245,6 +261,12 @@ class Experiment:
             _ = (self.hardware, self.model, self.cost_model)
         except InputError as exc:
             raise InputError(f"{where}: {exc}") from None
+        focus = config.focus.variant
+        if focus != "baseline":
+            known = self.variants(include_remedies=True)
+            if focus not in known:
+                raise InputError(f"{where}: field 'focus.variant': {focus!r} is none of the "
+                                 f"experiment's variants ({', '.join(known)})")
 
     # --- identity --------------------------------------------------------------------------
     @property

@@ -36,8 +36,9 @@ MAX_REQUESTS = 5_000_000
 
 
 class _Strict(BaseModel):
-    # NaN and infinity are refused wherever a number is read (a rate says when it takes .inf).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # NaN and infinity are refused wherever a number is read (a rate says when it takes .inf);
+    # strict: YAML's `true` is no count and `3.5` no token length.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 # --- length distributions ---------------------------------------------------------------------
