@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from kvpressure.errors import InputError
 from kvpressure.profiles import GiB, dtype_bytes, safe_concurrency, size_kv_pool
 from kvpressure.profiles.fields import parse_size
 from kvpressure.profiles.kvpool import DEFAULT_GPU_MEMORY_UTILIZATION, KVPoolError, KVPoolSizing
@@ -75,6 +76,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "a max_model_len no pool holds.")
 
 
+# The sizing's parameter names as the options that set them, for refusals.
+OPTIONS = {"tensor_parallel_size": "--tp", "pipeline_parallel_size": "--pp",
+           "gpu_memory_utilization": "--gpu-memory-utilization",
+           "max_model_len": "--max-model-len", "max_num_batched_tokens": "--max-num-batched-tokens",
+           "max_num_seqs": "--max-num-seqs", "block_size": "--block-size",
+           "num_gpu_blocks_override": "--num-gpu-blocks-override",
+           "kv_cache_memory_bytes": "--kv-cache-memory-bytes", "avg_seq_len": "--avg-seq-len",
+           **{arg: flag for flag, arg, _ in MEASURED}}
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -82,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         # weights that do not fit, or a max_model_len no pool holds: vLLM stops at startup
         sys.stderr.write(f"vLLM would not start: {exc}\n")
         return REFUSED
+    except InputError as exc:
+        name, sep, rest = str(exc).partition(":")
+        if sep and name in OPTIONS:
+            raise InputError(f"{OPTIONS[name]}:{rest}") from None
+        raise
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -219,6 +219,16 @@ class ExperimentFile(_Strict):
                                      f"{change.parameter}: {exc.errors()[0]['msg']}") from None
         return self
 
+    @model_validator(mode="after")
+    def _focus_is_a_level(self) -> ExperimentFile:
+        w, f = self.workload, self.focus
+        for given, levels, name in ((f.concurrency, w.concurrency, "concurrency"),
+                                    (f.request_rate, w.request_rates, "request_rate")):
+            if given is not None and levels is not None and given not in levels:
+                raise ValueError(f"field 'focus.{name}': {given:g} is not one of the workload's "
+                                 f"levels ({', '.join(f'{x:g}' for x in sorted(levels))})")
+        return self
+
     @field_validator("cost_model")
     @classmethod
     def _coefficients(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -401,7 +411,7 @@ class Experiment:
                     enable_chunked_prefill=args["enable_chunked_prefill"],
                 )
             except InputError as exc:
-                raise InputError(f"{self._where()}: {exc}") from None
+                raise InputError(f"{self._where()}: {_as_engine_field(str(exc))}") from None
             if self._pool_cache[key].refusal:
                 refusal = self._pool_cache.pop(key).refusal
                 raise InputError(f"{self._where()}: {refusal}")
@@ -556,6 +566,18 @@ def repeat_seeds(seed: int, n: int) -> list[int]:
     for k in range(1, n):
         out.append(int(np.random.SeedSequence([int(seed), k]).generate_state(1, np.uint32)[0]))
     return out
+
+
+def _as_engine_field(message: str) -> str:
+    """A pool refusal naming a sizing parameter (``block_size: ...``) as the experiment's field
+    (``field 'engine.block_size': ...``)."""
+    name, sep, rest = message.partition(":")
+    name = {"num_gpu_blocks_override": "num_gpu_blocks"}.get(name, name)
+    if sep and name in ENGINE_ARGS:
+        return f"field 'engine.{name}':{rest}"
+    if sep and name == "tensor_parallel_size":
+        return f"field 'tensor_parallel_size':{rest}"
+    return message
 
 
 def _fmt(value: Any) -> str:

@@ -280,6 +280,9 @@ def format_validation_error(exc: ValidationError, where: str, prefix: str = "") 
         loc = ".".join(str(x) for x in err["loc"] if not _is_union_tag(x))
         field = ".".join(x for x in (prefix, loc) if x)
         message = err["msg"].removeprefix("Value error, ")
+        if err.get("type", "").endswith("_type") and isinstance(err.get("input"),
+                                                                bool | int | float | str):
+            message += f", got {err['input']!r}"  # `true` for a count is the usual slip
         if err.get("type") == "extra_forbidden" and err["loc"]:
             guess = nearest(str(err["loc"][-1]), _field_names())
             message = "unknown key" + (f"; did you mean {guess!r}?" if guess else "")
