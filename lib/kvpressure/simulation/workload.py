@@ -15,7 +15,7 @@ priority mix leaves the lengths and the arrival times unchanged.
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvpressure.errors import InputError, nearest
+from kvpressure.user_files import parse_user_json, read_user_text
 
 Z90 = 1.2815515655446004  # standard normal quantile at 0.90
 
@@ -435,22 +436,24 @@ def read_trace(trace: Trace, base_dir: Path | None = None) -> list[dict[str, Any
     if not path.is_file():
         raise InputError(f"{path}: trace file not found")
     rows: list[tuple[str, dict[str, Any]]] = []
-    with path.open(encoding="utf-8", newline="") as fh:
-        if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
-            for i, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path} line {i}: not valid JSON: {exc.msg}") from None
-                if not isinstance(row, dict):
-                    raise InputError(f"{path} line {i}: expected a JSON object per line")
-                rows.append((f"{path} line {i}", row))
-        else:
-            reader = csv.DictReader(fh)
-            for i, row in enumerate(reader, start=2):
-                rows.append((f"{path} line {i}", {k: v for k, v in row.items() if v != ""}))
+    text = read_user_text(path, "trace file")
+    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = parse_user_json(line, path)
+            except InputError as exc:
+                # the reader counts lines of the one line it was given
+                raise InputError(str(exc).replace(f"{path}: line 1:", f"{path} line {i}:",
+                                                  1)) from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path} line {i}: expected a JSON object per line")
+            rows.append((f"{path} line {i}", row))
+    else:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        for i, row in enumerate(reader, start=2):
+            rows.append((f"{path} line {i}", {k: v for k, v in row.items() if v != ""}))
     if not rows:
         raise InputError(f"{path}: the trace holds no requests")
 
@@ -494,6 +497,8 @@ def read_trace(trace: Trace, base_dir: Path | None = None) -> list[dict[str, Any
 
 
 def _int(value: Any, where: str, field: str) -> int:
+    if isinstance(value, bool):
+        raise InputError(f"{where}: field '{field}': expected an integer, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -511,6 +516,8 @@ def _positive_int(value: Any, where: str, field: str) -> int:
 
 
 def _float(value: Any, where: str, field: str) -> float:
+    if isinstance(value, bool):
+        raise InputError(f"{where}: field '{field}': expected a number, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
