@@ -19,12 +19,16 @@ def read_user_text(path: str | os.PathLike[str], what: str = "file") -> str:
     p = Path(path)
     try:
         data = p.read_bytes()
+        if data[:2] == b"\x1f\x8b":  # a gzipped export (bench.json.gz): its text is the input
+            import gzip
+
+            data = gzip.decompress(data)
     except FileNotFoundError:
         raise InputError(f"{p}: no such {what}") from None
     except IsADirectoryError:
         raise InputError(f"{p}: is a folder, expected a {what}") from None
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{p}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     if b"\x00" in data[:1 << 16]:
         raise InputError(f"{p}: binary data, not a text {what}")
     try:

@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 
 from kvpressure.errors import InputError
-from kvpressure.ingestion.sources import open_text
-from kvpressure.user_files import parse_user_json
+from kvpressure.user_files import parse_user_json, read_user_text
 
 REQUIRED = ("duration", "completed")
 NaN = math.nan
@@ -42,8 +41,7 @@ _LATENCIES = {
 
 def load_results(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """The result objects of one file, with the line each starts on."""
-    with open_text(path) as fh:
-        text = fh.read()
+    text = read_user_text(path, "results file")
     if _one_document(text):
         return [(1, parse_user_json(text, path))]
     out = []
