@@ -490,3 +490,17 @@ def test_overflow_and_recursion_nobody_caught_exit_2(monkeypatch, capsys, tmp_pa
         assert main(["profiles"]) == 2
         err = capsys.readouterr().err
         assert "error:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["simulate", CI_SMALL, "--set", "max_num_seqs=abc", "--no-metrics"], ["max_num_seqs=abc"]),
+    (["sweep", CI_SMALL, "--jobs", "99999999999999999999"], ["--jobs"]),
+    ([*CAPACITY, "--max-num-seqs", "-1"], ["--max-num-seqs", "-1"]),
+    (["scrape", "http://127.0.0.1:9/metrics", "--timeout", "1e20", "--count", "1"],
+     ["--timeout"]),
+])
+def test_refusals_name_the_option_given(tmp_path, capsys, argv, words):
+    out = ["--out", tmp_path / ("log.jsonl" if argv[0] == "scrape" else "o")]
+    err = refused(capsys, [*argv, *([] if argv[0] == "capacity" else out)], *words)
+    if argv[0] == "simulate":  # the value came from --set, not from the file's field
+        assert "ci_small.yaml" not in err

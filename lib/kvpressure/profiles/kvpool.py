@@ -204,6 +204,10 @@ def resolve_batch_limits(
 ) -> tuple[int, int]:
     """vLLM 0.33.0's ``_set_default_max_num_seqs_and_batched_tokens_args`` and its checks."""
     default_tokens, default_seqs = hardware.batch_defaults(usage_context)
+    for name, given in (("max_num_seqs", max_num_seqs),
+                        ("max_num_batched_tokens", max_num_batched_tokens)):
+        if given is not None:
+            _positive_int(name, given)
     seqs = max_num_seqs if max_num_seqs is not None else default_seqs
     if max_num_batched_tokens is None:
         tokens = default_tokens

@@ -383,6 +383,10 @@ class Experiment:
             if key not in ENGINE_ARGS:
                 raise InputError(f"override {key!r}: not an engine argument; known: "
                                  f"{', '.join(ENGINE_ARGS)}")
+            try:  # named as the override, not as the file's field it replaces
+                EngineArgs.model_validate({key: value})
+            except ValidationError as exc:
+                raise format_validation_error(exc, f"override {key}={_fmt(value)}") from None
             merged[key] = value
         try:
             return EngineArgs.model_validate(merged).model_dump()
