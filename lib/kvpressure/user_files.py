@@ -171,7 +171,7 @@ def _locate_json_problem(text: str, where: str) -> None:
     token = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:]')
     colon = re.compile(r"\s*:")
     stack: list[tuple[str, dict[str, int] | None, str]] = []  # kind, keys seen, path
-    pending_key: tuple[str, int] | None = None
+    pending_key: str | None = None  # the key whose value comes next
     line, pos = 1, 0
     for m in token.finditer(text):
         tok = m.group()
@@ -180,7 +180,7 @@ def _locate_json_problem(text: str, where: str) -> None:
         if tok in "{[":
             path = stack[-1][2] if stack else ""
             if pending_key is not None:
-                path = f"{path}.{pending_key[0]}" if path else pending_key[0]
+                path = f"{path}.{pending_key}" if path else pending_key
             stack.append((tok, {} if tok == "{" else None, path))
             pending_key = None
             if len(stack) > MAX_NESTING:
@@ -201,15 +201,6 @@ def _locate_json_problem(text: str, where: str) -> None:
                 raise InputError(f"{where}: line {line}: key {name!r} is given twice (first "
                                  f"on line {keys[key]}); keep one")
             keys[key] = line
-            pending_key = (key, line)
+            pending_key = key
     raise InputError(f"{where}: nested more than {MAX_NESTING} levels deep")
 
-
-def load_user_data(path: str | os.PathLike[str], what: str = "file") -> Any:
-    """A YAML or JSON file the user gave (JSON when its name ends in ``.json``), read as UTF-8
-    and parsed by the strict readers above."""
-    p = Path(path)
-    text = read_user_text(p, what)
-    if p.suffix.lower() == ".json":
-        return parse_user_json(text, p)
-    return parse_user_yaml(text, p)

@@ -4,8 +4,8 @@ YAML files use unit-suffixed field names so that a number never stands without i
 ``memory_gib`` (2**30 bytes; HBM stacks come in binary sizes, so a vendor's "64 GB" card holds
 64 GiB) or ``memory_gb`` (10**9 bytes) for the nameplate, or ``memory`` with the unit in the
 value (``memory: 80GiB``; a bare number there is refused), ``usable_memory_gib`` /
-``usable_memory_gb`` / ``usable_memory`` for the total the runtime reports (``torch.cuda.mem_get_info``; what vLLM
-multiplies by ``gpu_memory_utilization``, a few hundred MiB to ~3 GiB below the nameplate), ``hbm_bandwidth_gb_s`` (10**9 B/s), ``peak_flops_tflops``
+``usable_memory_gb`` / ``usable_memory`` for the total the runtime reports
+(``torch.cuda.mem_get_info``; what vLLM multiplies by ``gpu_memory_utilization``, a few hundred MiB to ~3 GiB below the nameplate), ``hbm_bandwidth_gb_s`` (10**9 B/s), ``peak_flops_tflops``
 (10**12 FLOP/s), ``link_bandwidth_per_direction_gb_s`` / ``link_bandwidth_aggregate_gb_s``,
 ``alpha_c_us``, ``t0_ms``, ``t_seq_us``. The dataclass holds SI base units (bytes, B/s, FLOP/s,
 seconds) so the cost model never converts.
@@ -47,8 +47,8 @@ USAGE_CONTEXTS = ("api_server", "llm_class")
 
 YAML_FIELDS = {
     "name", "description", "device_name", "num_cards", "memory", "memory_gib", "memory_gb",
-    "usable_memory", "usable_memory_gib", "usable_memory_gb", "hbm_bandwidth_gb_s", "peak_flops_tflops",
-    "peak_flops_total_tflops", "link_bandwidth_per_direction_gb_s",
+    "usable_memory", "usable_memory_gib", "usable_memory_gb", "hbm_bandwidth_gb_s",
+    "peak_flops_tflops", "peak_flops_total_tflops", "link_bandwidth_per_direction_gb_s",
     "link_bandwidth_aggregate_gb_s", "allreduce_bandwidth_gb_s", "eta_f", "eta_a", "eta_m",
     "eta_c", "alpha_c_us", "t0_ms", "t_seq_us", "default_block_size", "batch_defaults",
     "graph_pool_in_kv_budget", "sources", "references",
