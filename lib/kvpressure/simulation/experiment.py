@@ -386,7 +386,7 @@ class Experiment:
             try:  # named as the override, not as the file's field it replaces
                 EngineArgs.model_validate({key: value})
             except ValidationError as exc:
-                raise format_validation_error(exc, f"override {key}={_fmt(value)}") from None
+                raise format_validation_error(exc, f"override {key}={_fmt(value)}", "engine") from None
             merged[key] = value
         try:
             return EngineArgs.model_validate(merged).model_dump()
