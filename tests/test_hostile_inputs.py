@@ -504,3 +504,12 @@ def test_refusals_name_the_option_given(tmp_path, capsys, argv, words):
     err = refused(capsys, [*argv, *([] if argv[0] == "capacity" else out)], *words)
     if argv[0] == "simulate":  # the value came from --set, not from the file's field
         assert "ci_small.yaml" not in err
+
+
+@pytest.mark.parametrize("option", ["--y", "--x", "--group"])
+def test_knee_names_the_option_of_a_missing_column(tmp_path, capsys, option):
+    runs = tmp_path / "runs.csv"
+    runs.write_text("variant,concurrency,output_throughput\nbaseline,4,100\nbaseline,8,180\n"
+                    "baseline,16,240\n")
+    refused(capsys, ["knee", runs, option, "output_throughputt"], option, str(runs),
+            "'output_throughput'")
