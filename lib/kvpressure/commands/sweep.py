@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     check_replaceable(out, args.force, "sweep")
-    if args.jobs < 1:
-        raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
+    if not 1 <= args.jobs <= 1024:  # a process each: more is a typo
+        raise InputError(f"--jobs: must be between 1 and 1024, got {args.jobs}")
     from kvpressure.commands.simulate import apply_load_options
 
     exp, inputs = apply_load_options(load_experiment(args.experiment), args, replay=False)

@@ -163,6 +163,11 @@ def _decide_origin(acc: RunSamples, times: np.ndarray, requested: str) -> dict[s
         raise InputError(f"counter_origin: expected auto, zero or first, got {requested!r}")
     if len(times) == 0:
         return {"origin": "first", "why": "no samples"}
+    if len(times) == 1:
+        # Counted from the only scrape every total would be 0: a dump says what the server
+        # did since it started (the stage windows read one dump the same way).
+        return {"origin": "zero", "why": "a single scrape: its counters are the totals since "
+                "the server started"}
     created = [v for v in acc.created.values() if not math.isnan(v)]
     interval = float(np.median(np.diff(times))) if len(times) > 1 else 0.0
     if created:

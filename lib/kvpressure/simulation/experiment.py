@@ -85,7 +85,8 @@ POOL_ARGS = ("gpu_memory_utilization", "max_model_len", "max_num_batched_tokens"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: `max_num_seqs: true` is a mistake, not 1
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class EngineArgs(_Strict):
@@ -230,6 +231,31 @@ class ExperimentFile(_Strict):
     scrape_interval_s: float = Field(5.0, ge=0.01)
     focus: Focus = Field(default_factory=Focus)
 
+    @model_validator(mode="after")
+    def _values_are_engine_arguments(self) -> ExperimentFile:
+        """Each value a comparison or remedy tries is one its engine argument takes (a remedy
+        of ``watermark: .nan`` or ``max_num_seqs: abc`` would otherwise fail mid-sweep)."""
+        changes = [("comparison", self.comparison)] if self.comparison is not None else []
+        changes += [(f"remedies[{i}]", r) for i, r in enumerate(self.remedies)]
+        for where, change in changes:
+            for j, value in enumerate(change.values):
+                try:
+                    EngineArgs.model_validate({change.parameter: value})
+                except ValidationError as exc:
+                    raise ValueError(f"field '{where}.values[{j}]': {value!r} is no value of "
+                                     f"{change.parameter}: {exc.errors()[0]['msg']}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _focus_is_a_level(self) -> ExperimentFile:
+        w, f = self.workload, self.focus
+        for given, levels, name in ((f.concurrency, w.concurrency, "concurrency"),
+                                    (f.request_rate, w.request_rates, "request_rate")):
+            if given is not None and levels is not None and given not in levels:
+                raise ValueError(f"field 'focus.{name}': {given:g} is not one of the workload's "
+                                 f"levels ({', '.join(f'{x:g}' for x in sorted(levels))})")
+        return self
+
     @field_validator("cost_model")
     @classmethod
     def _coefficients(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -272,6 +298,12 @@ class Experiment:
             _ = (self.hardware, self.model, self.cost_model)
         except InputError as exc:
             raise InputError(f"{where}: {exc}") from None
+        focus = config.focus.variant
+        if focus != "baseline":
+            known = self.variants(include_remedies=True)
+            if focus not in known:
+                raise InputError(f"{where}: field 'focus.variant': {focus!r} is none of the "
+                                 f"experiment's variants ({', '.join(known)})")
 
     # --- identity --------------------------------------------------------------------------
     @property
@@ -413,6 +445,10 @@ class Experiment:
             if key not in ENGINE_ARGS:
                 raise InputError(f"override {key!r}: not an engine argument; known: "
                                  f"{', '.join(ENGINE_ARGS)}")
+            try:  # named as the override, not as the file's field it replaces
+                EngineArgs.model_validate({key: value})
+            except ValidationError as exc:
+                raise format_validation_error(exc, f"override {key}={_fmt(value)}", "engine") from None
             merged[key] = value
         try:
             args = EngineArgs.model_validate(merged).model_dump()
@@ -445,7 +481,7 @@ class Experiment:
                     async_scheduling=args["async_scheduling"],
                 )
             except InputError as exc:
-                raise InputError(f"{self._where()}: {exc}") from None
+                raise InputError(f"{self._where()}: {_as_engine_field(str(exc))}") from None
             if self._pool_cache[key].refusal:
                 refusal = self._pool_cache.pop(key).refusal
                 raise InputError(f"{self._where()}: {refusal}")
@@ -602,6 +638,18 @@ def repeat_seeds(seed: int, n: int) -> list[int]:
     for k in range(1, n):
         out.append(int(np.random.SeedSequence([int(seed), k]).generate_state(1, np.uint32)[0]))
     return out
+
+
+def _as_engine_field(message: str) -> str:
+    """A pool refusal naming a sizing parameter (``block_size: ...``) as the experiment's field
+    (``field 'engine.block_size': ...``)."""
+    name, sep, rest = message.partition(":")
+    name = {"num_gpu_blocks_override": "num_gpu_blocks"}.get(name, name)
+    if sep and name in ENGINE_ARGS:
+        return f"field 'engine.{name}':{rest}"
+    if sep and name == "tensor_parallel_size":
+        return f"field 'tensor_parallel_size':{rest}"
+    return message
 
 
 def _fmt(value: Any) -> str:

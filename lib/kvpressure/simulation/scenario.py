@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError, nearest, refuse_unknown
-from kvpressure.user_files import read_user_text
+from kvpressure.user_files import parse_user_json, read_user_text
 
 # vLLM 0.33.0's SchedulerConfig fallbacks (no usage context), config/scheduler.py.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -143,11 +143,7 @@ def load_scenario(source: str | Path | dict | list,
     if isinstance(source, (str, Path)):
         path = Path(source)
         where = str(path)
-        text = read_user_text(path, "scenario file")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: line {exc.lineno}: invalid JSON: {exc.msg}") from None
+        data = parse_user_json(read_user_text(path, "scenario file"), path)
     else:
         data = source
     if isinstance(data, list):

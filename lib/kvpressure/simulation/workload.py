@@ -15,7 +15,7 @@ priority mix leaves the lengths and the arrival times unchanged.
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvpressure.errors import InputError, nearest
+from kvpressure.user_files import parse_user_json, read_user_text
 
 Z90 = 1.2815515655446004  # standard normal quantile at 0.90
 
@@ -36,8 +37,9 @@ MAX_REQUESTS = 5_000_000
 
 
 class _Strict(BaseModel):
-    # NaN and infinity are refused wherever a number is read (a rate says when it takes .inf).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # NaN and infinity are refused wherever a number is read (a rate says when it takes .inf);
+    # strict: YAML's `true` is no count and `3.5` no token length.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 # --- length distributions ---------------------------------------------------------------------
@@ -290,6 +292,9 @@ def format_validation_error(exc: ValidationError, where: str, prefix: str = "") 
         loc = ".".join(str(x) for x in err["loc"] if not _is_union_tag(x))
         field = ".".join(x for x in (prefix, loc) if x)
         message = err["msg"].removeprefix("Value error, ")
+        if err.get("type", "").endswith("_type") and isinstance(err.get("input"),
+                                                                bool | int | float | str):
+            message += f", got {err['input']!r}"  # `true` for a count is the usual slip
         if err.get("type") == "extra_forbidden" and err["loc"]:
             guess = nearest(str(err["loc"][-1]), _field_names())
             message = "unknown key" + (f"; did you mean {guess!r}?" if guess else "")
@@ -486,22 +491,24 @@ def read_trace(trace: Trace, base_dir: Path | None = None) -> list[dict[str, Any
     if not path.is_file():
         raise InputError(f"{path}: trace file not found")
     rows: list[tuple[str, dict[str, Any]]] = []
-    with path.open(encoding="utf-8", newline="") as fh:
-        if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
-            for i, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path} line {i}: not valid JSON: {exc.msg}") from None
-                if not isinstance(row, dict):
-                    raise InputError(f"{path} line {i}: expected a JSON object per line")
-                rows.append((f"{path} line {i}", row))
-        else:
-            reader = csv.DictReader(fh)
-            for i, row in enumerate(reader, start=2):
-                rows.append((f"{path} line {i}", {k: v for k, v in row.items() if v != ""}))
+    text = read_user_text(path, "trace file")
+    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = parse_user_json(line, path)
+            except InputError as exc:
+                # the reader counts lines of the one line it was given
+                raise InputError(str(exc).replace(f"{path}: line 1:", f"{path} line {i}:",
+                                                  1)) from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path} line {i}: expected a JSON object per line")
+            rows.append((f"{path} line {i}", row))
+    else:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        for i, row in enumerate(reader, start=2):
+            rows.append((f"{path} line {i}", {k: v for k, v in row.items() if v != ""}))
     if not rows:
         raise InputError(f"{path}: the trace holds no requests")
 
@@ -546,6 +553,8 @@ def read_trace(trace: Trace, base_dir: Path | None = None) -> list[dict[str, Any
 
 
 def _int(value: Any, where: str, field: str) -> int:
+    if isinstance(value, bool):
+        raise InputError(f"{where}: field '{field}': expected an integer, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -563,6 +572,8 @@ def _positive_int(value: Any, where: str, field: str) -> int:
 
 
 def _float(value: Any, where: str, field: str) -> float:
+    if isinstance(value, bool):
+        raise InputError(f"{where}: field '{field}': expected a number, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):

@@ -35,6 +35,7 @@ from kvpressure.simulation.scenario import (
     DEFAULT_MAX_NUM_SEQS,
     SETTING_NAMES,
 )
+from kvpressure.user_files import parse_user_json, read_user_text
 
 ALIASES = {"scheduling_policy": "policy", "num_gpu_blocks_override": "num_gpu_blocks",
            "max_seq_len": "max_model_len"}
@@ -103,10 +104,7 @@ def _settings_file(run_dir: Path) -> tuple[dict[str, Any], str] | None:
     for name in SETTINGS_FILES:
         path = run_dir / name
         if path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+            data = parse_user_json(read_user_text(path, "engine-arguments file"), path)
             if isinstance(data, dict):
                 for key in ("engine_args", "settings", "engine"):
                     if isinstance(data.get(key), dict):
