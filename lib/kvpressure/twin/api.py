@@ -31,6 +31,7 @@ from kvpressure.errors import InputError
 from kvpressure.twin.basis import LevelBasis, simulate_basis
 from kvpressure.twin.fit import PARAMETERS, TwinFit, fit_step_time
 from kvpressure.twin.fit_report import FitVerdict, comparison_table, verdict
+from kvpressure.twin.lengths import MEANS, PER_REQUEST
 from kvpressure.twin.measured import Measured, ingested_sources, level_name, load_measured
 from kvpressure.twin.return_lag import ReturnLag, from_step_trace, from_turnaround, given
 from kvpressure.twin.settings import twin_settings
@@ -244,12 +245,7 @@ class Twin:
     def assumptions(self) -> list[str]:
         out = [f"{k} = {self.settings[k]}: {src}" for k, src in sorted(
             self.settings_source.items()) if "assumed" in src or "default" in src]
-        inexact = [c for c, w in sorted(self.workloads.items()) if not w.exact]
-        what = "request rate" if self.open_loop else "concurrency"
-        if inexact:
-            out.append(f"request lengths at {what} " + ", ".join(f"{c:g}" for c in inexact)
-                       + ": every request given the level's mean prompt and output length (no "
-                       "per-request lengths in the data)")
+        out.extend(self.lengths_assumptions())
         out.append(self.arrival_assumption() if self.open_loop
                    else self.turnaround_assumption())
         if self.fitted is not None:
@@ -258,6 +254,31 @@ class Twin:
                     out.append(f"{p} = {self.fitted.theta[p]:.3g}: {self.fitted.source[p]}")
         return out + list(self.measured.notes)
 
+    def lengths_sources(self) -> dict[Any, str]:
+        """Where each level's request lengths came from (``lengths.py``)."""
+        return {c: w.lengths_source for c, w in sorted(self.workloads.items())}
+
+    @property
+    def spread_known(self) -> bool:
+        """Every level's length spread is in the data (not only its mean)."""
+        return all(w.lengths_source != MEANS for w in self.workloads.values())
+
+    def lengths_assumptions(self) -> list[str]:
+        """The request lengths' source, one line per group of levels with the same one (the
+        per-request lengths themselves are no assumption)."""
+        what = "request rate" if self.open_loop else "concurrency"
+        groups: dict[str, list[Any]] = {}
+        for c, w in sorted(self.workloads.items()):
+            if w.lengths_source not in (PER_REQUEST, ""):
+                groups.setdefault(w.lengths_source, []).append(c)
+        out = []
+        for src, levels in groups.items():
+            details = [self.workloads[c].lengths_detail for c in levels]
+            said = details[0] if len(set(details)) == 1 else "; ".join(
+                f"{self.level_name(c)}: {d}" for c, d in zip(levels, details, strict=True))
+            out.append(f"request lengths at {what} " + ", ".join(f"{c:g}" for c in levels)
+                       + f" from the {src}: {said}")
+        return out
 
     def arrival_assumption(self) -> str:
         """How an open loop's requests arrive in the twin."""
