@@ -34,7 +34,7 @@ from kvpressure.twin.fit_report import FitVerdict, comparison_table, verdict
 from kvpressure.twin.lengths import MEANS, PER_REQUEST
 from kvpressure.twin.measured import Measured, ingested_sources, level_name, load_measured
 from kvpressure.twin.return_lag import ReturnLag, from_step_trace, from_turnaround, given
-from kvpressure.twin.settings import twin_settings
+from kvpressure.twin.settings import assumed_settings, twin_settings
 from kvpressure.twin.simulate import simulate_level
 from kvpressure.twin.workload import LevelWorkload, level_workloads
 
@@ -243,8 +243,8 @@ class Twin:
 
     # --- description -----------------------------------------------------------------------
     def assumptions(self) -> list[str]:
-        out = [f"{k} = {self.settings[k]}: {src}" for k, src in sorted(
-            self.settings_source.items()) if "assumed" in src or "default" in src]
+        out = [f"{k} = {self.settings[k]}: {self.settings_source[k]}"
+               for k in self.assumed_settings]
         out.extend(self.lengths_assumptions())
         out.append(self.arrival_assumption() if self.open_loop
                    else self.turnaround_assumption())
@@ -253,6 +253,11 @@ class Twin:
                 if self.fitted.source[p] != "fitted":
                     out.append(f"{p} = {self.fitted.theta[p]:.3g}: {self.fitted.source[p]}")
         return out + list(self.measured.notes)
+
+    @property
+    def assumed_settings(self) -> list[str]:
+        """Engine settings not in the data, taken at vLLM's defaults (``settings.py``)."""
+        return assumed_settings(self.settings_source)
 
     def lengths_sources(self) -> dict[Any, str]:
         """Where each level's request lengths came from (``lengths.py``)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,8 @@ class LevelLengths:
     """One of PER_REQUEST, DATASET_ARGS, HISTOGRAMS, MEANS."""
     detail: str
     """How the lengths were made, in words (for the twin's assumptions)."""
+    specs: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    """A drawn source's two distributions (prompts, outputs), for ``redrawn``."""
 
     @property
     def spread_known(self) -> bool:
@@ -57,7 +59,14 @@ class LevelLengths:
     @property
     def drawn(self) -> bool:
         """The lengths are one seeded draw of a distribution (another seed, another draw)."""
-        return self.source == HISTOGRAMS
+        return bool(self.specs)
+
+    def redrawn(self, seed: int) -> LevelLengths:
+        """Another draw of the same distributions (a drawn source only)."""
+        if not self.specs:
+            raise ValueError("redrawn: the lengths are not a draw")
+        return _drawn(self.specs, self.detail.rsplit("; drawn seeded", 1)[0],
+                      len(self.prompt_lens), seed)
 
 
 def random_dataset_lengths(n: int, input_len: int, output_len: int,
@@ -172,8 +181,10 @@ def _uniform_fit(edges: np.ndarray, counts: np.ndarray, mean: float
         fe = np.floor(np.minimum(e, 1e12))[None, :]
         return np.clip((fe - lows[:, None] + 1) / (highs - lows + 1)[:, None], 0.0, 1.0)
     p = cdf(edges) - cdf(lower)
-    with np.errstate(divide="ignore"):
-        loglik = np.where(counts[None, :] > 0, counts[None, :] * np.log(p), 0.0).sum(axis=1)
+    seen = counts[None, :] > 0
+    # A bucket with observations that the range cannot reach rules the range out.
+    terms = np.where(seen, counts[None, :] * np.log(np.where(p > 0, p, 1.0)), 0.0)
+    loglik = np.where((seen & (p <= 0)).any(axis=1), -np.inf, terms.sum(axis=1))
     best = np.nanmax(loglik)
     if not np.isfinite(best):
         return None
@@ -196,44 +207,62 @@ def _piecewise(edges: np.ndarray, counts: np.ndarray, n: int, rng: np.random.Gen
     return rng.uniform(lower[which], upper[which])
 
 
+def _fit_family(series: pd.DataFrame, family: str, t0: float, t1: float, cap: float
+                ) -> tuple[tuple[Any, ...], str] | None:
+    """What draws one family's lengths (a uniform range, else the bucket shape) and how it
+    was fitted, in words; None without observations in the window."""
+    from kvpressure.ingestion.counters import histogram_buckets, histogram_mean
+
+    buckets = histogram_buckets(series, family, t0, t1)
+    mean = histogram_mean(series, family, t0, t1)
+    if buckets.empty or not math.isfinite(mean) or buckets.iloc[-1] < 1:
+        return None
+    edges, counts = _bucket_counts(buckets)
+    counts = np.maximum(counts, 0.0)
+    seen = int(round(counts.sum()))
+    fit = _uniform_fit(edges, counts, mean)
+    if fit is not None:
+        a, b, pinned = fit
+        return ("uniform", a, b, mean), (
+            f"uniform on [{a}, {b}] around the mean {mean:.0f}"
+            + ("" if pinned else " (the buckets do not pin the width: the middle of the "
+               "widths they allow)") + f" ({seen} observations)")
+    return ("buckets", edges, counts, mean, cap), (
+        f"the histogram's own shape, uniform within its buckets, mean {mean:.0f} "
+        f"({seen} observations)")
+
+
+def _draw(spec: tuple[Any, ...], n: int, rng: np.random.Generator) -> tuple[int, ...]:
+    if spec[0] == "uniform":
+        values = rng.integers(spec[1], spec[2] + 1, size=n).astype(float)
+    else:
+        values = _piecewise(spec[1], spec[2], n, rng, spec[4])
+    mean = spec[-2] if spec[0] == "buckets" else spec[-1]
+    # The draw keeps the measured mean: throughput follows the tokens, not the draw's luck.
+    if values.mean() > 0:
+        values = values * (mean / values.mean())
+    return tuple(int(v) for v in np.maximum(1, np.round(values)))
+
+
+def _drawn(specs: tuple[tuple[Any, ...], tuple[Any, ...]], said: str, n: int, seed: int
+           ) -> LevelLengths:
+    rng = np.random.default_rng(seed)
+    ins, outs = _draw(specs[0], n, rng), _draw(specs[1], n, rng)
+    return LevelLengths(ins, outs, HISTOGRAMS, said + f"; drawn seeded ({seed})", specs)
+
+
 def from_histograms(series: pd.DataFrame, t0: float, t1: float, n: int, *, seed: int = 0,
                     cap: float = math.inf) -> LevelLengths | None:
     """The level's lengths from the scrape log's request-length histograms over ``(t0, t1]``
     (a uniform range fitted to each, else its piecewise shape), ``n`` requests drawn seeded;
-    each draw keeps the histogram's measured mean. None when the window has no observations
-    of either family."""
-    from kvpressure.ingestion.counters import histogram_buckets, histogram_mean
-
-    rng = np.random.default_rng(seed)
-    drawn: list[np.ndarray] = []
-    said: list[str] = []
-    for family, what in ((PROMPT_FAMILY, "prompts"), (OUTPUT_FAMILY, "outputs")):
-        buckets = histogram_buckets(series, family, t0, t1)
-        mean = histogram_mean(series, family, t0, t1)
-        if buckets.empty or not math.isfinite(mean) or buckets.iloc[-1] < 1:
-            return None
-        edges, counts = _bucket_counts(buckets)
-        counts = np.maximum(counts, 0.0)
-        fit = _uniform_fit(edges, counts, mean)
-        seen = int(round(counts.sum()))
-        if fit is not None:
-            a, b, pinned = fit
-            values = rng.integers(a, b + 1, size=n).astype(float)
-            said.append(f"{what} uniform on [{a}, {b}] around the mean {mean:.0f}"
-                        + ("" if pinned else " (the widest the buckets allow is not pinned by "
-                           "them: the middle range taken)")
-                        + f" ({seen} observations)")
-        else:
-            values = _piecewise(edges, counts, n, rng, cap)
-            said.append(f"{what} from the histogram's own shape, uniform within its buckets "
-                        f"({seen} observations)")
-        # The draw keeps the measured mean: throughput follows the tokens, not the draw's luck.
-        values = values * (mean / values.mean()) if values.mean() > 0 else values
-        drawn.append(np.maximum(1, np.round(values)).astype(int))
-    detail = (f"{PROMPT_FAMILY} and {OUTPUT_FAMILY} over the level's window: "
-              + "; ".join(said) + f"; drawn seeded ({seed}) and shuffled")
-    return LevelLengths(tuple(int(v) for v in drawn[0]), tuple(int(v) for v in drawn[1]),
-                        HISTOGRAMS, detail)
+    each draw keeps the histogram's measured mean (``LevelLengths.redrawn``: another seed).
+    None when the window has no observations of either family."""
+    got = [_fit_family(series, f, t0, t1, cap) for f in (PROMPT_FAMILY, OUTPUT_FAMILY)]
+    if got[0] is None or got[1] is None:
+        return None
+    said = (f"{PROMPT_FAMILY} and {OUTPUT_FAMILY} over the level's window: prompts "
+            f"{got[0][1]}; outputs {got[1][1]}")
+    return _drawn((got[0][0], got[1][0]), said, n, seed)
 
 
 def from_measured(prompt_lens: tuple[int, ...], output_lens: tuple[int, ...]) -> LevelLengths:

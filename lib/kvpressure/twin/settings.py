@@ -236,3 +236,13 @@ def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None
         settings["max_model_len"] = settings["num_gpu_blocks"] * settings["block_size"]
         source["max_model_len"] = "assumed: not in the data (the pool size in tokens)"
     return settings, source
+
+
+def is_assumed(source: str) -> bool:
+    """Whether a setting's source (``twin_settings``) says it is not in the data."""
+    return "assumed" in source or "default" in source
+
+
+def assumed_settings(source: dict[str, str]) -> list[str]:
+    """The settings the twin was not told and took a default for, sorted."""
+    return sorted(k for k, src in source.items() if is_assumed(src))

@@ -16,8 +16,9 @@ lengths (from the token totals); the twin's assumptions say which, level by leve
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,16 @@ class LevelWorkload:
     """Where the lengths came from (``lengths.py``: PER_REQUEST, DATASET_ARGS, HISTOGRAMS,
     MEANS; empty: given by the caller)."""
     lengths_detail: str = ""
+    drawn_from: Any = field(default=None, compare=False, repr=False)
+    """The ``lengths.LevelLengths`` the lengths are one draw of (None: not a draw)."""
+
+    def redrawn(self, seed: int) -> LevelWorkload:
+        """The same level with another draw of its lengths (itself when they are no draw)."""
+        if self.drawn_from is None or not self.drawn_from.drawn:
+            return self
+        got = self.drawn_from.redrawn(seed)
+        return dataclasses.replace(self, prompt_lens=got.prompt_lens,
+                                   output_lens=got.output_lens, drawn_from=got)
 
     @property
     def open_loop(self) -> bool:
@@ -125,7 +136,8 @@ def level_workloads(measured: Any) -> dict[Any, LevelWorkload]:
                     "with --save-detailed)")
             made = from_means(int(round(n)), p, o)
             ins, outs, exact = made.prompt_lens, made.output_lens, False
-        said = {"lengths_source": made.source, "lengths_detail": made.detail}
+        said = {"lengths_source": made.source, "lengths_detail": made.detail,
+                "drawn_from": made if made.drawn else None}
         if not measured.open_loop:
             out[c] = LevelWorkload(c, ins, outs, exact, **said)
             continue
