@@ -246,3 +246,14 @@ def is_assumed(source: str) -> bool:
 def assumed_settings(source: dict[str, str]) -> list[str]:
     """The settings the twin was not told and took a default for, sorted."""
     return sorted(k for k, src in source.items() if is_assumed(src))
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    """``--set KEY=VALUE`` options as a mapping (the values are checked by ``twin_settings``)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
