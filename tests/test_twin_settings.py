@@ -121,7 +121,8 @@ def test_verdict_on_a_hand_worked_table():
     })
     v = verdict(table)
     assert not v.fits
-    assert v.knee["measured"] == 4 and v.knee["twin"] == 8 and v.knee["ok"]
+    # the record's knee of each curve (analysis.knee): both at 4
+    assert v.knee["measured"] == 4 and v.knee["twin"] == 4 and v.knee["ok"]
     assert [m["concurrency"] for m in v.throughput_misses] == [4]
     assert [m["concurrency"] for m in v.preemption_misses] == [16]
     assert v.text == ("does not fit: throughput at c=4 (-17%); preemptions at c=16 (200 measured,"
@@ -131,3 +132,8 @@ def test_verdict_on_a_hand_worked_table():
     table["preemptions_twin"] = [1.0, 2.0, 12.0, 109.0, 215.0]
     v = verdict(table)
     assert v.fits and v.text.startswith("twin fits within 2% (output throughput, every level)")
+    # A twin still rising where the measured curve has its knee misses it by more than a level.
+    table["output_throughput_twin"] = [100.0, 200.0, 400.0, 800.0, 1600.0]
+    v = verdict(table)
+    assert v.knee["measured"] == 4 and v.knee["twin"] is None and not v.knee["ok"]
+    assert "knee at c=4 measured, none (still rising) twin" in v.text
