@@ -137,3 +137,17 @@ def test_verdict_on_a_hand_worked_table():
     v = verdict(table)
     assert v.knee["measured"] == 4 and v.knee["twin"] is None and not v.knee["ok"]
     assert "knee at c=4 measured, none (still rising) twin" in v.text
+
+
+def test_engine_arguments_a_bench_result_records_are_used_and_the_rest_named(tmp_path):
+    from kvpressure.twin.settings import assumed_settings, twin_settings
+
+    settings, source = twin_settings(
+        tmp_path, pd.DataFrame({"concurrency": [1]}), None, {}, {"num_gpu_blocks": "64"}, [],
+        bench={"max_num_seqs": "8", "scheduler_reserve_full_isl": "false", "seed": "0"})
+    assert settings["max_num_seqs"] == 8 and settings["scheduler_reserve_full_isl"] is False
+    assert source["max_num_seqs"] == "the bench result (--metadata)"
+    assert source["num_gpu_blocks"] == "given (--set)"
+    # what neither gives is vLLM's default, and named as assumed
+    assert "max_num_batched_tokens" in assumed_settings(source)
+    assert "max_num_seqs" not in assumed_settings(source)

@@ -381,7 +381,8 @@ def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = Non
     logged = ingested_sources(Path(run_dir), measured.ingest, "server_log")
     settings, source = twin_settings(Path(run_dir), measured.runs, measured.series,
                                      measured.ingest, overrides,
-                                     [Path(server_log)] if server_log is not None else logged)
+                                     [Path(server_log)] if server_log is not None else logged,
+                                     measured.bench_settings)
     loads = dict(workloads) if workloads is not None else level_workloads(measured)
     priors = profile_priors(cost_model) if cost_model is not None else None
     name = getattr(getattr(cost_model, "geometry", None), "name", "profile")

@@ -73,6 +73,9 @@ class Measured:
     """Open loop: per level, each request's send time from the level's first (seconds), in
     the order of ``lengths``; burstiness per level in ``burstiness``."""
     burstiness: dict[Any, float] = field(default_factory=dict)
+    bench_settings: dict[str, Any] = field(default_factory=dict)
+    """Engine arguments a bench result records (``vllm bench serve --metadata
+    max_num_seqs=64 ...``), from the first level's result that has any."""
     drawn_lengths: dict[Any, LevelLengths] = field(default_factory=dict)
     """Per level without per-request lengths, the lengths made from what the data has
     (``lengths.py``: dataset arguments, length histograms); a level in neither dict gets its
@@ -431,6 +434,7 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
     arrivals: dict[Any, list[float]] = {}
     burstiness: dict[Any, float] = {}
     drawn: dict[Any, LevelLengths] = {}
+    recorded: dict[str, Any] = {}
     base = base_repeat(runs)
     for c, group in runs.groupby(key, sort=True):
         c_int = level_value(c, key)
@@ -443,6 +447,11 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
         first = first.iloc[0] if len(first) else group.iloc[0]
         res = _bench_result(first.get("source"), run_dir)
         if res is not None:
+            if not recorded:
+                from kvpressure.twin.settings import ALIASES, SETTING_NAMES
+
+                recorded.update({k: v for k, v in res.items()
+                                 if ALIASES.get(k, k) in SETTING_NAMES and v not in (None, "")})
             for col, field_name in (("ttft_p50_s", "median_ttft_ms"),
                                     ("itl_p50_s", "median_itl_ms")):
                 v = _num(res.get(field_name))
@@ -499,4 +508,4 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
         rows.append(row)
     levels = pd.DataFrame(rows, columns=list(LEVEL_COLUMNS))
     return Measured(top, levels, lengths, runs, series, ingest, chosen, notes, key, arrivals,
-                    burstiness, drawn)
+                    burstiness, recorded, drawn)
