@@ -21,10 +21,12 @@ Results: stdout and ``benchmarks/out/bench_twin_saved.json``; sweeps under
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -140,11 +142,68 @@ def twin_of(folder: Path, engine: dict, candidates: dict) -> dict:
                            for r in rem["candidates"]]}
 
 
+KEPT = bt.ROOT / "tests" / "data" / "twin_saved"
+
+
+def cut_test_data(folder: Path, dest: Path) -> dict:
+    """The sweep in ``folder`` cut small into ``dest``: the results as saved (the tokenizer's
+    path replaced), the scrape log within the sweep's span (+- 5 s) with the families the kit
+    reads."""
+    import datetime as dt
+    import gzip
+
+    from bench_twin_open import _keep_families
+
+    shutil.rmtree(dest, ignore_errors=True)
+    (dest / "bench").mkdir(parents=True)
+    spans = []
+    for path in sorted((folder / "bench").glob("c*.json")):
+        res = json.loads(path.read_text())
+        res["tokenizer_id"] = "tiny"
+        # vllm bench serve stamps 'date' (local time, whole seconds) when the run ends
+        end = dt.datetime.strptime(res["date"], "%Y%m%d-%H%M%S").timestamp() + 1.0
+        spans.append((end - float(res["duration"]) - 1.0, end))
+        (dest / "bench" / path.name).write_text(json.dumps(res, indent=1) + "\n")
+    start, end = min(a for a, _ in spans), max(b for _, b in spans)
+    kept = 0
+    with (folder / "metrics.prom.jsonl").open() as src, \
+            gzip.GzipFile(dest / "metrics.prom.jsonl.gz", "wb", mtime=0) as gz:
+        for line in src:
+            rec = json.loads(line)
+            if not start - 5.0 <= rec["t"] <= end + 5.0:
+                continue
+            if "text" in rec:
+                rec["text"] = _keep_families(rec["text"])
+            gz.write((json.dumps(rec) + "\n").encode())
+            kept += 1
+    return {"scrapes": kept, "bytes": sum(p.stat().st_size for p in dest.rglob("*")
+                                          if p.is_file())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--real", action="store_true")
     ap.add_argument("--port", type=int, default=8321)
+    ap.add_argument("--cut", action="store_true",
+                    help="cut the measured sweeps into tests/data/twin_saved/")
+    ap.add_argument("--kept", action="store_true",
+                    help="the twin on the sweeps kept in tests/data/twin_saved/")
     args = ap.parse_args()
+    global OUT
+    if args.cut:
+        for s in SETUPS:
+            if (OUT / s["name"] / "metrics.prom.jsonl").is_file():
+                print(s["name"], cut_test_data(OUT / s["name"], KEPT / s["name"]))
+        return 0
+    if args.kept:
+        OUT = Path(tempfile.mkdtemp(prefix="twin_saved_"))
+        for s in SETUPS:
+            if (KEPT / s["name"]).is_dir():
+                shutil.copytree(KEPT / s["name"], OUT / s["name"])
+                src = OUT / s["name"] / "metrics.prom.jsonl.gz"
+                with gzip.open(src, "rb") as fh:
+                    (OUT / s["name"] / "metrics.prom.jsonl").write_bytes(fh.read())
+                src.unlink()
     if args.real:
         for s in SETUPS:
             print(f"measuring {s['name']}", flush=True)
