@@ -19,6 +19,7 @@ from kvpressure.twin.workload import level_workloads
 
 DATA = REPO_ROOT / "tests" / "data" / "twin_saved" / "pool64_fullisl"
 LOG = DATA / "metrics.prom.jsonl.gz"
+PAIR = DATA.parent / "pool64_firstchunk"
 # What the server was started with (its README), as --engine-args / --set give it.
 ENGINE = {"max_num_seqs": 64, "max_num_batched_tokens": 128, "enable_prefix_caching": False,
           "scheduler_reserve_full_isl": True}
@@ -95,3 +96,31 @@ def test_histograms_and_means_against_the_measured_preemptions(tmp_path):
         assert means[c] <= 0.7 * m
     assert abs(hist[8] + hist[12] - 28) <= 0.15 * 28
     assert {8, 12} <= {m["concurrency"] for m in rep.verdict.preemption_misses}
+
+
+def test_admission_by_the_first_chunk_as_the_paired_server_measured(with_args):
+    """The twin of the full-prompt server predicts the first-chunk one (the same server
+    restarted with --no-scheduler-reserve-full-isl, nothing else changed): the change in
+    throughput past the knee within 10 points, its sign, the interval covering it."""
+    run, got = with_args
+    twin, rep = _fitted(run)
+    base = got.runs.set_index("concurrency")
+    other = ingest([PAIR / "bench", PAIR / "metrics.prom.jsonl.gz"]).runs.set_index(
+        "concurrency")
+    first_chunk = {"scheduler_reserve_full_isl": False}
+    twin_base = rep.table.set_index("concurrency")["output_throughput_twin"]
+    for c in (8, 12):
+        measured = 100 * (other.loc[c, "output_throughput"] / base.loc[c, "output_throughput"]
+                          - 1)
+        pred = twin.predict_level(c, first_chunk)
+        predicted = 100 * (pred["output_throughput"] / twin_base[c] - 1)
+        assert measured < -20 and predicted < -20  # well past the noise, both down
+        assert abs(predicted - measured) <= 10
+        # the preemptions the admission rule lets in: a tenfold rise, within 20%
+        assert abs(pred["preemptions"] - other.loc[c, "preemptions"]) <= (
+            0.2 * other.loc[c, "preemptions"])
+    rem = twin.predict_remedies(focus=8, candidates={"first_chunk": first_chunk})
+    row = next(r for r in rem["candidates"] if r["setting"] == "first_chunk")
+    measured = 100 * (other.loc[8, "output_throughput"] / base.loc[8, "output_throughput"] - 1)
+    lo, hi = row["throughput_change_pct_with_noise"]
+    assert row["effect"] == "lowers" and lo <= measured <= hi

@@ -167,6 +167,13 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
                     if ov and all(settings.get(k) == v for k, v in ov.items()))
     for n in no_ops:
         del options[n]
+    # The same change under two names is priced once, under the later (the caller's) name.
+    named: dict[str, str] = {}
+    for n, ov in list(options.items()):
+        same = named.get(repr(sorted(ov.items())))
+        if ov and same is not None:
+            del options[same]
+        named[repr(sorted(ov.items()))] = n
     assumed = set(twin.assumed_settings)
     base = _priced(twin, focus, {})
     limits_rule = "given"
