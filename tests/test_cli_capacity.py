@@ -59,18 +59,20 @@ def test_unknown_hardware_lists_known_names(capsys):
         assert name in err
 
 
-def test_max_model_len_too_long_exits_2_with_the_fitting_length(capsys):
+def test_max_model_len_too_long_exits_3_with_the_fitting_length(capsys):
+    # vLLM stops at startup ("To serve at least one request ..."): the README's exit 3
     rc = main([*TINY, "--max-model-len", "145"])
-    assert rc == 2
+    assert rc == 3
     assert "largest max_model_len that fits is 144" in capsys.readouterr().err
 
 
-def test_bad_tp_and_weights_exit_2(capsys):
+def test_bad_tp_exits_2_and_weights_that_do_not_fit_exit_3(capsys):
     assert main(["capacity", "--hardware", "ascend-910b-64g", "--model", "qwen2.5-7b",
                  "--tp", "8"]) == 2
     assert "num_attention_heads" in capsys.readouterr().err
+    # the weights do not load: vLLM does not start, the README's exit 3
     assert main(["capacity", "--hardware", "ascend-910b-64g", "--model", "deepseek-v3",
-                 "--tp", "8"]) == 2
+                 "--tp", "8"]) == 3
     assert "weights need" in capsys.readouterr().err
 
 

@@ -212,3 +212,19 @@ def test_calibration_errors_name_missing_columns(llama70b_910b):
         llama70b_910b.calibrate(pd.DataFrame({"num_prefill_tokens": [1], "num_decode_seqs": [1],
                                               "num_prefill_seqs": [1], "sum_decode_ctx": [1],
                                               "sum_prefill_attn": [1], "sum_prefill_ctx": [1]}))
+
+
+def test_async_scheduling_hides_the_per_sequence_cpu_work_behind_the_gpu(llama8b_h100):
+    # 64 decode sequences of context 1: GPU part = (16.06e9 + 64 * 131072) B at eta_m 1 on
+    # 3.35 TB/s = 4.797 ms. CPU part: t_seq 100 us x 64 = 6.4 ms; t0 1 ms always shows.
+    m = llama8b_h100.with_coefficients(eta_m=1.0, t0=1e-3, t_seq=100e-6)
+    f = StepFeatures(num_decode_seqs=64, sum_decode_ctx=64)
+    gpu = (16.06e9 + 64 * 131072) / 3.35e12
+    assert m.step_time(f) == pytest.approx(gpu + 1e-3 + 6.4e-3, rel=1e-9)
+    # Overlapped: only the CPU's 6.4 ms beyond the GPU's 4.797 ms shows.
+    hidden = m.with_coefficients(cpu_overlap=True)
+    assert hidden.step_time(f) == pytest.approx(gpu + 1e-3 + (6.4e-3 - gpu), rel=1e-9)
+    # With less CPU work than GPU work, none of it shows.
+    small = StepFeatures(num_decode_seqs=8, sum_decode_ctx=8)
+    gpu8 = (16.06e9 + 8 * 131072) / 3.35e12
+    assert hidden.step_time(small) == pytest.approx(gpu8 + 1e-3, rel=1e-9)

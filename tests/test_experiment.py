@@ -158,7 +158,7 @@ def test_prompts_longer_than_max_model_len_are_refused(tmp_path):
         ({"workload": {"num_requests": 5, "input_len": 10, "output_len": 5}},
          "concurrency"),
         ({"workload": {"num_requests": 5, "input_len": 10, "output_len": 5,
-                       "concurrency": [4], "request_rates": [1.0]}}, "either concurrency"),
+                       "concurrency": [4], "request_rates": [1.0]}}, "give one of concurrency"),
         ({"workload": {"num_requests": 5, "input_len": {"type": "uniform", "low": 1},
                        "output_len": 5, "concurrency": [4]}}, "field 'workload.input_len.high'"),
         ({"comparison": {"parameter": "max_num_sequences", "values": [4]}},

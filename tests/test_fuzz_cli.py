@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -172,5 +173,68 @@ def test_scrape_urls_and_numbers_are_checked():
                 "--interval", interval, "--timeout", timeout, "--max-failures", "1"])
             assert code in (0, 2), (code, err)
             assert "Traceback" not in err, err
+
+    check()
+
+
+# --------------------------------------------------------------------------- hostile edits
+# Mistakes a hand-edited YAML or JSON file carries, applied at a random place of a real file:
+# a key given twice, nesting far past any real input, `true` where a number was, a Latin-1
+# byte. The first two are refused whatever else the file holds, and so is the last by every
+# JSON and YAML reader; `true` for a number is refused unless the number sat in free text.
+STRUCTURED = {"simulate-scenario", "simulate-experiment", "sweep", "ingest-bench",
+              "capacity-hardware", "capacity-model", "report"}
+_YAML_KEY = re.compile(r"(?m)^( *)([A-Za-z_][\w]*):(.*)$")
+_JSON_KEY = re.compile(r'"([A-Za-z_]\w*)":\s*')
+_YAML_NUMBER = re.compile(r"(?m)^( *[A-Za-z_]\w*: *)(-?\d+(?:\.\d+)?)\s*$")
+_JSON_NUMBER = re.compile(r'("[A-Za-z_]\w*":\s*)(-?\d+(?:\.\d+)?)')
+
+
+@st.composite
+def hostile_edits(draw, seed: str, mistake: str) -> bytes:
+    data = SEEDS[seed]
+    text = data.decode()
+    as_json = text.lstrip()[:1] in "{["
+    if mistake == "latin1":
+        at = draw(st.integers(0, len(data)))
+        return data[:at] + b"\xe9" + data[at:]
+    if mistake == "bool":
+        numbers = list((_JSON_NUMBER if as_json else _YAML_NUMBER).finditer(text))
+        m = draw(st.sampled_from(numbers))
+        return (text[:m.start(2)] + "true" + text[m.end(2):]).encode()
+    keys = list((_JSON_KEY if as_json else _YAML_KEY).finditer(text))
+    m = draw(st.sampled_from(keys))
+    if mistake == "duplicate":
+        if as_json:  # the same key once more, just before it, in the same object
+            return (text[:m.start()] + f'"{m.group(1)}": 0, ' + text[m.start():]).encode()
+        return (text[:m.end()] + "\n" + m.group(0) + text[m.end():]).encode()
+    depth = draw(st.integers(70, 5000))
+    deep = "[" * depth + "]" * depth
+    if as_json:
+        return (text[:m.start()] + f'"deep": {deep}, ' + text[m.start():]).encode()
+    return (text[:m.start()] + f"{m.group(1)}deep: {deep}\n" + text[m.start():]).encode()
+
+
+@pytest.mark.parametrize("mistake", ["duplicate", "deep", "bool", "latin1"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_hand_edit_mistakes_are_refused(command, mistake):
+    seed, suffix, argv_of = COMMANDS[command]
+    structured = command in STRUCTURED
+    if not structured and mistake != "latin1":
+        pytest.skip("not a YAML or JSON input")
+    must_refuse = mistake in ("duplicate", "deep") or (mistake == "latin1" and structured)
+
+    @settings(max_examples=5, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(data=hostile_edits(seed, mistake))
+    def check(data: bytes) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"input{suffix}"
+            path.write_bytes(data)
+            code, err = _run_in_process([str(a) for a in argv_of(path, Path(tmp) / "out")])
+            assert code in ((2,) if must_refuse else (0, 2)), (code, err)
+            assert "Traceback" not in err, err
+            if must_refuse:
+                assert str(path) in err, err
 
     check()

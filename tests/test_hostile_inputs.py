@@ -279,3 +279,237 @@ def test_no_nan_reaches_a_run(tmp_path):
     assert summary["num_requests"] == 2
     assert all(math.isfinite(v) for v in summary.values() if isinstance(v, float))
     assert os.path.exists(out / ".kvpressure.json")
+
+
+# --------------------------------------------------------------------------- issue 31
+L40S = data_dir() / "hardware" / "l40s.yaml"
+LLAMA_8B = data_dir() / "models" / "llama-3.1-8b.yaml"
+CAPACITY = ["capacity", "--hardware", "h100-80g", "--model", "llama-3.1-8b"]
+
+
+def test_force_never_removes_an_empty_folder_the_user_made(tmp_path, capsys):
+    out, path = tmp_path / "out", scenario(tmp_path)
+    assert main(["simulate", str(path), "--out", str(out), "--no-metrics"]) == 0
+    (out / "keepme").mkdir()
+    refused(capsys, ["simulate", path, "--out", out, "--no-metrics", "--force"], "'keepme/'",
+            "did not write")
+    assert (out / "keepme").is_dir()
+
+
+def test_force_still_replaces_the_kits_own_folders(tmp_path):
+    """A sweep's point folders are listed in its marker: a rerun with --force replaces them."""
+    out = tmp_path / "out"
+    argv = ["sweep", str(CI_SMALL), "--out", str(out), "--concurrency", "4", "--no-compare",
+            "--jobs", "1"]
+    assert main(argv) == 0
+    marker = json.loads((out / ".kvpressure.json").read_text())
+    assert "points" in marker["folders"]
+    assert main([*argv, "--force"]) == 0
+
+
+def test_a_single_dump_counts_its_counters_since_the_server_started(tmp_path):
+    import pandas as pd
+
+    dump = TESTS / "data" / "real" / "vllm_0.32_cpu_loaded.prom"
+    text = dump.read_text()
+
+    def total(metric: str) -> float:  # the dump's own numbers, summed over its label sets
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(metric + "{"))
+
+    assert main(["ingest", str(dump), "--out", str(tmp_path / "o")]) == 0
+    row = pd.read_csv(tmp_path / "o" / "runs.csv").iloc[0]
+    assert total("vllm:num_preemptions_total") == 20
+    assert row["preemptions"] == 20
+    assert row["num_requests"] == total("vllm:request_success_total") == 7
+
+
+@pytest.mark.parametrize("value", ["14.96", "16", "0.5"])
+def test_a_bare_size_that_cannot_be_bytes_is_refused_naming_the_unit(capsys, value):
+    refused(capsys, [*CAPACITY, "--weights", value], "--weights", f"{value}GiB")
+
+
+def test_sizes_take_their_units(capsys):
+    assert main([*CAPACITY, "--weights", "14.96GiB", "--json"]) == 0
+    gib = json.loads(capsys.readouterr().out)["weights_bytes"]
+    assert main([*CAPACITY, "--weights", "14.96GB", "--json"]) == 0
+    gb = json.loads(capsys.readouterr().out)["weights_bytes"]
+    assert main([*CAPACITY, "--weights", str(round(14.96 * 2**30)), "--json"]) == 0
+    assert (gib, gb) == (round(14.96 * 2**30), round(14.96e9))
+    assert json.loads(capsys.readouterr().out)["weights_bytes"] == gib
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--block-size", "7"], ["--block-size", "7", "16"]),
+    (["--total-memory", "1e30"], ["--total-memory", "TiB"]),
+    (["--kv-cache-memory-bytes", "1e400"], ["--kv-cache-memory-bytes", "finite"]),
+    (["--weights", "900GiB"], ["--weights", "more than the card"]),
+])
+def test_capacity_sizes_and_block_sizes_vllm_would_not_take(capsys, argv, words):
+    refused(capsys, [*CAPACITY, *argv], *words)
+
+
+@pytest.mark.parametrize("argv", [
+    ["capacity", "--hardware", "l4", "--model", "llama-3.1-70b"],  # the weights do not load
+    [*CAPACITY, "--max-model-len", "10000000"],  # no pool holds one request
+])
+def test_capacity_exits_3_where_vllm_would_not_start(capsys, argv):
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "vLLM would not start" in err and "Traceback" not in err
+
+
+def _replace_line(text: str, key: str, line: str) -> str:
+    new, n = re.subn(rf"(?m)^{key}: .*$", line, text)
+    assert n == 1, key
+    return new
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: t + "workload:\n  num_requests: 8\n  input_len: 100\n  output_len: 10\n"
+               "  concurrency: [2]\n", ["'workload'", "twice", "line 17"]),
+    (lambda t: t.replace("engine:\n", "engine:\n  max_num_seqs: 8\n  max_num_seqs: 16\n"),
+     ["'engine.max_num_seqs'", "twice", "line 14", "line 13"]),
+    (lambda t: t.replace("engine:\n", "engine:\n  max_num_seqs: true\n"),
+     ["engine.max_num_seqs", "True"]),
+    (lambda t: t.replace("values: [true]", "values: [.nan]").replace(
+        "scheduler_reserve_full_isl\n", "watermark\n"), ["remedies[0].values[0]", "watermark"]),
+    (lambda t: t.replace("focus:\n", "focus:\n  variant: max_num_seqs=3\n"),
+     ["focus.variant", "'max_num_seqs=3'", "max_num_seqs=20"]),
+    (lambda t: t.replace("concurrency: 32", "concurrency: 5"), ["focus.concurrency", "5"]),
+    (lambda t: t.replace("engine:\n", "engine:\n  block_size: 7\n"),
+     ["engine.block_size", "multiple of 16"]),
+    (lambda t: t.replace("seed: 7", "seed: true"), ["workload.seed", "True"]),
+    (lambda t: t.replace("tensor_parallel_size: 1", "tensor_parallel_size: true"),
+     ["tensor_parallel_size"]),
+])
+def test_experiment_duplicates_types_and_values(tmp_path, capsys, edit, words):
+    path = experiment(tmp_path, text=edit(CI_SMALL.read_text()))
+    refused(capsys, ["simulate", path, "--out", tmp_path / "o", "--no-metrics"], str(path),
+            *words)
+
+
+def test_a_key_twice_in_a_hardware_profile(tmp_path, capsys):
+    hw = tmp_path / "hw.yaml"
+    hw.write_text(L40S.read_text() + "eta_f: 0.1\n")
+    refused(capsys, ["capacity", "--hardware", hw, "--model", "llama-3.1-8b"], str(hw),
+            "'eta_f'", "twice")
+
+
+@pytest.mark.parametrize("line, words", [
+    ("memory: 48GiB", None),
+    ("memory: 48", ["'memory'", "48GiB", "48GB"]),
+    ("memory_gib: 1.0e+30", ["memory_gib"]),
+])
+def test_hardware_memory_with_units(tmp_path, capsys, line, words):
+    hw = tmp_path / "hw.yaml"
+    hw.write_text(_replace_line(L40S.read_text(), "memory_gib", line))
+    argv = ["capacity", "--hardware", hw, "--model", "llama-3.1-8b", "--json"]
+    if words is None:  # the same card as the built-in profile's memory_gib: 48
+        assert "memory_gib: 48\n" in L40S.read_text()
+        assert main([str(a) for a in argv]) == 0
+        ours = json.loads(capsys.readouterr().out)
+        assert main([str(a) for a in [*argv[:2], "l40s", *argv[3:]]]) == 0
+        builtin = json.loads(capsys.readouterr().out)
+        assert ours["num_gpu_blocks"] == builtin["num_gpu_blocks"] > 0
+        assert ours["total_memory_bytes"] == builtin["total_memory_bytes"]
+    else:
+        refused(capsys, argv, str(hw), *words)
+
+
+def test_a_hardware_block_size_no_backend_takes(tmp_path, capsys):
+    hw = tmp_path / "hw.yaml"
+    hw.write_text(_replace_line(L40S.read_text(), "default_block_size", "default_block_size: 7"))
+    refused(capsys, ["capacity", "--hardware", hw, "--model", "llama-3.1-8b"], str(hw),
+            "default_block_size")
+
+
+@pytest.mark.parametrize("kv_heads", [7, 64])
+def test_kv_heads_must_divide_attention_heads(tmp_path, capsys, kv_heads):
+    model = tmp_path / "m.yaml"
+    model.write_text(_replace_line(LLAMA_8B.read_text(), "num_key_value_heads",
+                                   f"num_key_value_heads: {kv_heads}"))
+    refused(capsys, ["capacity", "--hardware", "l40s", "--model", model], str(model),
+            "num_key_value_heads", str(kv_heads), "32")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+        "num_attention_heads": 32, "num_key_value_heads": kv_heads, "intermediate_size": 14336,
+        "vocab_size": 128256, "max_position_embeddings": 8192}))
+    refused(capsys, ["capacity", "--hardware", "l40s", "--model", config], str(config),
+            "num_key_value_heads")
+
+
+def test_latin1_in_a_trace_is_refused_naming_it(tmp_path, capsys):
+    (tmp_path / "trace.csv").write_bytes("id,prompt_len,output_len\ncaf\xe9,100,10\n"
+                                         .encode("latin-1"))
+    data = yaml.safe_load(CI_SMALL.read_text())
+    data["workload"] = {"trace": {"path": "trace.csv"}, "concurrency": [2]}
+    data["focus"] = {}
+    data.pop("comparison")
+    data.pop("remedies")
+    path = experiment(tmp_path, text=yaml.safe_dump(data))
+    refused(capsys, ["simulate", path, "--out", tmp_path / "o", "--no-metrics"],
+            "trace.csv", "line 2", "UTF-8")
+
+
+DEEP = "[" * 200_000 + "]" * 200_000
+
+
+@pytest.mark.parametrize("kind", ["scenario", "experiment", "hardware", "model-json"])
+def test_a_file_nested_200000_deep_exits_2(tmp_path, capsys, kind):
+    path = tmp_path / {"scenario": "s.json", "experiment": "e.yaml", "hardware": "h.yaml",
+                       "model-json": "m.json"}[kind]
+    path.write_text(DEEP if kind == "scenario" else
+                    '{"a": ' + DEEP + "}" if kind == "model-json" else "name: " + DEEP + "\n")
+    argv = {"scenario": ["simulate", path, "--out", tmp_path / "o"],
+            "experiment": ["simulate", path, "--out", tmp_path / "o"],
+            "hardware": ["capacity", "--hardware", path, "--model", "llama-3.1-8b"],
+            "model-json": ["capacity", "--hardware", "l40s", "--model", path]}[kind]
+    refused(capsys, argv, str(path), "line 1", "nested")
+
+
+def test_a_key_twice_in_a_scenario_names_the_key_and_line(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    path.write_text('{"settings": {"num_gpu_blocks": 64,\n "max_num_seqs": 4,\n'
+                    ' "max_num_seqs": 8},\n "requests": [{"id": "a", "prompt_len": 4, '
+                    '"output_len": 1}]}')
+    refused(capsys, ["simulate", path, "--out", tmp_path / "o"], str(path),
+            "'settings.max_num_seqs'", "line 3", "line 2")
+
+
+def test_overflow_and_recursion_nobody_caught_exit_2(monkeypatch, capsys, tmp_path):
+    import kvpressure.commands.profiles as profiles
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    for exc in (OverflowError("int too large to convert to float"), RecursionError("deep")):
+        def raising(args, exc=exc):
+            raise exc
+
+        monkeypatch.setattr(profiles, "run", raising)
+        assert main(["profiles"]) == 2
+        err = capsys.readouterr().err
+        assert "error:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["simulate", CI_SMALL, "--set", "max_num_seqs=abc", "--no-metrics"], ["max_num_seqs=abc"]),
+    (["sweep", CI_SMALL, "--jobs", "99999999999999999999"], ["--jobs"]),
+    ([*CAPACITY, "--max-num-seqs", "-1"], ["--max-num-seqs", "-1"]),
+    (["scrape", "http://127.0.0.1:9/metrics", "--timeout", "1e20", "--count", "1"],
+     ["--timeout"]),
+])
+def test_refusals_name_the_option_given(tmp_path, capsys, argv, words):
+    out = ["--out", tmp_path / ("log.jsonl" if argv[0] == "scrape" else "o")]
+    err = refused(capsys, [*argv, *([] if argv[0] == "capacity" else out)], *words)
+    if argv[0] == "simulate":  # the value came from --set, not from the file's field
+        assert "ci_small.yaml" not in err
+
+
+@pytest.mark.parametrize("option", ["--y", "--x", "--group"])
+def test_knee_names_the_option_of_a_missing_column(tmp_path, capsys, option):
+    runs = tmp_path / "runs.csv"
+    runs.write_text("variant,concurrency,output_throughput\nbaseline,4,100\nbaseline,8,180\n"
+                    "baseline,16,240\n")
+    refused(capsys, ["knee", runs, option, "output_throughputt"], option, str(runs),
+            "'output_throughput'")

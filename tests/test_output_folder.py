@@ -142,3 +142,29 @@ def test_a_folder_the_notebooks_wrote_in_place_is_the_reports_to_replace(tmp_pat
     (run / "notes.txt").write_text("mine")
     with pytest.raises(InputError, match="notes.txt"):
         check_replaceable(run, force=True, command="report", rerun_ok=True)
+
+
+def test_runs_started_at_once_into_one_folder_leave_one_whole_run(tmp_path):
+    """Real processes racing for one --out: each finishes or is refused naming another of
+    them, and the folder holds one complete run, byte-equal to a run on its own."""
+    import re
+    import subprocess
+    import sys
+
+    out, alone = tmp_path / "shared", tmp_path / "alone"
+    argv = [sys.executable, "-m", "kvpressure.cli", "simulate", str(LIGHT), "--force"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen([*argv, "--out", str(out)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    results = [(p.pid, p.wait(timeout=300), p.stderr.read()) for p in procs]
+    pids = {pid for pid, _, _ in results}
+    assert any(code == 0 for _, code, _ in results), results
+    for pid, code, err in results:
+        assert code in (0, 2), err
+        if code == 2:
+            holder = re.search(r"another kvpressure run \(pid (\d+)\)", err)
+            assert holder and int(holder.group(1)) in pids - {pid}, err
+    assert main(["simulate", str(LIGHT), "--out", str(alone)]) == 0
+    assert read_marker(out)["complete"] is True
+    assert _files(out) == _files(alone)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alone", "shared"]  # no leftovers

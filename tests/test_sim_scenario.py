@@ -62,7 +62,6 @@ def test_bare_list_is_an_open_loop_workload_and_unknown_keys_are_annotations():
     (_sc(requests=[{"id": "e", "prompt_len": 5, "output_len": 1, "prefix_group": "zz"}]),
      ["'e'", "zz"]),
     (_sc({"max_num_seqz": 4}), ["max_num_seqz"]),
-    (_sc({"async_scheduling": True}), ["async_scheduling"]),
     (_sc({"max_num_batched_tokens": 64, "max_num_seqs": 128}), ["max_num_batched_tokens"]),
     (_sc({"enable_chunked_prefill": False, "max_num_batched_tokens": 2048,
           "max_model_len": 4096}), ["max_model_len", "chunked"]),

@@ -235,6 +235,21 @@ def test_twin_target(tmp_path):
         run_tune(str(run_dir), tmp_path / "t2", configs=[{"gpu_memory_utilization": 0.8}])
 
 
+def test_tune_set_gives_a_run_folders_twin_a_setting(tmp_path, capsys):
+    from kvpressure.tune.targets import load_target
+    from twin_helpers import synthetic_run
+
+    run_dir = synthetic_run(tmp_path / "run", levels=(2, 4, 8))
+    target = load_target(str(run_dir), overrides={"max_num_seqs": "6"})
+    assert target.settings["max_num_seqs"] == 6
+    assert target.identity() != load_target(str(run_dir)).identity()
+    with pytest.raises(InputError, match="--set: .* is an experiment"):
+        load_target(str(CI_SMALL), overrides={"max_num_seqs": "6"})
+    assert main(["tune", str(run_dir), "--out", str(tmp_path / "t"), "--param",
+                 "max_num_seqs=2,4", "--set", "max_num_seqs"]) == 2
+    assert "--set 'max_num_seqs': expected KEY=VALUE" in capsys.readouterr().err
+
+
 def test_ctrl_c_keeps_finished_configurations_for_the_rerun(tmp_path):
     """The command, interrupted with SIGINT while its workers run: exit 130, the finished
     configurations kept; the same command then simulates only the rest, and its tables are

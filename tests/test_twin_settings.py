@@ -121,7 +121,8 @@ def test_verdict_on_a_hand_worked_table():
     })
     v = verdict(table)
     assert not v.fits
-    assert v.knee["measured"] == 4 and v.knee["twin"] == 8 and v.knee["ok"]
+    # the record's knee of each curve (analysis.knee): both at 4
+    assert v.knee["measured"] == 4 and v.knee["twin"] == 4 and v.knee["ok"]
     assert [m["concurrency"] for m in v.throughput_misses] == [4]
     assert [m["concurrency"] for m in v.preemption_misses] == [16]
     assert v.text == ("does not fit: throughput at c=4 (-17%); preemptions at c=16 (200 measured,"
@@ -131,3 +132,22 @@ def test_verdict_on_a_hand_worked_table():
     table["preemptions_twin"] = [1.0, 2.0, 12.0, 109.0, 215.0]
     v = verdict(table)
     assert v.fits and v.text.startswith("twin fits within 2% (output throughput, every level)")
+    # A twin still rising where the measured curve has its knee misses it by more than a level.
+    table["output_throughput_twin"] = [100.0, 200.0, 400.0, 800.0, 1600.0]
+    v = verdict(table)
+    assert v.knee["measured"] == 4 and v.knee["twin"] is None and not v.knee["ok"]
+    assert "knee at c=4 measured, none (still rising) twin" in v.text
+
+
+def test_engine_arguments_a_bench_result_records_are_used_and_the_rest_named(tmp_path):
+    from kvpressure.twin.settings import assumed_settings, twin_settings
+
+    settings, source = twin_settings(
+        tmp_path, pd.DataFrame({"concurrency": [1]}), None, {}, {"num_gpu_blocks": "64"}, [],
+        bench={"max_num_seqs": "8", "scheduler_reserve_full_isl": "false", "seed": "0"})
+    assert settings["max_num_seqs"] == 8 and settings["scheduler_reserve_full_isl"] is False
+    assert source["max_num_seqs"] == "the bench result (--metadata)"
+    assert source["num_gpu_blocks"] == "given (--set)"
+    # what neither gives is vLLM's default, and named as assumed
+    assert "max_num_batched_tokens" in assumed_settings(source)
+    assert "max_num_seqs" not in assumed_settings(source)

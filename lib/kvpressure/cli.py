@@ -87,6 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, FileNotFoundError) as exc:
         print(f"kvpressure {command}: error: {exc}", file=sys.stderr)
         return 2
+    except (OverflowError, RecursionError) as exc:
+        # A number past a float's range or a structure nested past the stack, from an input
+        # no reader caught earlier: the user's input, not a run of the kit; the traceback is
+        # kept in case a reader should have named it.
+        log = _write_crash_log(command, argv)
+        what = "a number too large" if isinstance(exc, OverflowError) else "nesting too deep"
+        print(f"kvpressure {command}: error: the input holds {what} to compute with "
+              f"({exc}); check the files and options given (details in {log})",
+              file=sys.stderr)
+        return 2
     except MemoryError:
         print(f"kvpressure {command}: error: out of memory; the input asks for more than this "
               "machine has (lower num_requests, num_gpu_blocks or the levels)", file=sys.stderr)

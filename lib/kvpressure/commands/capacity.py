@@ -8,7 +8,8 @@ import sys
 
 from kvpressure.errors import InputError
 from kvpressure.profiles import GiB, dtype_bytes, safe_concurrency, size_kv_pool
-from kvpressure.profiles.kvpool import DEFAULT_GPU_MEMORY_UTILIZATION, KVPoolSizing
+from kvpressure.profiles.fields import parse_size
+from kvpressure.profiles.kvpool import DEFAULT_GPU_MEMORY_UTILIZATION, KVPoolError, KVPoolSizing
 from kvpressure.profiles.startup_log import (
     ROUNDING_BYTES,
     StartupLog,
@@ -16,8 +17,6 @@ from kvpressure.profiles.startup_log import (
     read_startup_log,
 )
 
-_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3,
-          "mb": 10**6, "gb": 10**9}
 MEASURED = (  # flag, size_kv_pool argument, what vLLM logs it as
     ("--weights", "weights_bytes", "Model loading took / model weights take"),
     ("--non-torch", "non_torch_bytes", "non_torch_memory"),
@@ -26,15 +25,6 @@ MEASURED = (  # flag, size_kv_pool argument, what vLLM logs it as
     ("--total-memory", "total_memory_bytes", "total_gpu_memory"),
 )
 
-
-def parse_size(text: str, option: str) -> int:
-    """``14.96GiB``, ``512MiB``, ``16e9`` or plain bytes."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise InputError(f"{option}: expected a size like 14.96GiB, 512MiB or bytes, got {text!r}")
-    return int(round(float(m.group(1)) * _UNITS[m.group(2).lower()]))
 
 DEFAULT_AVG_SEQ_LENS = (1024, 2048, 4096, 8192)
 REFUSED = 3
@@ -67,11 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto (= model dtype), fp8, bfloat16, ... (default auto)")
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
     parser.add_argument("--kv-cache-memory-bytes", default=None, metavar="SIZE",
-                        help="KV memory per rank (bytes, or 40GiB); skips the profiling estimate")
+                        help="KV memory per rank (40GiB, 40GB, or whole bytes); skips the profiling "
+                             "estimate")
     for flag, _, logged in MEASURED:
         parser.add_argument(flag, default=None, metavar="SIZE",
                             help=f"measured per-rank figure replacing the estimate "
-                                 f"(vLLM logs it as '{logged}'); bytes or e.g. 14.96GiB")
+                                 f"(vLLM logs it as '{logged}'): 14.96GiB, 16GB, or whole bytes "
+                             "(a bare 14.96 is refused: the unit decides)")
     parser.add_argument("--from-log", default=None, metavar="STARTUP.log",
                         help="a vLLM startup log (V1 or V0): its measured figures replace the "
                              "estimates, and the log's numbers are shown next to the kit's")
@@ -79,11 +71,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="average prompt + output lengths for the safe-concurrency table "
                              f"(default {' '.join(map(str, DEFAULT_AVG_SEQ_LENS))})")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.epilog = ("Exit code 3 (with the pool shown at 0 blocks) when vLLM would refuse to "
-                     "start: no memory left for KV cache blocks.")
+    parser.epilog = ("Exit code 3 when vLLM would refuse to start: no memory left for KV cache "
+                     "blocks (the pool shown at 0 blocks), weights larger than the memory, or "
+                     "a max_model_len no pool holds.")
+
+
+# The sizing's parameter names as the options that set them, for refusals.
+OPTIONS = {"tensor_parallel_size": "--tp", "pipeline_parallel_size": "--pp",
+           "gpu_memory_utilization": "--gpu-memory-utilization",
+           "max_model_len": "--max-model-len", "max_num_batched_tokens": "--max-num-batched-tokens",
+           "max_num_seqs": "--max-num-seqs", "block_size": "--block-size",
+           "num_gpu_blocks_override": "--num-gpu-blocks-override",
+           "kv_cache_memory_bytes": "--kv-cache-memory-bytes", "avg_seq_len": "--avg-seq-len",
+           **{arg: flag for flag, arg, _ in MEASURED}}
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except KVPoolError as exc:
+        # weights that do not fit, or a max_model_len no pool holds: vLLM stops at startup
+        sys.stderr.write(f"vLLM would not start: {exc}\n")
+        return REFUSED
+    except InputError as exc:
+        name, sep, rest = str(exc).partition(":")
+        if sep and name in OPTIONS:
+            raise InputError(f"{OPTIONS[name]}:{rest}") from None
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
     kv_dtype = None if args.kv_cache_dtype == "auto" else dtype_bytes(
         args.kv_cache_dtype, "--kv-cache-dtype"
     )

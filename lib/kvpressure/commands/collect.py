@@ -97,16 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine_args(text: str) -> dict:
-    import yaml
-
     from kvpressure.errors import InputError
+    from kvpressure.user_files import parse_user_yaml
 
     if not text.strip():
         return {}
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(f"--engine-args: not YAML ({exc})") from None
+    value = parse_user_yaml(text, "--engine-args")
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise InputError("--engine-args: give a mapping, e.g. '{max_num_seqs: 256}'")
     return value

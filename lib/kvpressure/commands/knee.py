@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvpressure.errors import InputError
+from kvpressure.errors import InputError, nearest
 
 # vllm bench serve names the concurrency limit ``max_concurrency``; runs.csv says ``concurrency``.
 BENCH_ALIASES = {"concurrency": "max_concurrency"}
@@ -134,6 +134,12 @@ def run(args: argparse.Namespace) -> int:
     group = args.group or ("variant" if "variant" in frame.columns else None)
     if group == "none":
         group = None
+    for option, column in (("--x", args.x), ("--y", args.y), ("--group", group)):
+        if column is not None and column not in frame.columns:
+            guess = nearest(column, frame.columns)
+            raise InputError(f"{option} {column}: no such column in {args.runs}" + (
+                f"; did you mean {guess!r}?" if guess else
+                f"; columns: {', '.join(map(str, frame.columns))}"))
     for obj in knee_table(frame, args.x, args.y, group, str(args.runs), args.plateau_tol,
                           say=_say):
         print(json.dumps(obj, sort_keys=False))

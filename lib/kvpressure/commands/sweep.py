@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="levels to run instead of the experiment's (request rates for "
                              "an open-loop experiment)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    from kvpressure.commands.simulate import add_load_arguments
+
+    add_load_arguments(parser, replay=False)
     parser.add_argument("--force", action="store_true",
                         help="write into an existing non-empty output folder")
 
@@ -35,9 +38,11 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     check_replaceable(out, args.force, "sweep")
-    if args.jobs < 1:
-        raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
-    exp = load_experiment(args.experiment)
+    if not 1 <= args.jobs <= 1024:  # a process each: more is a typo
+        raise InputError(f"--jobs: must be between 1 and 1024, got {args.jobs}")
+    from kvpressure.commands.simulate import apply_load_options
+
+    exp, inputs = apply_load_options(load_experiment(args.experiment), args, replay=False)
     levels = None
     if args.concurrency:
         if exp.mode == "closed" and not all(math.isfinite(c) and c == int(c) and c >= 1
@@ -49,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                   else list(args.concurrency))
     started = time.perf_counter()
     print(f"sweep {exp.name}: {exp.mode} loop, levels {levels or exp.levels}", file=sys.stderr)
-    with output_folder(out, "sweep", inputs=[exp.path], force=args.force) as work:
+    with output_folder(out, "sweep", inputs=[exp.path, *inputs], force=args.force) as work:
         runs = run_sweep(exp, work, variants=args.variants, concurrencies=levels,
                          progress=stderr_progress, jobs=args.jobs,
                          include_remedies=args.remedies, compare=not args.no_compare)

@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                     "(default 2)")
     parser.add_argument("--batch", type=int, help="configurations per task (default: sized "
                                                   "from the grid and the workers)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="a run folder's engine setting the data lacks or gets wrong, as "
+                             "`kvpressure twin --set` (e.g. max_num_seqs=64; repeatable)")
     parser.add_argument("--hardware", help="hardware profile for a run folder's twin: its "
                                            "roofline stands in for unidentifiable coefficients")
     parser.add_argument("--model", help="model profile (with --hardware)")
@@ -73,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
     limits = parse_limits(limits_text, "--limits" if args.limits is not None else
                           f"{args.grid}: limits")
     check_replaceable(args.out, args.force, "tune", rerun_ok=True)
-    target = load_target(args.source, hardware=args.hardware, model=args.model, tp=args.tp)
+    from kvpressure.twin.settings import parse_set
+
+    target = load_target(args.source, hardware=args.hardware, model=args.model, tp=args.tp,
+                         overrides=parse_set(args.overrides))
     inputs = [p for p in (Path(args.source), args.grid) if p is not None and p.is_file()]
     with output_folder(args.out, "tune", inputs=inputs, force=args.force,
                        rerun_ok=True) as work:

@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ttft_p95=2s,itl_p95=80ms (ttft_p50, ttft_p95, itl_p50, itl_p95)")
     parser.add_argument("--focus", type=float,
                         help="level to recommend for: a concurrency, or a request rate for "
-                             "open loops (default: the highest)")
+                             "open loops (default: the report's focus, the first level past the "
+                             "record's knee; the highest rate of an open loop)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE",
                         help="an engine setting the data lacks or gets wrong, e.g. "
@@ -54,19 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "client turnaround over the fitted step time)")
 
 
-def _overrides(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"--set {item!r}: expected KEY=VALUE")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from kvpressure.twin.output import make_twin_folder
     from kvpressure.twin.remedies import parse_limits
+    from kvpressure.twin.settings import parse_set
 
     limits = parse_limits(args.limits)
     if args.return_steps is not None and args.return_steps < 0:
@@ -86,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         cost_model = StepCostModel.from_profiles(load_hardware(args.hardware),
                                                  load_model(args.model), args.tp)
     summary = make_twin_folder(args.run_dir, args.out, limits=limits, focus=args.focus,
-                               overrides=_overrides(args.overrides), cost_model=cost_model,
+                               overrides=parse_set(args.overrides), cost_model=cost_model,
                                variant=args.variant, bootstrap=args.bootstrap, seed=args.seed,
                                remedies=not args.no_remedies, server_log=args.server_log,
                                return_steps=args.return_steps)

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.ingestion.sources import open_text, parse_json
+from kvpressure.ingestion.sources import parse_json
+from kvpressure.user_files import read_user_text
 
 FORMAT = "aiperf"
 NaN = math.nan
@@ -101,8 +102,7 @@ def _level_from_path(path: Path) -> tuple[float, float]:
 
 def read(path: Path, run: str, notes: list[str]) -> list[dict[str, Any]]:
     """The one runs row of an AIPerf export (JSON or CSV)."""
-    with open_text(path) as fh:
-        text = fh.read()
+    text = read_user_text(path, "results file")
     if text.lstrip().startswith("{"):
         obj = parse_json(text, path)
         if not isinstance(obj, dict):

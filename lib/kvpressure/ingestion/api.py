@@ -163,6 +163,11 @@ def _decide_origin(acc: RunSamples, times: np.ndarray, requested: str) -> dict[s
         raise InputError(f"counter_origin: expected auto, zero or first, got {requested!r}")
     if len(times) == 0:
         return {"origin": "first", "why": "no samples"}
+    if len(times) == 1:
+        # Counted from the only scrape every total would be 0: a dump says what the server
+        # did since it started (the stage windows read one dump the same way).
+        return {"origin": "zero", "why": "a single scrape: its counters are the totals since "
+                "the server started"}
     created = [v for v in acc.created.values() if not math.isnan(v)]
     interval = float(np.median(np.diff(times))) if len(times) > 1 else 0.0
     if created:
@@ -405,6 +410,8 @@ def ingest(
         report["runs"][name] = info
         frames.append(frame)
 
+    if run is None:
+        _match_scrape_log(bench_rows, scrape_rows, tz, warnings)
     runs_rows = _merge_runs(bench_rows, scrape_rows, frames, accs, warnings, tz, estimate_opts)
     series = _concat_series(frames)
     runs = pd.DataFrame(runs_rows, columns=RUNS_COLUMNS) if runs_rows else pd.DataFrame(
@@ -534,6 +541,33 @@ def _snap_end(times: np.ndarray, end: float, limit: float | None) -> float:
 
 def _fmt_time(t: float) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _match_scrape_log(bench_rows: list[dict[str, Any]], scrape_rows: dict[str, dict[str, Any]],
+                      tz: _dt.tzinfo | None, warnings: list[str]) -> None:
+    """Bench rows named after their own files, read next to one scrape log with wall-clock
+    times, join that log's run (what ``run=`` does by hand) when their windows fall in it:
+    each is then cut at its own window in ``_merge_runs``."""
+    clocked = [n for n, r in scrape_rows.items() if float(r.get("t_start") or 0) > 1e9]
+    lonely = [r for r in bench_rows if r["run"] not in scrape_rows]
+    if len(clocked) != 1 or not lonely:
+        return
+    name = clocked[0]
+    t_first, t_last = scrape_rows[name]["t_start"], scrape_rows[name]["t_end"]
+    inside = [r for r in lonely
+              if (w := bench_window(r, tz)) is not None and w[0] < t_last and w[1] > t_first]
+    for r in inside:
+        r["run"] = name
+    if inside:
+        warnings.append(f"{len(inside)} bench result(s) matched to the scrape log of run "
+                        f"'{name}' by their windows")
+    outside = [r["source"] for r in lonely if r not in inside]
+    if outside:
+        warnings.append(f"{len(outside)} bench result(s) outside the scrape log's span "
+                        f"({_fmt_time(t_first)} to {_fmt_time(t_last)}), not matched to it: "
+                        + ", ".join(map(str, outside[:5]))
+                        + ("" if len(outside) <= 5 else ", ...")
+                        + " (a wrong bench_timezone, or another load test)")
 
 
 def _merge_runs(

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kvpressure.errors import InputError
-from kvpressure.ingestion.sources import open_text
+from kvpressure.user_files import parse_user_json, read_user_text
 
 REQUIRED = ("duration", "completed")
 NaN = math.nan
@@ -41,22 +41,29 @@ _LATENCIES = {
 
 def load_results(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """The result objects of one file, with the line each starts on."""
-    with open_text(path) as fh:
-        text = fh.read()
-    try:
-        obj = json.loads(text)
-        return [(1, obj)]
-    except json.JSONDecodeError:
-        pass
+    text = read_user_text(path, "results file")
+    if _one_document(text):
+        return [(1, parse_user_json(text, path))]
     out = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            out.append((lineno, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
+        if not _one_document(line):
+            raise InputError(f"{path}: line {lineno}: not JSON")
+        out.append((lineno, parse_user_json(line, f"{path} (JSON line {lineno})")))
     return out
+
+
+def _one_document(text: str) -> bool:
+    """Whether ``text`` parses as one JSON document (a deep one too: the strict reader then
+    says what is wrong with it)."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    except RecursionError:
+        return True
+    return True
 
 
 def _num(value: Any) -> float:

@@ -26,7 +26,8 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.bench import bench_row
-from kvpressure.ingestion.sources import open_text, parse_json
+from kvpressure.ingestion.sources import parse_json
+from kvpressure.user_files import read_user_text
 
 FORMAT = "vllm_sweep"
 # Fields of a vllm bench serve result (the rest of a sweep row is the combination's settings).
@@ -64,8 +65,7 @@ def is_csv(rows: list[list[str]]) -> bool:
 
 
 def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    with open_text(path) as fh:
-        text = fh.read()
+    text = read_user_text(path, "results file")
     if text.lstrip().startswith("["):
         objs = parse_json(text, path)
         return [(f"{path}: item {k + 1}", o) for k, o in enumerate(objs)]

@@ -27,6 +27,7 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.sources import open_text, parse_json
+from kvpressure.user_files import read_user_text
 
 FORMAT = "guidellm"
 NaN = math.nan
@@ -73,16 +74,12 @@ def is_csv(rows: list[list[str]]) -> bool:
 
 
 def _load(path: Path) -> Any:
-    with open_text(path) as fh:
-        text = fh.read()
+    text = read_user_text(path, "results file")
     if text.lstrip().startswith("{"):
         return parse_json(text, path)
-    import yaml
+    from kvpressure.user_files import parse_user_yaml
 
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: YAML that does not parse ({exc})") from None
+    return parse_user_yaml(text, path)
 
 
 def read(path: Path, run: str, notes: list[str]) -> list[dict[str, Any]]:
@@ -163,8 +160,8 @@ def _row(b: dict[str, Any], where: str, source: str, run: str, notes: list[str]
 
 # ---------------------------------------------------------------------- CSV
 def _read_csv(path: Path, run: str, notes: list[str]) -> list[dict[str, Any]]:
-    with open_text(path) as fh:
-        rows = [r for r in csv.reader(io.StringIO(fh.read())) if any(c.strip() for c in r)]
+    rows = [r for r in csv.reader(io.StringIO(read_user_text(path, "results file")))
+            if any(c.strip() for c in r)]
     if not is_csv(rows[:3]):
         raise InputError(f"{path}: not a GuideLLM CSV (no three-row header with 'Run Info' and "
                          "'Token Throughput')")

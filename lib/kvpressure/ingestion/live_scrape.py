@@ -43,6 +43,10 @@ _SAMPLE = re.compile(
 )
 
 
+# A scrape that waits longer than a day is a typo; far past it the clock's deadline overflows.
+MAX_TIMEOUT_S = 86400.0
+
+
 def exposition_problem(body: bytes, content_type: str = "") -> str | None:
     """Why ``body`` is not a Prometheus text exposition, or None when it is one."""
     if not body.strip():
@@ -123,6 +127,8 @@ class Scraper:
         check_url(url)
         _positive(interval_s, "--interval")
         _positive(timeout_s, "--timeout")
+        if timeout_s > MAX_TIMEOUT_S:
+            raise InputError(f"--timeout: at most {MAX_TIMEOUT_S:g} s, got {timeout_s:g}")
         if max_failures is not None and (isinstance(max_failures, bool) or max_failures < 1):
             raise InputError(f"--max-failures: must be >= 1, got {max_failures}")
         self.url = url

@@ -21,7 +21,6 @@ A server that answers nothing at all is an error: an empty ingest would look lik
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -127,10 +126,9 @@ def _result_of(answer: Any, where: str) -> list[Any]:
 
 def read_query_range_file(path: Path, acc: RunSamples) -> dict[str, Any]:
     """A saved ``query_range`` (or range-vector ``query``) answer."""
-    try:
-        answer = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+    from kvpressure.user_files import parse_user_json, read_user_text
+
+    answer = parse_user_json(read_user_text(path, "query answer"), path)
     result = _result_of(answer, str(path))
     n_series, n_samples = add_matrix(acc, result, str(path))
     return {"series": n_series, "samples": n_samples, "empty": not result}

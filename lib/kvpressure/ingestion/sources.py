@@ -71,11 +71,11 @@ def open_text(path: Path) -> io.TextIOBase:
 
 
 def parse_json(text: str, path: Path) -> Any:
-    """``text`` (the content of ``path``) as JSON; InputError naming the file otherwise."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: JSON that does not parse ({exc.msg})") from None
+    """``text`` (the content of ``path``) as JSON; InputError naming the file otherwise (the
+    strict reader: a key given twice or absurd nesting is refused too)."""
+    from kvpressure.user_files import parse_user_json
+
+    return parse_user_json(text, path)
 
 
 def _head(path: Path, size: int = 65536) -> str:

@@ -7,7 +7,7 @@ completion flag. A run never writes into its ``--out`` directly: it fills a hidd
 always either the previous complete run or the new one, never a mix and never half of one.
 
 ``--force`` replaces a folder only when the kit made it and it holds nothing the kit did not
-write: a folder with foreign files, the checkout itself or one of the kit's own folders is
+write (an empty folder the user made inside is theirs too): a folder with foreign files, the checkout itself or one of the kit's own folders is
 refused whatever the flags. A lock (``.<name>.kvpressure.lock`` beside the folder) keeps two
 runs out of one folder; the second is refused, naming the process that holds it.
 
@@ -84,6 +84,27 @@ def _listing(folder: Path) -> list[str]:
     )
 
 
+def _folders(folder: Path) -> list[str]:
+    """Every folder under ``folder`` (relative, POSIX), empty ones included."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if p.is_dir() and not p.is_symlink())
+
+
+def _foreign(out: Path, marker: dict[str, Any]) -> list[str]:
+    """What under ``out`` the kit did not write: files its marker does not list, and folders
+    (an empty one too: the user's ``mkdir``) it neither listed nor wrote a file into."""
+    listed = set(marker.get("files") or ())
+    kit_folders = set(marker.get("folders") or ())
+    for name in listed:
+        parts = name.split("/")[:-1]
+        kit_folders.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    in_place = marker.get("command") == NOTEBOOKS_COMMAND
+    files = [f for f in _listing(out) if f not in listed and not (in_place and _in_run_layout(f))]
+    folders = [f"{d}/" for d in _folders(out) if d not in kit_folders and not (
+        in_place and _in_run_layout(f"{d}/"))]
+    return files + folders
+
+
 def _in_run_layout(name: str) -> bool:
     """A file notebooks run in place write (their folder's marker cannot list them all)."""
     from kvpressure.pipeline.run_folder import RUN_LAYOUT, RUN_LAYOUT_DIRS
@@ -123,13 +144,11 @@ def check_replaceable(out: Path, force: bool, command: str, option: str = "--out
     if marker is None:
         raise InputError(f"{option} {shown}: holds files kvpressure did not write (no {MARKER}); "
                          "it is never replaced, choose a new or empty folder")
-    listed = set(marker.get("files") or ())
-    foreign = [f for f in _listing(out) if f not in listed and not (
-        marker.get("command") == NOTEBOOKS_COMMAND and _in_run_layout(f))]
+    foreign = _foreign(out, marker)
     if foreign:
         raise InputError(f"{option} {shown}: holds {foreign[0]!r}, which kvpressure did not write "
-                         f"({len(foreign)} such file(s)); it is never replaced, choose another "
-                         "folder")
+                         f"({len(foreign)} such file(s) or folder(s)); it is never replaced, "
+                         "choose another folder")
     same = marker.get("command") in (command, NOTEBOOKS_COMMAND if command == "report" else None)
     if not force and not (rerun_ok and same):
         raise InputError(f"{option} {shown}: holds an earlier `kvpressure {marker.get('command')}` "
@@ -220,7 +239,7 @@ def write_marker(folder: Path, command: str, inputs: dict[str, str], complete: b
     data = {
         "format": FORMAT, "command": command, "kvpressure": __version__,
         "inputs": dict(sorted(inputs.items())), "complete": complete,
-        "files": _listing(folder), **(extra or {}),
+        "files": _listing(folder), "folders": _folders(folder), **(extra or {}),
     }
     tmp = folder / f"{MARKER}.tmp"
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -6,18 +6,50 @@ must produce a message naming the file, the line (YAML) and the field, not a ``K
 
 from __future__ import annotations
 
-import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kvpressure.errors import InputError, nearest
-from kvpressure.user_files import read_user_text
+from kvpressure.user_files import parse_user_json, parse_user_yaml_with_lines, read_user_text
 
 _MISSING = object()
+
+SIZE_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+              "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+# One accelerator card: 288 GB is the largest today; a size beyond this is a typo or a unit
+# slip (1e30), never a card, and it would size a pool of more blocks than a simulation holds.
+MAX_CARD_BYTES = 16 << 40
+# Below this a bare number cannot be a size of weights, activations or KV memory in bytes:
+# it is GiB or GB with the unit left off.
+_SMALLEST_BARE_BYTES = 1 << 20
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: Any, where: str) -> int:
+    """Bytes of a size with its unit (``14.96GiB``, ``512MiB``, ``80GB``, ``16e9B``) or a bare
+    whole number of bytes (0, or at least 1 MiB); InputError naming ``where`` otherwise. A bare
+    ``14.96`` is refused: it is GiB or GB, and the unit decides which."""
+    shown = str(text)
+    m = _SIZE.fullmatch(shown) if isinstance(text, str | int | float) and not isinstance(
+        text, bool) else None
+    unit = m.group(2).lower() if m else ""
+    if not m or (unit and unit not in SIZE_UNITS):
+        raise InputError(f"{where}: expected a size like 14.96GiB, 512MiB or 80GB, got "
+                         f"{shown!r}")
+    value = float(m.group(1))
+    if not math.isfinite(value):
+        raise InputError(f"{where}: {shown!r} is not a finite size")
+    if not unit and value != 0 and (not value.is_integer() or value < _SMALLEST_BARE_BYTES):
+        raise InputError(f"{where}: a bare {shown!r} would be bytes; give the unit, e.g. "
+                         f"{m.group(1)}GiB (2**30 bytes) or {m.group(1)}GB (10**9 bytes)")
+    size = value * SIZE_UNITS[unit or "b"]
+    if size > MAX_CARD_BYTES:
+        raise InputError(f"{where}: {shown} is {size / (1 << 40):.3g} TiB, more than any card "
+                         f"holds (at most {MAX_CARD_BYTES >> 40} TiB)")
+    return int(round(size))
 
 
 class FieldReader:
@@ -123,27 +155,11 @@ class FieldReader:
 
 def read_yaml_with_lines(path: Path) -> tuple[Any, dict[str, int]]:
     """Parse a YAML file; also return the 1-based line of each top-level key."""
-    text = read_user_text(path, "profile")
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{path}{line}: not valid YAML: {exc}") from None
-    lines: dict[str, int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key_node, _ in node.value:
-            lines[str(key_node.value)] = key_node.start_mark.line + 1
-    return data, lines
+    return parse_user_yaml_with_lines(read_user_text(path, "profile"), path)
 
 
 def read_json(path: Path) -> Any:
-    text = read_user_text(path, "profile")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} line {exc.lineno}: not valid JSON: {exc.msg}") from exc
+    return parse_user_json(read_user_text(path, "profile"), path)
 
 
 def load_sources(reader: FieldReader) -> dict[str, str]:

@@ -2,11 +2,14 @@
 
 YAML files use unit-suffixed field names so that a number never stands without its unit:
 ``memory_gib`` (2**30 bytes; HBM stacks come in binary sizes, so a vendor's "64 GB" card holds
-64 GiB) or ``memory_gb`` (10**9 bytes) for the nameplate, ``usable_memory_gib`` /
-``usable_memory_gb`` for the total the runtime reports (``torch.cuda.mem_get_info``; what vLLM
-multiplies by ``gpu_memory_utilization``, a few hundred MiB to ~3 GiB below the nameplate), ``hbm_bandwidth_gb_s`` (10**9 B/s), ``peak_flops_tflops``
+64 GiB) or ``memory_gb`` (10**9 bytes) for the nameplate, or ``memory`` with the unit in the
+value (``memory: 80GiB``; a bare number there is refused), ``usable_memory_gib`` /
+``usable_memory_gb`` / ``usable_memory`` for the total the runtime reports
+(``torch.cuda.mem_get_info``; what vLLM multiplies by ``gpu_memory_utilization``, a few hundred MiB to ~3 GiB below the nameplate), ``hbm_bandwidth_gb_s`` (10**9 B/s), ``peak_flops_tflops``
 (10**12 FLOP/s), ``link_bandwidth_per_direction_gb_s`` / ``link_bandwidth_aggregate_gb_s``,
-``alpha_c_us``, ``t0_ms``, ``t_seq_us``. The dataclass holds SI base units (bytes, B/s, FLOP/s,
+``alpha_c_us``, ``t0_ms``, ``t_seq_us``, and the host's share of a request's path
+(``simulation/request_path.py``): ``api_server_ms``, ``tokenize_us_per_token``,
+``output_path_ms``. The dataclass holds SI base units (bytes, B/s, FLOP/s,
 seconds) so the cost model never converts.
 """
 
@@ -18,7 +21,13 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.paths import data_dir
-from kvpressure.profiles.fields import FieldReader, load_sources, read_yaml_with_lines
+from kvpressure.profiles.fields import (
+    MAX_CARD_BYTES,
+    FieldReader,
+    load_sources,
+    parse_size,
+    read_yaml_with_lines,
+)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -39,11 +48,12 @@ _BATCH_TIER_LLM_CLASS = {
 USAGE_CONTEXTS = ("api_server", "llm_class")
 
 YAML_FIELDS = {
-    "name", "description", "device_name", "num_cards", "memory_gib", "memory_gb",
-    "usable_memory_gib", "usable_memory_gb", "hbm_bandwidth_gb_s", "peak_flops_tflops",
-    "peak_flops_total_tflops", "link_bandwidth_per_direction_gb_s",
+    "name", "description", "device_name", "num_cards", "memory", "memory_gib", "memory_gb",
+    "usable_memory", "usable_memory_gib", "usable_memory_gb", "hbm_bandwidth_gb_s",
+    "peak_flops_tflops", "peak_flops_total_tflops", "link_bandwidth_per_direction_gb_s",
     "link_bandwidth_aggregate_gb_s", "allreduce_bandwidth_gb_s", "eta_f", "eta_a", "eta_m",
-    "eta_c", "alpha_c_us", "t0_ms", "t_seq_us", "default_block_size", "batch_defaults",
+    "eta_c", "alpha_c_us", "t0_ms", "t_seq_us", "api_server_ms", "tokenize_us_per_token",
+    "output_path_ms", "default_block_size", "batch_defaults",
     "graph_pool_in_kv_budget", "sources", "references",
 }
 
@@ -94,6 +104,14 @@ class HardwareProfile:
     graph_pool_in_kv_budget: bool = True
     """vLLM 0.33.0's GPU worker takes its graph-pool estimate out of the KV budget (CUDA, ROCm,
     XPU); vllm-ascend's NPU worker sizes the pool without it."""
+    api_server_s: float = 0.0
+    """Client send to the engine core's input queue, tokenising aside (HTTP, input processing,
+    IPC), s."""
+    tokenize_s_per_token: float = 0.0
+    """The API server's tokenising cost per prompt token, s."""
+    output_s: float = 0.0
+    """End of a step to the client reading its token (output processing, IPC, detokenising,
+    streaming), s."""
     sources: dict[str, str] = field(default_factory=dict)
     path: str | None = None
 
@@ -155,7 +173,7 @@ class HardwareProfile:
         memory_bytes = _memory_bytes(r, "memory")
         usable = (
             _memory_bytes(r, "usable_memory")
-            if r.has("usable_memory_gib") or r.has("usable_memory_gb")
+            if any(r.has(f"usable_memory{u}") for u in ("", "_gib", "_gb"))
             else memory_bytes
         )
         if usable > memory_bytes:
@@ -199,23 +217,49 @@ class HardwareProfile:
             alpha_c=r.number("alpha_c_us", positive=False) * 1e-6,
             t0=r.number("t0_ms", positive=False) * 1e-3,
             t_seq=r.number("t_seq_us", positive=False) * 1e-6,
-            default_block_size=r.integer("default_block_size", 16),
+            default_block_size=_block_size(r),
             batch_defaults_override=override,
             graph_pool_in_kv_budget=r.boolean("graph_pool_in_kv_budget", True),
+            api_server_s=r.number("api_server_ms", 0.0, positive=False) * 1e-3,
+            tokenize_s_per_token=r.number("tokenize_us_per_token", 0.0, positive=False) * 1e-6,
+            output_s=r.number("output_path_ms", 0.0, positive=False) * 1e-3,
             sources=load_sources(r),
             path=None if source.startswith("<") else source,
         )
 
 
 def _memory_bytes(r: FieldReader, stem: str) -> int:
-    gib, gb = f"{stem}_gib", f"{stem}_gb"
-    if r.has(gib) and r.has(gb):
-        raise r.error(gb, f"give either '{gib}' or '{gb}', not both")
-    if r.has(gb):
-        return int(round(r.number(gb) * GB))
-    if not r.has(gib):
-        raise InputError(f"{r.source}: missing required field '{gib}' (or '{gb}')")
-    return int(round(r.number(gib) * GiB))
+    """``memory: 80GiB`` (a size with its unit), ``memory_gib: 80`` or ``memory_gb: 80``."""
+    given = [f for f in (stem, f"{stem}_gib", f"{stem}_gb") if r.has(f)]
+    if len(given) > 1:
+        raise r.error(given[1], f"give one of '{stem}', '{stem}_gib' or '{stem}_gb', not "
+                                f"{' and '.join(repr(f) for f in given)}")
+    if not given:
+        raise InputError(f"{r.source}: missing required field '{stem}' (a size such as 80GiB; "
+                         f"or '{stem}_gib' / '{stem}_gb')")
+    field_name = given[0]
+    if field_name == stem:
+        value = r.raw(stem)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise r.error(stem, f"a bare {value!r} names no unit; write {value}GiB (2**30 "
+                                f"bytes) or {value}GB (10**9 bytes)")
+        size = parse_size(value, f"{r.where(stem)}: field '{stem}'")
+    else:
+        unit = GiB if field_name.endswith("_gib") else GB
+        size = int(round(r.number(field_name, maximum=MAX_CARD_BYTES / unit) * unit))
+    if size <= 0:
+        raise r.error(field_name, "must be > 0")
+    return size
+
+
+def _block_size(r: FieldReader) -> int:
+    from kvpressure.profiles.kvpool import KERNEL_BLOCK_MULTIPLE
+
+    block = r.integer("default_block_size", 16)
+    if block % KERNEL_BLOCK_MULTIPLE:
+        raise r.error("default_block_size", f"{block} is no block size vLLM 0.33.0's attention "
+                      f"backends take (a multiple of {KERNEL_BLOCK_MULTIPLE})")
+    return block
 
 
 def hardware_dir() -> Path:

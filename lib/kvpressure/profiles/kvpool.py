@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvpressure.errors import InputError
+from kvpressure.profiles.fields import MAX_CARD_BYTES
 from kvpressure.profiles.hardware import GiB, HardwareProfile, MiB, load_hardware
 from kvpressure.profiles.kv_layout import FULL, MLA, SLIDING, LayerSpec, plan_layout
 from kvpressure.profiles.model import SLIDING as SLIDING_ATTENTION
@@ -35,6 +36,10 @@ from kvpressure.profiles.model import ModelProfile, load_model
 from kvpressure.profiles.weights import pp_layers
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py, 0.33.0
+KERNEL_BLOCK_MULTIPLE = 16
+"""vLLM 0.33.0's CacheConfig takes any block_size > 0, but every attention backend of a GPU
+(FlashAttention, FlashInfer, Triton, FlexAttention: ``get_supported_kernel_block_sizes``)
+takes only multiples of 16, so another size ends in "No valid attention backend found"."""
 
 # Estimates for what vLLM's profiler would measure, per rank. Calibrated on the public vLLM
 # startup logs of the llm-d-planner accuracy sweep (vLLM 0.19.0, H100 80GB, 57 runs of 29
@@ -199,6 +204,10 @@ def resolve_batch_limits(
 ) -> tuple[int, int]:
     """vLLM 0.33.0's ``_set_default_max_num_seqs_and_batched_tokens_args`` and its checks."""
     default_tokens, default_seqs = hardware.batch_defaults(usage_context)
+    for name, given in (("max_num_seqs", max_num_seqs),
+                        ("max_num_batched_tokens", max_num_batched_tokens)):
+        if given is not None:
+            _positive_int(name, given)
     seqs = max_num_seqs if max_num_seqs is not None else default_seqs
     if max_num_batched_tokens is None:
         tokens = default_tokens
@@ -272,6 +281,9 @@ def size_kv_pool(
         raise InputError(f"gpu_memory_utilization: must be in (0, 1], got {util!r}")
     block = hw.default_block_size if block_size is None else block_size
     _positive_int("block_size", block)
+    if block % KERNEL_BLOCK_MULTIPLE:
+        raise InputError(f"block_size: {block} is refused by vLLM 0.33.0's attention backends "
+                         f"(each takes a multiple of {KERNEL_BLOCK_MULTIPLE}: 16, 32, 64, 128...)")
     kv_dtype = mdl.dtype_bytes if kv_cache_dtype_bytes is None else kv_cache_dtype_bytes
     if kv_dtype not in (1, 2, 4):
         raise InputError(f"kv_cache_dtype_bytes: must be 1, 2 or 4, got {kv_dtype!r}")
@@ -293,6 +305,9 @@ def size_kv_pool(
     warnings: list[str] = []
     total = hw.usable_memory_bytes if total_memory_bytes is None else total_memory_bytes
     _positive_int("total_memory_bytes", total)
+    if total > MAX_CARD_BYTES:
+        raise InputError(f"total_memory_bytes: {total:.3g} is more than any card holds (at most "
+                         f"{MAX_CARD_BYTES >> 40} TiB)")
     requested = math.ceil(total * util)
     measured_weights = weights_bytes
     if weights_bytes is None:
@@ -312,12 +327,18 @@ def size_kv_pool(
                          ("cudagraph_bytes", cudagraph_bytes)):
         if value is not None:
             _non_negative_int(label, value)
+            if value > total:
+                raise InputError(f"{label}: {value / GiB:.2f} GiB is more than the card's "
+                                 f"{total / GiB:.2f} GiB of memory")
 
     layout = plan_layout(layer_specs(mdl, tp, kv_dtype), block)
     where = f"hardware {hw.name!r}, model {mdl.name!r}, tensor_parallel_size {tp}" + (
         f", pipeline_parallel_size {pp}" if pp > 1 else "")
     if kv_cache_memory_bytes is not None:
         _positive_int("kv_cache_memory_bytes", kv_cache_memory_bytes)
+        if kv_cache_memory_bytes > MAX_CARD_BYTES:
+            raise InputError(f"kv_cache_memory_bytes: {kv_cache_memory_bytes:.3g} is more than "
+                             f"any card holds (at most {MAX_CARD_BYTES >> 40} TiB)")
         if kv_cache_memory_bytes > total:
             warnings.append(
                 f"kv_cache_memory_bytes {kv_cache_memory_bytes / GiB:.2f} GiB is more than the "

@@ -283,6 +283,10 @@ def _build(r: FieldReader, *, hf: bool, name: str | None = None) -> ModelProfile
     heads = r.integer("num_attention_heads")
     kv_heads = r.integer("num_key_value_heads", heads)
     use_mla = bool(r.data.get("use_mla")) or r.has("kv_lora_rank")
+    if not use_mla and heads % kv_heads:
+        # vLLM's Attention layer: each KV head serves a whole group of query heads
+        raise r.error("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads "
+                                             f"{heads} (grouped-query attention)")
     head_dim = r.integer("head_dim", 0, minimum=0) or 0
     if not head_dim and use_mla:
         # MLA's query-key width: the non-positional part plus the decoupled RoPE part.

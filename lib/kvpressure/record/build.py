@@ -162,6 +162,7 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
             "num_gpu_blocks": s.get("num_gpu_blocks"),
             "block_size": s.get("block_size"),
             "max_num_batched_tokens": s.get("max_num_batched_tokens"),
+            "async_scheduling": s.get("async_scheduling"),
         },
         "counters": {
             "window": {"run": focus.run, "concurrency": focus.concurrency,

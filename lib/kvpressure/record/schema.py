@@ -44,6 +44,9 @@ class Scheduler(_Strict):
     num_gpu_blocks: Annotated[int, Field(ge=1)] | None
     block_size: Annotated[int, Field(ge=1)] | None
     max_num_batched_tokens: Annotated[int, Field(ge=1)] | None
+    async_scheduling: bool | None = Field(
+        default=None, description="the engine core schedules one step ahead (vLLM 0.33.0's "
+        "default on CUDA); null: the data does not say")
 
 
 class Window(_Strict):
@@ -246,8 +249,9 @@ class Provenance(_Strict):
 
 # Nulls with a meaning of their own, not missing measurements.
 _MEANINGFUL_NULLS = frozenset({"perf.knee.knee_x", "perf.knee.same_schedule_from",
-                               "provenance.vllm_version_served", "provenance.seed", "provenance.seeds",
-                               "evidence.comparison"})
+                               "provenance.vllm_version_served", "provenance.seed",
+                               "provenance.seeds", "evidence.comparison",
+                               "scheduler.async_scheduling"})
 
 
 # Lists whose items each have a reason of their own for a null: their paths carry the index.

@@ -23,6 +23,15 @@ seconds (0 for a step that schedules no token), and the next step starts when it
 A closed loop's late clients (``mode.return_steps``, docs/scheduler.md#loop-closed-return) are
 counted in steps in both clocks: an engine with nothing to run jumps to the step of the next
 return, which with a cost model starts when the last step that ran ended.
+
+Request path (``request_path.py``, docs/scheduler.md#time-path): with a cost model, an open-loop
+request reaches the engine core ``request_path.input_s(prompt_len)`` after its client sent it,
+and joins the waiting queue before the first step scheduled at or after that time. A step is
+scheduled when the previous one ends, or, with ``async_scheduling``, when the previous one
+starts (the engine core keeps two steps in flight); after an idle wait, at once. With
+``async_scheduling`` a closed loop's clients come back one step later. The client reads every
+token ``request_path.output_s`` after the step that computed it ended: requests carry the
+client's times (send, first token, last token, finish), the recorder the engine core's.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from kvpressure.simulation.leap import try_leap
 from kvpressure.simulation.outputs import SimResult, percentile
 from kvpressure.simulation.recorder import Recorder, RecorderHooks
 from kvpressure.simulation.request import PREEMPTED, Request
+from kvpressure.simulation.request_path import NO_PATH, RequestPath
 from kvpressure.simulation.scenario import Scenario
 from kvpressure.simulation.scheduler import Scheduler, SchedulerOutput
 from kvpressure.simulation.step_clock import StepClock
@@ -54,9 +64,11 @@ class SimulationStalled(InputError):
 
 
 def simulate(scenario: Scenario, cost_model: Any = None, recorder: Recorder | Any = None,
-             fast_path: str = "leap", clock: StepClock | None = None) -> SimResult:
-    """Run the scenario through vLLM 0.33.0's scheduler model; see the module docstring."""
-    return Simulation(scenario, cost_model, recorder, fast_path, clock).run()
+             fast_path: str = "leap", clock: StepClock | None = None,
+             request_path: RequestPath | None = None) -> SimResult:
+    """Run the scenario through vLLM 0.33.0's scheduler model; see the module docstring.
+    ``request_path`` defaults to the cost model's own (``cost_model.request_path``), if any."""
+    return Simulation(scenario, cost_model, recorder, fast_path, clock, request_path).run()
 
 
 class Simulation:
@@ -66,7 +78,8 @@ class Simulation:
 
     def __init__(self, scenario: Scenario, cost_model: Any = None,
                  recorder: Recorder | Any = None, fast_path: str = "leap",
-                 clock: StepClock | None = None) -> None:
+                 clock: StepClock | None = None,
+                 request_path: RequestPath | None = None) -> None:
         if fast_path not in FAST_PATHS:
             raise InputError(f"fast_path: {fast_path!r} is not one of {', '.join(FAST_PATHS)}")
         self.scenario = scenario
@@ -78,6 +91,15 @@ class Simulation:
         self.clock_t0: float = self.clock.t0
         self.clock_dt: float = self.clock.dt
         self.timed = cost_model is not None
+        if request_path is None:
+            request_path = getattr(cost_model, "request_path", None) or NO_PATH
+        self.path: RequestPath = request_path
+        self.async_scheduling = bool(s.async_scheduling)
+        if self.async_scheduling and not self.timed:
+            raise InputError(f"{scenario.source}: settings.async_scheduling: true is modelled "
+                             "in time (when steps are scheduled): give a cost model")
+        if not self.timed and not request_path.is_zero:
+            raise InputError(f"{scenario.source}: a request path needs a cost model (time)")
         groups = {g: i for i, g in enumerate(scenario.prefix_groups)}
         self.requests = [
             Request(r.id, r.prompt_len, r.output_len, position=i, priority=r.priority,
@@ -117,20 +139,27 @@ class Simulation:
         # the lag is the same for all, so the queue stays sorted. Without a lag the loop keeps
         # its plain count (``unfinished < concurrency``), which is the same rule.
         self.client_returns: deque[int] | None = None
-        if self.closed and (scenario.return_steps or scenario.first_alone):
+        # Async scheduling: the step after a finish was scheduled before it (one step later).
+        self.return_steps = scenario.return_steps + (1 if self.async_scheduling else 0)
+        if self.closed and (self.return_steps or scenario.first_alone):
             c = scenario.concurrency or 0
             self.client_returns = deque([0] + [1 if scenario.first_alone else 0] * (c - 1))
-        self.return_steps = scenario.return_steps
         self.time_arrivals = (not self.closed
                               and any(r.arrival_time_s is not None for r in self.requests))
         if self.time_arrivals and not self.timed:
             raise InputError(f"{scenario.source}: requests give arrival_time_s but no cost "
                              "model gives steps a duration; use arrival_step")
+        # When each open-loop request reaches the engine core (its client's send plus the
+        # request path), in the order of self.order.
+        self.engine_arrivals: list[float] = []
         if self.closed:
             self.order = list(self.requests)
         elif self.time_arrivals:
-            self.order = sorted(self.requests, key=lambda r: (r.arrival_time_s or 0.0,
-                                                              r.position))
+            path = self.path
+            self.order = sorted(self.requests, key=lambda r: (
+                (r.arrival_time_s or 0.0) + path.input_s(r.num_prompt_tokens), r.position))
+            self.engine_arrivals = [(r.arrival_time_s or 0.0) + path.input_s(r.num_prompt_tokens)
+                                    for r in self.order]
         else:
             self.order = sorted(self.requests, key=lambda r: (r.arrival_step, r.position))
         self.next_idx = 0
@@ -138,6 +167,8 @@ class Simulation:
         self.unfinished = 0
         self.step = 0
         self.t = 0.0
+        # When the next step is scheduled: arrivals up to then join it (time mode).
+        self.schedule_t = 0.0
         # Inter-token gaps (value, how many tokens had it), for the ITL percentiles.
         self.itl_values: list[float] = []
         self.itl_weights: list[int] = []
@@ -205,8 +236,9 @@ class Simulation:
                 self._submit(order[self.next_idx], t)
                 self.next_idx += 1
         elif self.time_arrivals:
-            while self.next_idx < len(order) and \
-                    (order[self.next_idx].arrival_time_s or 0.0) <= self.t:
+            arrivals = self.engine_arrivals
+            cut = self.schedule_t
+            while self.next_idx < len(order) and arrivals[self.next_idx] <= cut:
                 r = order[self.next_idx]
                 self._submit(r, r.arrival_time_s or 0.0)
                 self.next_idx += 1
@@ -244,7 +276,8 @@ class Simulation:
             return False
         head = self.order[self.next_idx]
         if self.time_arrivals:
-            self.t = max(self.t, head.arrival_time_s or 0.0)
+            # An idle engine core schedules as soon as the request reaches it.
+            self.t = self.schedule_t = max(self.t, self.engine_arrivals[self.next_idx])
         else:
             self.step = max(self.step, head.arrival_step)
         return True
@@ -284,6 +317,8 @@ class Simulation:
             else:
                 idle_steps = 0
         loop_wall = _time.perf_counter() - t_wall
+        if self.timed and not self.path.is_zero:
+            self._to_client_times()
         if self.hooks.finish is not None and len(self.steps):
             self.hooks.finish(self.t if self.timed
                               else self.clock.t0 + self.step * self.clock.dt)
@@ -364,6 +399,7 @@ class Simulation:
                 hooks.maybe_scrape(t1)
         self.step = step + 1
         self.t = t1
+        self.schedule_t = t0 if self.async_scheduling else t1
         return out.num_scheduled_tokens
 
     def report_head_tokens(self, members: list[Request], num_finished: int, t1: float
@@ -405,6 +441,19 @@ class Simulation:
             r.last_token_time_s = t1
         for r in out.finished:
             r.finish_time_s = t1
+
+    def _to_client_times(self) -> None:
+        """The client's view of each request: tokens read ``output_s`` after their step
+        ended; a closed-loop request sent ``input_s`` before it reached the engine core (an
+        open-loop one carries its client's send time already)."""
+        path = self.path
+        out = path.output_s
+        for r in self.requests:
+            r.first_token_time_s += out
+            r.last_token_time_s += out
+            r.finish_time_s += out
+            if self.closed:
+                r.submit_time_s -= path.input_s(r.num_prompt_tokens)
 
     # -- time summary ---------------------------------------------------------------------
     def _time_stats(self) -> dict[str, Any]:

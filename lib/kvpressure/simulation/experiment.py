@@ -48,9 +48,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvpressure.errors import InputError
 from kvpressure.paths import data_dir
-from kvpressure.simulation.cost_model import CostCoefficients, StepCostModel
+from kvpressure.simulation.cost_model import REQUEST_PATH_FIELDS, CostCoefficients, StepCostModel
 from kvpressure.simulation.prom_view import MAX_SCRAPES
 from kvpressure.simulation.workload import (
+    LoadStage,
     WorkloadSpec,
     format_validation_error,
     generate_requests,
@@ -73,17 +74,19 @@ ENGINE_ARGS: dict[str, str | None] = {
     "watermark": "watermark",
     "num_gpu_blocks": "num_gpu_blocks",
     "max_num_active_seqs": "max_num_active_seqs",
+    "async_scheduling": "async_scheduling",
 }
 ALIASES = {"policy": "scheduling_policy", "num_gpu_blocks_override": "num_gpu_blocks"}
 # More repeats than this would make a sweep slow without sharpening the noise much.
 MAX_SEEDS = 16
 # Overrides of these change the pool size vLLM would compute.
 POOL_ARGS = ("gpu_memory_utilization", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
-             "block_size", "enable_chunked_prefill")
+             "block_size", "enable_chunked_prefill", "async_scheduling")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: `max_num_seqs: true` is a mistake, not 1
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class EngineArgs(_Strict):
@@ -102,6 +105,10 @@ class EngineArgs(_Strict):
     watermark: float = Field(0.0, ge=0, lt=1)
     num_gpu_blocks: int | None = Field(None, ge=2)
     max_num_active_seqs: int | None = Field(None, ge=1)
+    async_scheduling: bool | None = None
+    """None: vLLM 0.33.0's choice (config/vllm.py): on, unless pipeline parallelism, a pooling
+    model, an executor without it or some speculative decoding methods turn it off; none of
+    those is in an experiment, so on."""
 
     @model_validator(mode="before")
     @classmethod
@@ -116,13 +123,25 @@ class ExperimentWorkload(WorkloadSpec):
 
     concurrency: list[int] | None = None
     request_rates: list[Annotated[float, Field(allow_inf_nan=True)]] | None = None
-    burstiness: float = Field(1.0, gt=0)
+    stages: list[LoadStage] | None = Field(None, min_length=1)
+    """One open loop whose rate changes in stages (instead of a sweep over rates)."""
+    burstiness: float = Field(1.0, gt=0, allow_inf_nan=True)
+    """Gamma shape of the gaps between arrivals: 1 Poisson, .inf evenly spaced."""
 
     @model_validator(mode="before")
     @classmethod
     def _single_level_as_list(cls, data: Any) -> Any:
         if isinstance(data, dict):
             data = dict(data)
+            stages = data.get("stages")
+            if isinstance(stages, list) and data.get("num_requests") is None \
+                    and data.get("trace") is None:
+                # The stages fix the count; this only completes the request set's spec.
+                try:
+                    data["num_requests"] = max(1, math.ceil(sum(
+                        float(st["request_rate"]) * float(st["duration_s"]) for st in stages)))
+                except (KeyError, TypeError, ValueError):
+                    pass  # the stage's own validation names the field
             if isinstance(data.get("concurrency"), int):
                 data["concurrency"] = [data["concurrency"]]
             if isinstance(data.get("request_rates"), int | float):
@@ -148,10 +167,19 @@ class ExperimentWorkload(WorkloadSpec):
 
     @model_validator(mode="after")
     def _one_mode(self) -> ExperimentWorkload:
-        if (self.concurrency is None) == (self.request_rates is None):
-            raise ValueError("give either concurrency (closed loop) or request_rates (open "
-                             "loop)")
+        given = [k for k in ("concurrency", "request_rates", "stages")
+                 if getattr(self, k) is not None]
+        if len(given) > 1 or (not given and not self.replays_trace):
+            raise ValueError("give one of concurrency (closed loop), request_rates (open "
+                             "loop), stages (an open loop in stages) or a trace with its "
+                             "arrival times")
         return self
+
+    @property
+    def replays_trace(self) -> bool:
+        """An open loop at the trace's own arrival times."""
+        return (self.trace is not None and self.trace.use_arrivals and self.concurrency is None
+                and self.request_rates is None and self.stages is None)
 
     def spec(self) -> WorkloadSpec:
         """The request-set part alone (what ``generate_requests`` builds from)."""
@@ -203,10 +231,35 @@ class ExperimentFile(_Strict):
     scrape_interval_s: float = Field(5.0, ge=0.01)
     focus: Focus = Field(default_factory=Focus)
 
+    @model_validator(mode="after")
+    def _values_are_engine_arguments(self) -> ExperimentFile:
+        """Each value a comparison or remedy tries is one its engine argument takes (a remedy
+        of ``watermark: .nan`` or ``max_num_seqs: abc`` would otherwise fail mid-sweep)."""
+        changes = [("comparison", self.comparison)] if self.comparison is not None else []
+        changes += [(f"remedies[{i}]", r) for i, r in enumerate(self.remedies)]
+        for where, change in changes:
+            for j, value in enumerate(change.values):
+                try:
+                    EngineArgs.model_validate({change.parameter: value})
+                except ValidationError as exc:
+                    raise ValueError(f"field '{where}.values[{j}]': {value!r} is no value of "
+                                     f"{change.parameter}: {exc.errors()[0]['msg']}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _focus_is_a_level(self) -> ExperimentFile:
+        w, f = self.workload, self.focus
+        for given, levels, name in ((f.concurrency, w.concurrency, "concurrency"),
+                                    (f.request_rate, w.request_rates, "request_rate")):
+            if given is not None and levels is not None and given not in levels:
+                raise ValueError(f"field 'focus.{name}': {given:g} is not one of the workload's "
+                                 f"levels ({', '.join(f'{x:g}' for x in sorted(levels))})")
+        return self
+
     @field_validator("cost_model")
     @classmethod
     def _coefficients(cls, v: dict[str, Any]) -> dict[str, Any]:
-        known = {f for f in CostCoefficients.__dataclass_fields__}
+        known = {f for f in CostCoefficients.__dataclass_fields__} | set(REQUEST_PATH_FIELDS)
         unknown = sorted(set(v) - known)
         if unknown:
             raise ValueError(f"unknown coefficient(s) {', '.join(unknown)}; known: "
@@ -245,6 +298,12 @@ class Experiment:
             _ = (self.hardware, self.model, self.cost_model)
         except InputError as exc:
             raise InputError(f"{where}: {exc}") from None
+        focus = config.focus.variant
+        if focus != "baseline":
+            known = self.variants(include_remedies=True)
+            if focus not in known:
+                raise InputError(f"{where}: field 'focus.variant': {focus!r} is none of the "
+                                 f"experiment's variants ({', '.join(known)})")
 
     # --- identity --------------------------------------------------------------------------
     @property
@@ -263,7 +322,7 @@ class Experiment:
     def levels(self) -> list[float]:
         """Concurrency levels (closed loop) or request rates (open loop), sorted."""
         w = self.config.workload
-        return sorted(w.concurrency if w.concurrency is not None else w.request_rates)
+        return sorted(w.concurrency if w.concurrency is not None else w.request_rates or [])
 
     @property
     def concurrencies(self) -> list[int]:
@@ -334,13 +393,48 @@ class Experiment:
                                                              base_dir=self.base_dir)
         return self._requests_by_seed[seed]
 
-    def requests_at_rate(self, request_rate: float, seed: int | None = None
+    def requests_at_rate(self, request_rate: float | None, seed: int | None = None
                          ) -> list[dict[str, Any]]:
+        """The open loop's requests at ``request_rate``; None: the workload's stages, or the
+        trace's own arrival times."""
         w = self.config.workload
+        if request_rate is None:
+            if w.stages:
+                return generate_requests(self._spec(seed), stages=w.stages,
+                                         arrivals={"request_rate": 1.0,
+                                                   "burstiness": w.burstiness},
+                                         base_dir=self.base_dir)
+            return generate_requests(self._spec(seed), base_dir=self.base_dir)
         return generate_requests(
             self._spec(seed), arrivals={"request_rate": request_rate, "burstiness": w.burstiness},
             base_dir=self.base_dir,
         )
+
+    def with_trace(self, trace: dict[str, Any], replay: bool) -> Experiment:
+        """The same experiment with its request lengths from ``trace`` (a ``Trace`` mapping);
+        ``replay``: an open loop at the trace's own arrival times instead of the levels."""
+        data = self.config.model_dump(exclude_none=True)
+        workload = data["workload"]
+        for k in ("input_len", "output_len", "num_requests", "prefix_groups"):
+            workload.pop(k, None)
+        if replay:
+            for k in ("concurrency", "request_rates", "stages"):
+                workload.pop(k, None)
+            data.pop("focus", None)
+        workload["trace"] = {**trace, "use_arrivals": replay}
+        return experiment_from_dict(data, self.path, self.text)
+
+    def with_stages(self, stages: list[dict[str, float]]) -> Experiment:
+        """The same experiment as one open loop whose rate changes in ``stages``."""
+        data = self.config.model_dump(exclude_none=True)
+        workload = data["workload"]
+        for k in ("concurrency", "request_rates"):
+            workload.pop(k, None)
+        if workload.get("trace"):
+            workload["trace"]["use_arrivals"] = False
+        workload["stages"] = stages
+        data.pop("focus", None)
+        return experiment_from_dict(data, self.path, self.text)
 
     # --- engine arguments ----------------------------------------------------------------------
     def engine_args(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -351,11 +445,18 @@ class Experiment:
             if key not in ENGINE_ARGS:
                 raise InputError(f"override {key!r}: not an engine argument; known: "
                                  f"{', '.join(ENGINE_ARGS)}")
+            try:  # named as the override, not as the file's field it replaces
+                EngineArgs.model_validate({key: value})
+            except ValidationError as exc:
+                raise format_validation_error(exc, f"override {key}={_fmt(value)}", "engine") from None
             merged[key] = value
         try:
-            return EngineArgs.model_validate(merged).model_dump()
+            args = EngineArgs.model_validate(merged).model_dump()
         except ValidationError as exc:
             raise format_validation_error(exc, self._where(), "engine") from None
+        if args["async_scheduling"] is None:
+            args["async_scheduling"] = True
+        return args
 
     def _where(self) -> str:
         return str(self.path) if self.path else f"experiment {self.name}"
@@ -377,9 +478,10 @@ class Experiment:
                     block_size=args["block_size"],
                     num_gpu_blocks_override=args["num_gpu_blocks"],
                     enable_chunked_prefill=args["enable_chunked_prefill"],
+                    async_scheduling=args["async_scheduling"],
                 )
             except InputError as exc:
-                raise InputError(f"{self._where()}: {exc}") from None
+                raise InputError(f"{self._where()}: {_as_engine_field(str(exc))}") from None
             if self._pool_cache[key].refusal:
                 refusal = self._pool_cache.pop(key).refusal
                 raise InputError(f"{self._where()}: {refusal}")
@@ -462,13 +564,14 @@ class Experiment:
             if concurrency is not None:
                 raise InputError(f"{self._where()}: an open-loop experiment takes a request "
                                  "rate, not a concurrency")
-            if request_rate is None:
+            if request_rate is None and self.request_rates:
                 request_rate = self.config.focus.request_rate or self.request_rates[-1]
-            if not request_rate > 0:
+            if request_rate is not None and not request_rate > 0:
                 raise InputError(f"request rate must be > 0, got {request_rate}")
             requests = self.requests_at_rate(request_rate, seed)
             mode = {"type": "open"}
-            level = f"rate{_fmt(request_rate)}"
+            level = (f"rate{_fmt(request_rate)}" if request_rate is not None
+                     else "staged" if self.config.workload.stages else "trace")
         settings = self.settings(overrides)
         mml = settings["max_model_len"]
         # vLLM refuses a prompt that does not fit max_model_len; it never reaches the scheduler.
@@ -503,8 +606,9 @@ class Experiment:
                 f"{self._where()}: the requests arrive over {span:.3g} s of simulated time, "
                 f"{span / interval:.3g} scrapes at scrape_interval_s {interval:g} (at most "
                 f"{MAX_SCRAPES:,}); raise the request rate or scrape_interval_s")
+        cost_model = self.cost_model
         if not with_recorder:
-            return Point(scenario, self.cost_model, None, variant, mode.get("concurrency"),
+            return Point(scenario, cost_model, None, variant, mode.get("concurrency"),
                          request_rate if self.mode == "open" else None, settings)
         recorder = PromRecorder(
             self.model_name,
@@ -518,7 +622,7 @@ class Experiment:
                 "num_gpu_blocks_override": self.engine_args(overrides)["num_gpu_blocks"],
             },
         )
-        return Point(scenario, self.cost_model, recorder, variant, mode.get("concurrency"),
+        return Point(scenario, cost_model, recorder, variant, mode.get("concurrency"),
                      request_rate if self.mode == "open" else None, settings)
 
 
@@ -534,6 +638,18 @@ def repeat_seeds(seed: int, n: int) -> list[int]:
     for k in range(1, n):
         out.append(int(np.random.SeedSequence([int(seed), k]).generate_state(1, np.uint32)[0]))
     return out
+
+
+def _as_engine_field(message: str) -> str:
+    """A pool refusal naming a sizing parameter (``block_size: ...``) as the experiment's field
+    (``field 'engine.block_size': ...``)."""
+    name, sep, rest = message.partition(":")
+    name = {"num_gpu_blocks_override": "num_gpu_blocks"}.get(name, name)
+    if sep and name in ENGINE_ARGS:
+        return f"field 'engine.{name}':{rest}"
+    if sep and name == "tensor_parallel_size":
+        return f"field 'tensor_parallel_size':{rest}"
+    return message
 
 
 def _fmt(value: Any) -> str:

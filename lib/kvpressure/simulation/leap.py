@@ -106,10 +106,14 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
         # Sequential sums, so that every time equals the step-by-step path's bit for bit.
         ends = np.cumsum(np.concatenate(([t_start], durations)))[1:]
         if sim.time_arrivals and sim.next_idx < len(sim.order):
-            nxt = sim.order[sim.next_idx].arrival_time_s or 0.0
-            # Step j starts at ends[j-1]; it must start before the next arrival.
-            starts = np.concatenate(([t_start], ends[:-1]))
-            num_steps = min(num_steps, int(np.searchsorted(starts, nxt, side="left")))
+            nxt = sim.engine_arrivals[sim.next_idx]
+            # Step j is scheduled at ends[j-1] (async: ends[j-2], when step j-1 started);
+            # it must be scheduled before the next request reaches the engine core.
+            if sim.async_scheduling:
+                cuts = np.concatenate(([sim.schedule_t, t_start], ends[:-2]))[:num_steps]
+            else:
+                cuts = np.concatenate(([t_start], ends[:-1]))
+            num_steps = min(num_steps, int(np.searchsorted(cuts, nxt, side="left")))
     scrape_at = sim.hooks.next_scrape_time()
     if scrape_at is not None:
         # End the leap with the step whose outputs reach the recorder's next scrape, so that
@@ -155,6 +159,8 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
         sim.itl_weights.extend([num_running] * num_steps)
         times: Any = ends
         sim.t = t_end = float(ends[-1])
+        sim.schedule_t = (float(ends[-2]) if num_steps > 1 else t_start) \
+            if sim.async_scheduling else t_end
     else:
         t0, dt, step0 = sim.clock.t0, sim.clock.dt, sim.step
         times = [t0 + (step0 + j + 1) * dt for j in range(num_steps)]

@@ -26,7 +26,7 @@ COMPILED = ("request", "block_pool", "kv_cache_manager", "lazy_decode", "schedul
             "prom_exposition", "scrape_log")
 # The compiled code reads these modules' classes by their declared types: a change to them
 # makes the set stale too.
-STAMPED = (*COMPILED, "outputs", "recorder", "scenario", "step_clock",
+STAMPED = (*COMPILED, "outputs", "recorder", "request_path", "scenario", "step_clock",
            "step_features")
 STAMP = "stamp.json"
 SOURCE_DIR = Path(__file__).resolve().parent

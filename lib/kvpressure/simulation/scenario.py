@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError, nearest, refuse_unknown
-from kvpressure.user_files import read_user_text
+from kvpressure.user_files import parse_user_json, read_user_text
 
 # vLLM 0.33.0's SchedulerConfig fallbacks (no usage context), config/scheduler.py.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -143,11 +143,7 @@ def load_scenario(source: str | Path | dict | list,
     if isinstance(source, (str, Path)):
         path = Path(source)
         where = str(path)
-        text = read_user_text(path, "scenario file")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: line {exc.lineno}: invalid JSON: {exc.msg}") from None
+        data = parse_user_json(read_user_text(path, "scenario file"), path)
     else:
         data = source
     if isinstance(data, list):
@@ -329,9 +325,6 @@ def resolve_settings(raw: dict[str, Any], requests: list[RequestSpec],
         raise InputError(f"{_where(where)}settings.num_gpu_blocks must be >= 2 "
                          "(block 0 is the null block)")
     check_pool_memory(vals["num_gpu_blocks"], f"{_where(where)}settings.num_gpu_blocks")
-    if vals.get("async_scheduling"):
-        raise InputError(f"{_where(where)}settings.async_scheduling: true is not modelled; "
-                         "the simulation runs vLLM's synchronous loop (set it to false)")
     if vals.get("block_size", 16) < 1:
         raise InputError(f"{_where(where)}settings.block_size must be >= 1")
     chunked = vals.get("enable_chunked_prefill", True)

@@ -15,7 +15,7 @@ priority mix leaves the lengths and the arrival times unchanged.
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvpressure.errors import InputError, nearest
+from kvpressure.user_files import parse_user_json, read_user_text
 
 Z90 = 1.2815515655446004  # standard normal quantile at 0.90
 
@@ -36,8 +37,9 @@ MAX_REQUESTS = 5_000_000
 
 
 class _Strict(BaseModel):
-    # NaN and infinity are refused wherever a number is read (a rate says when it takes .inf).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # NaN and infinity are refused wherever a number is read (a rate says when it takes .inf);
+    # strict: YAML's `true` is no count and `3.5` no token length.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 # --- length distributions ---------------------------------------------------------------------
@@ -208,11 +210,20 @@ class PriorityMix(_Strict):
 
 class Arrivals(_Strict):
     """Open-loop arrivals: Poisson at ``request_rate`` (req/s) or, with ``burstiness`` != 1,
-    gamma-distributed gaps as ``vllm bench serve --burstiness`` draws them."""
+    gamma-distributed gaps as ``vllm bench serve --burstiness`` draws them; ``.inf``: evenly
+    spaced (a constant-rate load generator)."""
 
     request_rate: float = Field(gt=0, allow_inf_nan=True,
                                 description="requests per second; .inf = all at once")
-    burstiness: float = Field(1.0, gt=0)
+    burstiness: float = Field(1.0, gt=0, allow_inf_nan=True)
+
+
+class LoadStage(_Strict):
+    """One stage of an open loop whose rate changes in stages (as inference-perf's and
+    GuideLLM's staged loads run): ``request_rate`` for ``duration_s`` seconds."""
+
+    request_rate: float = Field(gt=0)
+    duration_s: float = Field(gt=0)
 
 
 class Trace(_Strict):
@@ -221,6 +232,8 @@ class Trace(_Strict):
     path: str
     time_scale: float = Field(1.0, gt=0, description="multiplies the recorded gaps")
     use_arrivals: bool = True
+    time_unit: Literal["s", "ms"] = Field(
+        "s", description="unit of the arrival column (Mooncake traces: ms timestamps)")
 
 
 class WorkloadSpec(_Strict):
@@ -279,6 +292,9 @@ def format_validation_error(exc: ValidationError, where: str, prefix: str = "") 
         loc = ".".join(str(x) for x in err["loc"] if not _is_union_tag(x))
         field = ".".join(x for x in (prefix, loc) if x)
         message = err["msg"].removeprefix("Value error, ")
+        if err.get("type", "").endswith("_type") and isinstance(err.get("input"),
+                                                                bool | int | float | str):
+            message += f", got {err['input']!r}"  # `true` for a count is the usual slip
         if err.get("type") == "extra_forbidden" and err["loc"]:
             guess = nearest(str(err["loc"][-1]), _field_names())
             message = "unknown key" + (f"; did you mean {guess!r}?" if guess else "")
@@ -323,9 +339,12 @@ def generate_requests(
     spec: Mapping[str, Any] | WorkloadSpec,
     *,
     arrivals: Arrivals | Mapping[str, Any] | None = None,
+    stages: list[LoadStage] | None = None,
     base_dir: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """The request dicts of the workload; with ``arrivals`` each carries ``arrival_time_s``.
+    With ``stages`` (and ``arrivals`` giving only the burstiness) the arrivals are staged and
+    fix the number of requests (a trace gives its first requests to them).
 
     ``base_dir`` resolves relative paths (trace, empirical lengths), normally the folder of the
     experiment file.
@@ -340,6 +359,10 @@ def generate_requests(
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(5)]
     rng_in, rng_out, rng_group, rng_prio, rng_arrival = streams
 
+    staged = None
+    if stages:
+        staged = staged_arrivals(stages, arrivals.burstiness if arrivals else 1.0, rng_arrival)
+        spec = spec.model_copy(update={"num_requests": len(staged[0])})
     if spec.trace is not None:
         requests = read_trace(spec.trace, base)
         if spec.num_requests is not None:
@@ -358,7 +381,14 @@ def generate_requests(
         _assign_prefix_groups(requests, spec.prefix_groups, rng_group)
         _assign_priorities(requests, spec.priority, rng_prio)
 
-    if arrivals is not None:
+    if staged is not None:
+        if len(requests) < len(staged[0]):
+            raise InputError(f"workload.stages: {len(staged[0])} arrivals but the trace holds "
+                             f"only {len(requests)} requests")
+        requests = requests[:len(staged[0])]
+        for r, t in zip(requests, staged[0], strict=True):
+            r["arrival_time_s"] = float(t)
+    elif arrivals is not None:
         times = poisson_arrivals(len(requests), arrivals, rng_arrival)
         for r, t in zip(requests, times, strict=True):
             r["arrival_time_s"] = float(t)
@@ -403,20 +433,50 @@ def _assign_priorities(
 
 def poisson_arrivals(n: int, arrivals: Arrivals, rng: np.random.Generator) -> np.ndarray:
     """Arrival times (s) of ``n`` requests: the first at 0, then gamma gaps with shape
-    ``burstiness`` and mean ``1/request_rate`` (exponential gaps, i.e. Poisson, at 1)."""
+    ``burstiness`` and mean ``1/request_rate`` (exponential gaps, i.e. Poisson, at 1; equal
+    gaps at ``.inf``)."""
     if n == 0:
         return np.zeros(0)
     if math.isinf(arrivals.request_rate):
         return np.zeros(n)
-    shape = arrivals.burstiness
-    scale = 1.0 / (arrivals.request_rate * shape)
-    gaps = rng.gamma(shape, scale, size=n - 1)
+    gaps = _gaps(arrivals.request_rate, arrivals.burstiness, n - 1, rng)
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
+def _gaps(rate: float, burstiness: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    if math.isinf(burstiness):
+        return np.full(n, 1.0 / rate)
+    return rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)
+
+
+def staged_arrivals(stages: list[LoadStage], burstiness: float, rng: np.random.Generator
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival times (s) of an open loop run in stages, one after the other from 0, and each
+    arrival's stage index. Within a stage the gaps are drawn as ``poisson_arrivals`` draws
+    them at the stage's rate, the first at the stage's start; a stage ends at its duration."""
+    times: list[np.ndarray] = []
+    index: list[np.ndarray] = []
+    start = 0.0
+    for k, stage in enumerate(stages):
+        expected = stage.request_rate * stage.duration_s
+        if math.isinf(burstiness):
+            # Counted, not summed: rate x duration sends, the k-th at k / rate.
+            offsets = np.arange(math.ceil(expected - 1e-9)) / stage.request_rate
+        else:
+            # Enough gaps to pass the stage's end with near certainty, then cut there.
+            n = int(expected + 10 * math.sqrt(expected) + 10)
+            offsets = np.concatenate([[0.0], np.cumsum(_gaps(stage.request_rate, burstiness,
+                                                             n, rng))])
+            offsets = offsets[offsets < stage.duration_s]
+        times.append(start + offsets)
+        index.append(np.full(len(offsets), k))
+        start += stage.duration_s
+    return np.concatenate(times), np.concatenate(index)
+
+
 # --- trace replay ---------------------------------------------------------------------------------
-_PROMPT_KEYS = ("prompt_len", "input_len", "prompt_tokens", "input_tokens")
-_OUTPUT_KEYS = ("output_len", "output_tokens", "max_tokens")
+_PROMPT_KEYS = ("prompt_len", "input_len", "prompt_tokens", "input_tokens", "input_length")
+_OUTPUT_KEYS = ("output_len", "output_tokens", "max_tokens", "output_length")
 _TIME_KEYS = ("arrival_time_s", "arrival_time", "timestamp", "time_s")
 
 
@@ -431,22 +491,24 @@ def read_trace(trace: Trace, base_dir: Path | None = None) -> list[dict[str, Any
     if not path.is_file():
         raise InputError(f"{path}: trace file not found")
     rows: list[tuple[str, dict[str, Any]]] = []
-    with path.open(encoding="utf-8", newline="") as fh:
-        if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
-            for i, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path} line {i}: not valid JSON: {exc.msg}") from None
-                if not isinstance(row, dict):
-                    raise InputError(f"{path} line {i}: expected a JSON object per line")
-                rows.append((f"{path} line {i}", row))
-        else:
-            reader = csv.DictReader(fh)
-            for i, row in enumerate(reader, start=2):
-                rows.append((f"{path} line {i}", {k: v for k, v in row.items() if v != ""}))
+    text = read_user_text(path, "trace file")
+    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = parse_user_json(line, path)
+            except InputError as exc:
+                # the reader counts lines of the one line it was given
+                raise InputError(str(exc).replace(f"{path}: line 1:", f"{path} line {i}:",
+                                                  1)) from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path} line {i}: expected a JSON object per line")
+            rows.append((f"{path} line {i}", row))
+    else:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        for i, row in enumerate(reader, start=2):
+            rows.append((f"{path} line {i}", {k: v for k, v in row.items() if v != ""}))
     if not rows:
         raise InputError(f"{path}: the trace holds no requests")
 
@@ -484,12 +546,15 @@ def read_trace(trace: Trace, base_dir: Path | None = None) -> list[dict[str, Any
             raise InputError(f"{path}: some rows have an arrival time and some do not")
         t0 = min(known)
         for req, t in zip(requests, times, strict=True):
-            req["arrival_time_s"] = (t - t0) * trace.time_scale
+            req["arrival_time_s"] = (t - t0) * trace.time_scale * (
+                1e-3 if trace.time_unit == "ms" else 1.0)
         requests.sort(key=lambda r: r["arrival_time_s"])  # stable: ties keep file order
     return requests
 
 
 def _int(value: Any, where: str, field: str) -> int:
+    if isinstance(value, bool):
+        raise InputError(f"{where}: field '{field}': expected an integer, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -507,6 +572,8 @@ def _positive_int(value: Any, where: str, field: str) -> int:
 
 
 def _float(value: Any, where: str, field: str) -> float:
+    if isinstance(value, bool):
+        raise InputError(f"{where}: field '{field}': expected a number, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):

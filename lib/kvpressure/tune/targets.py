@@ -239,12 +239,17 @@ class TwinTarget:
 
 
 def load_target(source: str, *, hardware: str | None = None, model: str | None = None,
-                tp: int = 1) -> Any:
+                tp: int = 1, overrides: dict[str, Any] | None = None) -> Any:
     """An experiment YAML (or a built-in experiment's name) or a measured run folder (the twin
-    is built and fitted here, once, before any configuration runs)."""
+    is built and fitted here, once, before any configuration runs); ``overrides``: a run
+    folder's engine settings the data lacks (``--set``)."""
     from pathlib import Path
 
     path = Path(source)
+    if overrides and not path.is_dir():
+        raise InputError(f"--set: {source} is an experiment, whose settings are its own; "
+                         "--set gives a measured run folder's (change the experiment, or tune "
+                         "the setting with --param)")
     if path.is_dir():
         from kvpressure.twin.api import build_twin
 
@@ -258,7 +263,7 @@ def load_target(source: str, *, hardware: str | None = None, model: str | None =
 
             cost_model = StepCostModel.from_profiles(load_hardware(hardware), load_model(model),
                                                      tp)
-        twin = build_twin(path, cost_model=cost_model)
+        twin = build_twin(path, cost_model=cost_model, overrides=overrides)
         twin.fit()
         return TwinTarget(twin, path.resolve().name)
     from kvpressure.simulation.experiment import load_experiment

@@ -31,9 +31,10 @@ from kvpressure.errors import InputError
 from kvpressure.twin.basis import LevelBasis, simulate_basis
 from kvpressure.twin.fit import PARAMETERS, TwinFit, fit_step_time
 from kvpressure.twin.fit_report import FitVerdict, comparison_table, verdict
+from kvpressure.twin.lengths import MEANS, PER_REQUEST
 from kvpressure.twin.measured import Measured, ingested_sources, level_name, load_measured
 from kvpressure.twin.return_lag import ReturnLag, from_step_trace, from_turnaround, given
-from kvpressure.twin.settings import twin_settings
+from kvpressure.twin.settings import assumed_settings, twin_settings
 from kvpressure.twin.simulate import simulate_level
 from kvpressure.twin.workload import LevelWorkload, level_workloads
 
@@ -242,14 +243,9 @@ class Twin:
 
     # --- description -----------------------------------------------------------------------
     def assumptions(self) -> list[str]:
-        out = [f"{k} = {self.settings[k]}: {src}" for k, src in sorted(
-            self.settings_source.items()) if "assumed" in src or "default" in src]
-        inexact = [c for c, w in sorted(self.workloads.items()) if not w.exact]
-        what = "request rate" if self.open_loop else "concurrency"
-        if inexact:
-            out.append(f"request lengths at {what} " + ", ".join(f"{c:g}" for c in inexact)
-                       + ": every request given the level's mean prompt and output length (no "
-                       "per-request lengths in the data)")
+        out = [f"{k} = {self.settings[k]}: {self.settings_source[k]}"
+               for k in self.assumed_settings]
+        out.extend(self.lengths_assumptions())
         out.append(self.arrival_assumption() if self.open_loop
                    else self.turnaround_assumption())
         if self.fitted is not None:
@@ -258,6 +254,36 @@ class Twin:
                     out.append(f"{p} = {self.fitted.theta[p]:.3g}: {self.fitted.source[p]}")
         return out + list(self.measured.notes)
 
+    @property
+    def assumed_settings(self) -> list[str]:
+        """Engine settings not in the data, taken at vLLM's defaults (``settings.py``)."""
+        return assumed_settings(self.settings_source)
+
+    def lengths_sources(self) -> dict[Any, str]:
+        """Where each level's request lengths came from (``lengths.py``)."""
+        return {c: w.lengths_source for c, w in sorted(self.workloads.items())}
+
+    @property
+    def spread_known(self) -> bool:
+        """Every level's length spread is in the data (not only its mean)."""
+        return all(w.lengths_source != MEANS for w in self.workloads.values())
+
+    def lengths_assumptions(self) -> list[str]:
+        """The request lengths' source, one line per group of levels with the same one (the
+        per-request lengths themselves are no assumption)."""
+        what = "request rate" if self.open_loop else "concurrency"
+        groups: dict[str, list[Any]] = {}
+        for c, w in sorted(self.workloads.items()):
+            if w.lengths_source not in (PER_REQUEST, ""):
+                groups.setdefault(w.lengths_source, []).append(c)
+        out = []
+        for src, levels in groups.items():
+            details = [self.workloads[c].lengths_detail for c in levels]
+            said = details[0] if len(set(details)) == 1 else "; ".join(
+                f"{self.level_name(c)}: {d}" for c, d in zip(levels, details, strict=True))
+            out.append(f"request lengths at {what} " + ", ".join(f"{c:g}" for c in levels)
+                       + f" from the {src}: {said}")
+        return out
 
     def arrival_assumption(self) -> str:
         """How an open loop's requests arrive in the twin."""
@@ -355,7 +381,8 @@ def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = Non
     logged = ingested_sources(Path(run_dir), measured.ingest, "server_log")
     settings, source = twin_settings(Path(run_dir), measured.runs, measured.series,
                                      measured.ingest, overrides,
-                                     [Path(server_log)] if server_log is not None else logged)
+                                     [Path(server_log)] if server_log is not None else logged,
+                                     measured.bench_settings)
     loads = dict(workloads) if workloads is not None else level_workloads(measured)
     priors = profile_priors(cost_model) if cost_model is not None else None
     name = getattr(getattr(cost_model, "geometry", None), "name", "profile")

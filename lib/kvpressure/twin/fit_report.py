@@ -3,8 +3,8 @@
 The tolerances are the issue's targets for a twin a capacity planner may act on: output
 throughput within 15% at every level, preemptions within 10% (or 2 preemptions, whichever is
 larger: a handful of preemptions is within run-to-run noise), the knee (where growth stops)
-within one level, where "the knee" is the first level within 5% of the curve's peak
-(``growth_stops``). Latency percentiles are shown with their errors and, beyond 25%, named as a
+within one level, where "the knee" is the record's knee of each curve (``analysis.knee``, the one
+the report's knee stage finds; a curve without one counts as past its last level). Latency percentiles are shown with their errors and, beyond 25%, named as a
 caveat of any latency limit checked on the twin.
 
 An open loop's preemptions near its knee swing from run to run with a few steps' timing (a
@@ -110,6 +110,24 @@ def growth_stops(x: list[Any], y: list[float], tol_pct: float = PLATEAU_TOL_PCT)
     return next(a for a, b in sorted(pts) if b >= (1.0 - tol_pct / 100.0) * peak)
 
 
+def _knee_name(at: str, knee: Any) -> str:
+    return "none (still rising)" if knee is None else f"{at}{knee:g}"
+
+
+def record_knee(x: list[Any], y: list[float]) -> Any:
+    """The knee the record finds on the curve (``analysis.knee.find_knee``), as one of ``x``;
+    None when it finds none (still rising) or there are fewer than 3 levels."""
+    from kvpressure.analysis.knee import find_knee
+
+    pts = [(a, float(b)) for a, b in zip(x, y, strict=True) if math.isfinite(float(b))]
+    if len(pts) < 3:
+        return None
+    knee = find_knee([a for a, _ in pts], [b for _, b in pts]).knee_x
+    if knee is None:
+        return None
+    return min((a for a, _ in pts), key=lambda a: abs(float(a) - knee))
+
+
 def verdict(table: pd.DataFrame, key: str = "concurrency") -> FitVerdict:
     """The fit's verdict from the comparison table (see the module docstring); levels are
     named ``c=8`` or, in an open loop (``key`` ``request_rate``), ``rate=3``."""
@@ -141,12 +159,13 @@ def verdict(table: pd.DataFrame, key: str = "concurrency") -> FitVerdict:
                 pre_miss.append({key: c, "measured": mv, "twin": tv, "twin_range": [lo, hi]})
         elif abs(tv - mv) > max(PREEMPTION_TOL_PCT / 100.0 * mv, PREEMPTION_TOL_ABS):
             pre_miss.append({key: c, "measured": mv, "twin": tv})
-    mk = growth_stops(levels, table["output_throughput_measured"].tolist())
-    tk = growth_stops(levels, table["output_throughput_twin"].tolist())
+    mk = record_knee(levels, table["output_throughput_measured"].tolist())
+    tk = record_knee(levels, table["output_throughput_twin"].tolist())
     knee = {"measured": mk, "twin": tk, "levels_apart": None, "ok": True,
-            "rule": f"first level within {PLATEAU_TOL_PCT:g}% of the curve's peak"}
-    if mk is not None and tk is not None:
-        apart = abs(levels.index(mk) - levels.index(tk))
+            "rule": "the record's knee of each curve (analysis.knee; none: past the last level)"}
+    if len(levels) >= 3 and (mk is not None or tk is not None):
+        where = {c: i for i, c in enumerate(levels)}
+        apart = abs(where.get(mk, len(levels)) - where.get(tk, len(levels)))
         knee["levels_apart"] = apart
         knee["ok"] = apart <= KNEE_TOL_LEVELS
     caveats = []
@@ -178,7 +197,7 @@ def verdict(table: pd.DataFrame, key: str = "concurrency") -> FitVerdict:
                    if "twin_range" in m else "") + ")"
                 for m in pre_miss))
         if not knee["ok"]:
-            where.append(f"knee at {at}{mk:g} measured, {at}{tk:g} twin")
+            where.append(f"knee at {_knee_name(at, mk)} measured, {_knee_name(at, tk)} twin")
         text = "does not fit: " + "; ".join(where)
     if unstable:
         text += ("; caveat: preemptions swing with the steps' timing at " + ", ".join(

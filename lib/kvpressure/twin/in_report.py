@@ -49,6 +49,19 @@ class ReportTwin:
     assumptions: list[str] = field(default_factory=list)
     figure: Path | None = None
     limits_note: str = ""
+    up_front: list[str] = field(default_factory=list)
+    """The assumed settings and the request lengths' sources: shown with the verdict."""
+    noise: dict[str, Any] = field(default_factory=dict)
+    """The run-to-run noise the intervals include (``noise.RunNoise.to_dict``)."""
+    focus: dict[str, Any] = field(default_factory=dict)
+    """The level the remedies are priced at, and the rule that chose it."""
+    remedies: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """One row a setting priced at the focus (neighbouring ``max_num_seqs`` values included):
+    ``setting``, ``overrides``, ``effect`` (raises / lowers / no measurable effect),
+    ``effect_text``, ``change_pct``, ``change_low_pct``/``change_high_pct`` (90%, with the
+    noise), ``preemptions``, ``meets_limits``, ``changes_assumed_settings``."""
+    document: Path | None = None
+    """``twin/twin.md``, the twin's own account."""
 
 
 def _write_refusal(out: Path, reason: str) -> None:
@@ -155,7 +168,19 @@ def read_report_twin(run_dir: str | os.PathLike[str]) -> ReportTwin | None:
                                                 for k, v in limits.items()) or "none")
                 + (f" ({rem['limits_rule']})" if rem.get("limits_rule") not in (None, "given")
                    else ""))
+    table = pd.DataFrame([
+        {"setting": r.get("setting"), "overrides": r.get("overrides"),
+         "effect": r.get("effect"), "effect_text": r.get("effect_text"),
+         "change_pct": r.get("throughput_change_pct"),
+         "change_low_pct": (r.get("throughput_change_pct_with_noise") or [None, None])[0],
+         "change_high_pct": (r.get("throughput_change_pct_with_noise") or [None, None])[1],
+         "preemptions": r.get("preemptions"), "meets_limits": r.get("meets_limits"),
+         "changes_assumed_settings": r.get("changes_assumed_settings") or []}
+        for r in rem.get("candidates") or []])
     return ReportTwin(
+        up_front=[str(a) for a in doc.get("up_front") or []], noise=rem.get("noise") or {},
+        focus=rem.get("focus") or {}, remedies=table,
+        document=folder / SUMMARY_MD if (folder / SUMMARY_MD).is_file() else None,
         refused=None, verdict=str(fit.get("verdict", "")), fits=bool(fit.get("fits")),
         trust=str(rem.get("trust", "")),
         recommendation=str((rem.get("recommendation") or {}).get("text", "")),
@@ -184,6 +209,8 @@ def show_report_twin(twin: ReportTwin | None) -> None:
     say(f"**Fit: {twin.verdict}.** The twin is vLLM's scheduler replaying the measured "
         "closed loop on the measured pool, with a step time fitted to this server's curve; "
         "measured against twin at every level:")
+    if twin.up_front:
+        say("\n".join(f"**{line}**" for line in twin.up_front))
     show_table(twin.fit_table, digits=1, missing="no data")
     if twin.figure is not None:
         png = base64.b64encode(twin.figure.read_bytes()).decode("ascii")
@@ -198,3 +225,11 @@ def show_report_twin(twin: ReportTwin | None) -> None:
     if twin.recommendation:
         say(f"Only then the prediction: {twin.recommendation} ({twin.limits_note}). The "
             "remedies and their predicted effect are in `twin/twin.md`.")
+    if len(twin.remedies):
+        noise = twin.noise
+        say(f"Each setting at {twin.focus.get('name', 'the focus level')} "
+            f"({twin.focus.get('rule', '')}); a change inside the run-to-run noise "
+            f"({noise.get('throughput_sd_pct', float('nan')):.1f}% a run, "
+            f"{noise.get('source', '')}) is no measurable effect:")
+        show_table(twin.remedies[["setting", "effect_text", "preemptions",
+                                  "changes_assumed_settings"]], text=True)

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.twin.lengths import LevelLengths, from_dataset_args, from_histograms
 from kvpressure.twin.turnaround import client_gaps, engine_gap_s
 
 # Columns of the levels table (seconds, tokens per second, counts).
@@ -72,6 +73,13 @@ class Measured:
     """Open loop: per level, each request's send time from the level's first (seconds), in
     the order of ``lengths``; burstiness per level in ``burstiness``."""
     burstiness: dict[Any, float] = field(default_factory=dict)
+    bench_settings: dict[str, Any] = field(default_factory=dict)
+    """Engine arguments a bench result records (``vllm bench serve --metadata
+    max_num_seqs=64 ...``), from the first level's result that has any."""
+    drawn_lengths: dict[Any, LevelLengths] = field(default_factory=dict)
+    """Per level without per-request lengths, the lengths made from what the data has
+    (``lengths.py``: dataset arguments, length histograms); a level in neither dict gets its
+    mean lengths."""
 
     @property
     def open_loop(self) -> bool:
@@ -212,7 +220,8 @@ def data_folder(run_dir: Path) -> Path:
 _WINDOW_FAMILIES = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
                     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
                     "vllm:iteration_tokens_total", "vllm:cache_config_info",
-                    "vllm:num_requests_running", "vllm:num_requests_waiting")
+                    "vllm:num_requests_running", "vllm:num_requests_waiting",
+                    "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
 
 
 def scrape_log_series(run_dir: Path) -> pd.DataFrame | None:
@@ -287,6 +296,36 @@ def ingested_scrape_log(run_dir: Path, ingest: dict[str, Any]) -> pd.DataFrame |
     if len(logs) != 1 or not logs[0].is_file():
         return None
     return read([logs[0]], run="log", metrics=list(_WINDOW_FAMILIES)).series
+
+
+def _covering(frames: tuple[pd.DataFrame | None, ...], t0: float, t1: float
+              ) -> pd.DataFrame | None:
+    """The first frame of one run whose scrapes span ``[t0, t1]``."""
+    for frame in frames:
+        if frame is None or not len(frame) or math.isnan(t0) or math.isnan(t1) or t1 <= t0:
+            continue
+        if "run" in frame.columns and frame["run"].nunique() > 1:
+            continue
+        t = frame["t"].to_numpy(float)
+        if np.nanmin(t) <= t0 + 1e-9 and np.nanmax(t) >= t1 - 1e-9:
+            return frame
+    return None
+
+
+def drawn_level_lengths(res: dict[str, Any] | None, frames: tuple[pd.DataFrame | None, ...],
+                        t0: float, t1: float, n: int, totals: tuple[float, float],
+                        seed: int = 0) -> LevelLengths | None:
+    """A level's lengths without per-request arrays, best first (``lengths.py``): dataset
+    arguments whose draws add up to the measured totals, the window's length histograms, the
+    dataset arguments as they are; None: only the means are known."""
+    args = from_dataset_args(res, n, totals) if res is not None else None
+    if args is not None and args[1]:
+        return args[0]
+    frame = _covering(frames, t0, t1)
+    hist = from_histograms(frame, t0, t1, n, seed=seed) if frame is not None else None
+    if hist is not None:
+        return hist
+    return args[0] if args is not None else None
 
 
 def _window_stats(series: pd.DataFrame, t0: float, t1: float,
@@ -394,6 +433,8 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
     lengths: dict[Any, tuple[list[int], list[int]]] = {}
     arrivals: dict[Any, list[float]] = {}
     burstiness: dict[Any, float] = {}
+    drawn: dict[Any, LevelLengths] = {}
+    recorded: dict[str, Any] = {}
     base = base_repeat(runs)
     for c, group in runs.groupby(key, sort=True):
         c_int = level_value(c, key)
@@ -406,6 +447,11 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
         first = first.iloc[0] if len(first) else group.iloc[0]
         res = _bench_result(first.get("source"), run_dir)
         if res is not None:
+            if not recorded:
+                from kvpressure.twin.settings import ALIASES, SETTING_NAMES
+
+                recorded.update({k: v for k, v in res.items()
+                                 if ALIASES.get(k, k) in SETTING_NAMES and v not in (None, "")})
             for col, field_name in (("ttft_p50_s", "median_ttft_ms"),
                                     ("itl_p50_s", "median_itl_ms")):
                 v = _num(res.get(field_name))
@@ -451,7 +497,15 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
             out_tok = row["output_throughput"] * duration
             row["output_len_mean"] = out_tok / n
             row["input_len_mean"] = (row["total_token_throughput"] * duration - out_tok) / n
+            totals = (_num((res or {}).get("total_input_tokens")),
+                      _num((res or {}).get("total_output_tokens")))
+            if math.isnan(totals[0]) or math.isnan(totals[1]):
+                totals = (row["input_len_mean"] * n, row["output_len_mean"] * n)
+            got_drawn = drawn_level_lengths(res, (series, full_log), t0, t1, int(round(n)),
+                                            totals)
+            if got_drawn is not None:
+                drawn[c_int] = got_drawn
         rows.append(row)
     levels = pd.DataFrame(rows, columns=list(LEVEL_COLUMNS))
     return Measured(top, levels, lengths, runs, series, ingest, chosen, notes, key, arrivals,
-                    burstiness)
+                    burstiness, recorded, drawn)

@@ -19,10 +19,54 @@ FIGURE = "twin.png"
 SUMMARY_MD = "twin.md"
 
 
+def up_front(twin: Any) -> list[str]:
+    """What a reader must know before the numbers: the settings the data does not show and
+    where the request lengths came from (the verdict's first lines)."""
+    from kvpressure.twin.lengths import MEANS
+
+    out = []
+    if twin.assumed_settings:
+        out.append("Assumed, not in the data: " + ", ".join(
+            f"{k} = {twin.settings[k]}" for k in twin.assumed_settings)
+            + " (vLLM's defaults; give the server's values with --set KEY=VALUE); a remedy "
+            "changing one of them is not recommended")
+    by_source: dict[str, list[str]] = {}
+    for c, src in twin.lengths_sources().items():
+        by_source.setdefault(src or "given", []).append(f"{c:g}")
+    out.append("Request lengths: " + "; ".join(
+        f"{src} at {'rate' if twin.open_loop else 'c'}={', '.join(levels)}"
+        for src, levels in by_source.items())
+        + ("" if MEANS not in by_source else ": the spread is not in the data, so preemptions "
+           "from long requests are not modelled and no remedy's sign can be told"))
+    return out
+
+
+def _relabel(obj: Any, run_dir: str, label: str | None) -> Any:
+    """``obj`` with the run folder's path written as ``label`` (a report's twin is built in a
+    folder that is renamed when it is complete)."""
+    if label is None or not run_dir:
+        return obj
+    if isinstance(obj, str):
+        return obj.replace(run_dir, label)
+    if isinstance(obj, dict):
+        return {k: _relabel(v, run_dir, label) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_relabel(v, run_dir, label) for v in obj]
+    return obj
+
+
 def twin_document(twin: Any, remedies: dict[str, Any] | None, label: str | None = None
                   ) -> dict[str, Any]:
+    doc = _document(twin, remedies, label)
+    return _relabel(doc, str(twin.measured.run_dir), label)
+
+
+def _document(twin: Any, remedies: dict[str, Any] | None, label: str | None) -> dict[str, Any]:
     fit, report = twin.fitted, twin.report
     return {
+        "up_front": up_front(twin),
+        "assumed_settings": twin.assumed_settings,
+        "lengths_sources": {f"{c:g}": s for c, s in twin.lengths_sources().items()},
         "run_dir": label or str(twin.measured.run_dir),
         "variant": twin.measured.variant,
         "settings": {k: {"value": twin.settings[k], "source": twin.settings_source.get(k)}
@@ -112,8 +156,9 @@ def twin_preemptions(r: dict[str, Any]) -> str:
 def _markdown(doc: dict[str, Any]) -> str:
     fit = doc["fit"]
     key = (doc.get("load") or {}).get("key", "concurrency")
-    lines = [f"# Twin of {doc['run_dir']}", "", f"**Fit: {fit['verdict']}**", "",
-             "## Measured vs twin, per level", "",
+    lines = [f"# Twin of {doc['run_dir']}", "", f"**Fit: {fit['verdict']}**", ""]
+    lines += [f"**{line}**" for line in doc.get("up_front", [])]
+    lines += ["", "## Measured vs twin, per level", "",
              f"| {'c' if key == 'concurrency' else 'req/s'} | throughput meas | twin | err % | preempt meas | twin | TTFT p95 meas | twin "
              "| ITL p95 meas | twin | recompute meas (low-high) | twin |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -137,14 +182,20 @@ def _markdown(doc: dict[str, Any]) -> str:
         lines += ["", f"## Remedies at {at}", "",
                   f"{rem['trust']}", "",
                   f"**Recommendation: {rem['recommendation']['text']}**", "",
-                  "| setting | throughput | change % (90%) | TTFT p95 s | ITL p95 s | "
-                  "preemptions | meets limits |", "|---|---|---|---|---|---|---|"]
+                  f"Run-to-run noise of a level's throughput: "
+                  f"{rem['noise']['throughput_sd_pct']:.1f}% ({rem['noise']['source']}); a "
+                  f"change inside it is no measurable effect. Focus: {rem['focus']['rule']}."
+                  + (f" Left out as no-ops (already set): {', '.join(rem['no_ops_left_out'])}."
+                     if rem.get("no_ops_left_out") else ""), "",
+                  "| setting | throughput | change at the focus | TTFT p95 s | ITL p95 s | "
+                  "preemptions | meets limits | changes an assumed setting |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in rem["candidates"]:
-            lo, _, hi = r["throughput_change_pct_p05_p50_p95"]
             lines.append(f"| {r['setting']} | {_fmt(r['output_throughput'], 4)} | "
-                         f"{r['throughput_change_pct']:+.1f} ({lo:+.1f} to {hi:+.1f}) | "
+                         f"{r['effect_text']} | "
                          f"{_fmt(r['ttft_p95_s'])} | {_fmt(r['itl_p95_s'])} | "
-                         f"{r['preemptions']} | {'yes' if r['meets_limits'] else 'no'} |")
+                         f"{r['preemptions']} | {'yes' if r['meets_limits'] else 'no'} | "
+                         f"{', '.join(r['changes_assumed_settings']) or 'no'} |")
     lines += ["", "## Settings", ""]
     lines += [f"- {k} = {v['value']} ({v['source']})" for k, v in doc["settings"].items()]
     lines += ["", "## Assumptions", ""] + [f"- {a}" for a in doc["assumptions"]]

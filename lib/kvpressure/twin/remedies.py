@@ -24,7 +24,18 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.twin.lengths import MEANS
+from kvpressure.twin.noise import (
+    NO_EFFECT,
+    RAISES,
+    change_interval,
+    effect_text,
+    run_to_run_noise,
+)
+from kvpressure.twin.simulate import simulate_level
 
+LENGTH_REDRAWS = 3
+"""Extra draws of a drawn level's request lengths each setting is priced on at the focus."""
 LIMIT_NAMES = ("ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s")
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -98,7 +109,15 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
     from kvpressure.twin.measured import level_value
 
     levels = sorted(twin.workloads)
-    focus = level_value(focus, twin.key) if focus is not None else levels[-1]
+    focus_rule = "given"
+    if focus is not None:
+        focus = level_value(focus, twin.key)
+    elif twin.open_loop:
+        focus, focus_rule = levels[-1], "the highest request rate"
+    else:
+        from kvpressure.pipeline.focus import focus_level
+
+        focus, focus_rule = focus_level(twin.measured.levels)
     if focus not in twin.workloads:
         raise InputError(f"--focus {focus:g}: not a measured level "
                          f"({', '.join(f'{c:g}' for c in levels)})")
@@ -119,6 +138,12 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
     chosen["lower_max_num_seqs"] = (
         {"max_num_seqs": holds} if holds < int(settings["max_num_seqs"]) else None)
     chosen["raise_gpu_memory_utilization"] = None
+    mbt = int(settings["max_num_batched_tokens"])
+    # The kit's floor of 512 would raise a budget already below it: halve it, or nothing.
+    chosen["lower_max_num_batched_tokens"] = (
+        {"max_num_batched_tokens": mbt // 2}
+        if settings.get("enable_chunked_prefill", True) and mbt // 2 >= int(
+            settings["block_size"]) else None)
     kit = evaluate_remedies(base_curve, lambda ov: _curve(twin, ov), settings=settings,
                             target_concurrency=focus, remedies=chosen,
                             max_sequence_tokens=longest, x=twin.key)
@@ -131,8 +156,25 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
         v = int(round(holds * f))
         if 1 <= v < mns and v != holds:
             options.setdefault(f"max_num_seqs={v}", {"max_num_seqs": v})
+    # The pool and the admission rule, both ways: what a KV-bound knee turns on.
+    options.setdefault("larger_pool", {"num_gpu_blocks": 2 * int(settings["num_gpu_blocks"])})
+    if settings.get("scheduler_reserve_full_isl") is True:
+        options.setdefault("admit_by_first_chunk", {"scheduler_reserve_full_isl": False})
     for name, ov in (candidates or {}).items():
         options[str(name)] = dict(ov)
+    # A remedy that sets what is already set changes nothing: not a remedy.
+    no_ops = sorted(n for n, ov in options.items()
+                    if ov and all(settings.get(k) == v for k, v in ov.items()))
+    for n in no_ops:
+        del options[n]
+    # The same change under two names is priced once, under the later (the caller's) name.
+    named: dict[str, str] = {}
+    for n, ov in list(options.items()):
+        same = named.get(repr(sorted(ov.items())))
+        if ov and same is not None:
+            del options[same]
+        named[repr(sorted(ov.items()))] = n
+    assumed = set(twin.assumed_settings)
     base = _priced(twin, focus, {})
     limits_rule = "given"
     if not limits and latency_tolerance_pct is not None:
@@ -140,6 +182,19 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
         limits = {k: float(base["point"][k]) * grow for k in ("ttft_p95_s", "itl_p95_s")
                   if math.isfinite(float(base["point"][k])) and base["point"][k] > 0}
         limits_rule = f"the twin's TTFT and ITL p95 at {at} +{latency_tolerance_pct:g}%"
+    noise = run_to_run_noise(twin.measured.runs, twin.key, twin.report.table)
+    work = twin.workloads[focus]
+    spread_known = work.lengths_source != MEANS
+    redraws = [work.redrawn(seed) for seed in range(1, LENGTH_REDRAWS + 1)] if (
+        work.drawn_from is not None) else []
+    fit = twin.fitted
+
+    def redrawn_throughputs(ov: Mapping[str, Any]) -> np.ndarray:
+        return np.array([simulate_level({**settings, **ov}, w, fit.step_coefficients(),
+                                        fit.theta["ttft_offset"])["output_throughput"]
+                         for w in redraws], dtype=float)
+
+    base_redrawn = redrawn_throughputs({})
     table = []
     for name, ov in options.items():
         got = base if not ov else _priced(twin, focus, ov)
@@ -147,12 +202,23 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
         ok, broken = _meets(p, limits)
         change = 100.0 * (got["throughput_draws"] / base["throughput_draws"] - 1.0)
         point_change = 100.0 * (p["output_throughput"] / base["point"]["output_throughput"] - 1)
+        coef = _interval(change)
+        redrawn = (100.0 * (redrawn_throughputs(ov) / base_redrawn - 1.0)
+                   if redraws and ov else None)
+        draws = None if redrawn is None else np.append(redrawn, point_change)
+        lo, hi, effect = change_interval(point_change, coef[0], coef[2], draws, noise,
+                                         spread_known)
         table.append({
             "setting": name, "overrides": ov,
             "output_throughput": p["output_throughput"],
             "output_throughput_p05_p50_p95": _interval(got["throughput_draws"]),
             "throughput_change_pct": point_change,
-            "throughput_change_pct_p05_p50_p95": _interval(change),
+            "throughput_change_pct_p05_p50_p95": coef,
+            "throughput_change_pct_with_noise": [lo, hi] if ov else [0.0, 0.0],
+            "effect": effect if ov else NO_EFFECT,
+            "effect_text": effect_text(point_change, lo, hi, effect, noise, spread_known)
+            if ov else "the current settings",
+            "length_redraws_change_pct": None if redrawn is None else redrawn.tolist(),
             "better_than_baseline_share": float(np.mean(change > 0)) if ov else None,
             "ttft_p95_s": p["ttft_p95_s"],
             "ttft_p95_s_p05_p50_p95": _interval(got["ttft_p95_draws"]),
@@ -160,8 +226,14 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
             "itl_p50_s": p["itl_p50_s"], "preemptions": p["preemptions"],
             "recompute_ratio": p["recompute_ratio"], "meets_limits": ok,
             "limits_broken": broken,
+            "changes_assumed_settings": sorted(set(ov) & assumed),
         })
-    allowed = [r for r in table if r["meets_limits"]]
+    # A change to a setting the data does not show is a change from a guess: not recommended.
+    # ... and one inside the noise would not be seen to work: the baseline stays.
+    # More KV memory is hardware, not a setting: priced, said, not recommended.
+    allowed = [r for r in table if r["meets_limits"] and not r["changes_assumed_settings"]
+               and (r["setting"] == "baseline" or r["effect"] == RAISES)
+               and "num_gpu_blocks" not in r["overrides"]]
     if allowed:
         top = max(allowed, key=lambda r: (r["output_throughput"], r["setting"] == "baseline"))
         # A gain below the kit's threshold is no reason to change a production setting.
@@ -169,16 +241,26 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
         best = next((r for r in table if r["setting"] == "baseline"), top) if small else top
         if best["setting"] == "baseline":
             text = (f"keep the current settings: no candidate raises throughput at {at} "
-                    f"by {min_gain_pct:g}% or more within the limits"
-                    + (f" (the best, {top['setting']}, "
-                       f"{top['throughput_change_pct']:+.1f}%)" if small else ""))
+                    f"by {min_gain_pct:g}% or more, beyond the run-to-run noise, within the "
+                    "limits" + (f" (the best, {top['setting']}, "
+                                f"{top['throughput_change_pct']:+.1f}%)" if small else ""))
+            flagged = [r["setting"] for r in table if r["changes_assumed_settings"]
+                       and r["effect"] == RAISES and r["meets_limits"]]
+            if flagged:
+                text += ("; " + ", ".join(flagged) + " would change a setting the data does "
+                         "not show (" + ", ".join(sorted({k for r in table if r["setting"] in
+                                                          flagged
+                                                          for k in r["changes_assumed_settings"]}))
+                         + "): give its value (--set) to have it priced")
         else:
-            lo, mid, hi = best["throughput_change_pct_p05_p50_p95"]
             change = ", ".join(f"{k}={v}" for k, v in best["overrides"].items())
             name = change if best["setting"] == change else f"{best['setting']} ({change})"
-            text = (f"{name}: output throughput at {at} {best['throughput_change_pct']:+.1f}% "
-                    f"(90% interval {lo:+.1f}% to {hi:+.1f}%), TTFT p95 {best['ttft_p95_s']:.3g} s, "
-                    f"ITL p95 {best['itl_p95_s'] * 1000:.3g} ms")
+            text = (f"{name}: output throughput at {at} {best['effect_text']}, TTFT p95 "
+                    f"{best['ttft_p95_s']:.3g} s, ITL p95 {best['itl_p95_s'] * 1000:.3g} ms")
+        pool = next((r for r in table if r["setting"] == "larger_pool"), None)
+        if pool is not None and pool["effect"] == RAISES:
+            text += (f"; more KV memory (the pool doubled, {pool['overrides']['num_gpu_blocks']} "
+                     f"blocks: a smaller model or KV dtype, more memory) {pool['effect_text']}")
         recommendation = {"setting": best["setting"], "overrides": best["overrides"],
                           "text": text, "trusted": fits}
     else:
@@ -187,7 +269,10 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
     if not fits:
         recommendation["text"] = "UNTRUSTED (twin does not fit): " + recommendation["text"]
     return {"focus_concurrency": focus if twin.key == "concurrency" else None,
-            "focus": {twin.key: focus, "name": at},
+            "focus": {twin.key: focus, "name": at, "rule": focus_rule},
+            "no_ops_left_out": no_ops, "noise": noise.to_dict(),
+            "lengths_source": work.lengths_source, "length_redraws": len(redraws),
+            "assumed_settings": sorted(assumed),
             "limits": dict(limits), "limits_rule": limits_rule,
             "trust": trust,
             "trusted": fits, "pool_holds_sequences": holds, "kit_remedies": kit.to_dict(),

@@ -6,7 +6,8 @@ Sources, first one that has a setting wins:
 2. an engine-settings file in the run folder: ``engine.json`` / ``engine_args.json`` /
    ``settings.json`` (a flat mapping of vLLM engine arguments, or one under ``engine_args``
    or ``settings``), or ``analysis/collect.json``'s ``settings`` (a report folder);
-3. ``runs.csv`` columns named like engine arguments (a simulated sweep writes them);
+3. ``runs.csv`` columns named like engine arguments (a simulated sweep writes them), and the
+   engine arguments a bench result records (``vllm bench serve --metadata max_num_seqs=64``);
 4. ``ingest.json``'s options (``policy``, ``scheduler_reserve_full_isl``);
 5. ``vllm:cache_config_info`` in ``series.csv`` (``num_gpu_blocks``, ``block_size``,
    ``enable_prefix_caching``);
@@ -35,6 +36,7 @@ from kvpressure.simulation.scenario import (
     DEFAULT_MAX_NUM_SEQS,
     SETTING_NAMES,
 )
+from kvpressure.user_files import parse_user_json, read_user_text
 
 ALIASES = {"scheduling_policy": "policy", "num_gpu_blocks_override": "num_gpu_blocks",
            "max_seq_len": "max_model_len"}
@@ -103,10 +105,7 @@ def _settings_file(run_dir: Path) -> tuple[dict[str, Any], str] | None:
     for name in SETTINGS_FILES:
         path = run_dir / name
         if path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+            data = parse_user_json(read_user_text(path, "engine-arguments file"), path)
             if isinstance(data, dict):
                 for key in ("engine_args", "settings", "engine"):
                     if isinstance(data.get(key), dict):
@@ -187,7 +186,8 @@ def _server_log(run_dir: Path, logs: list[Path]) -> tuple[dict[str, Any], str] |
 
 def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None,
                   ingest: dict[str, Any], overrides: dict[str, Any] | None = None,
-                  logs: list[Path] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+                  logs: list[Path] | None = None, bench: dict[str, Any] | None = None
+                  ) -> tuple[dict[str, Any], dict[str, str]]:
     """``(settings, source of each setting)`` for the scheduler of the twin; ``logs`` are the
     server logs known besides the run folder's own (given, or ingested from)."""
     from kvpressure.ingestion.cache_config import cache_config
@@ -199,6 +199,8 @@ def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None
     if got:
         layers.append((got[0], got[1]))
     layers.append((_runs_columns(runs, "runs.csv"), "runs.csv"))
+    if bench:
+        layers.append((_known(dict(bench), "bench result"), "the bench result (--metadata)"))
     options = ingest.get("options") if isinstance(ingest.get("options"), dict) else {}
     layers.append((_known({k: options.get(k) for k in ("policy", "scheduler_reserve_full_isl")},
                           "ingest.json options"), "ingest.json options"))
@@ -236,3 +238,24 @@ def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None
         settings["max_model_len"] = settings["num_gpu_blocks"] * settings["block_size"]
         source["max_model_len"] = "assumed: not in the data (the pool size in tokens)"
     return settings, source
+
+
+def is_assumed(source: str) -> bool:
+    """Whether a setting's source (``twin_settings``) says it is not in the data."""
+    return "assumed" in source or "default" in source
+
+
+def assumed_settings(source: dict[str, str]) -> list[str]:
+    """The settings the twin was not told and took a default for, sorted."""
+    return sorted(k for k, src in source.items() if is_assumed(src))
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    """``--set KEY=VALUE`` options as a mapping (the values are checked by ``twin_settings``)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out

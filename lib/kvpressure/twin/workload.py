@@ -9,14 +9,16 @@ draw of the arrival process ``vllm bench serve`` uses (gaps from a gamma distrib
 
 The lengths are, best first: the exact prompt and output lengths of the level's requests (a
 bench result saved with ``--save-detailed``, or a simulated point's ``requests.csv``), in their
-order; otherwise every request gets the level's mean lengths (from the token totals), which is
-said in the twin's assumptions.
+order; otherwise made from what the data has (``lengths.py``: the bench result's dataset
+arguments, the scrape log's length histograms), else every request gets the level's mean
+lengths (from the token totals); the twin's assumptions say which, level by level.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,20 @@ class LevelWorkload:
     """Open loop: each request's arrival, seconds from the first."""
     arrivals_measured: bool = True
     """Open loop: the arrivals are the measured send times (False: drawn at the rate)."""
+    lengths_source: str = ""
+    """Where the lengths came from (``lengths.py``: PER_REQUEST, DATASET_ARGS, HISTOGRAMS,
+    MEANS; empty: given by the caller)."""
+    lengths_detail: str = ""
+    drawn_from: Any = field(default=None, compare=False, repr=False)
+    """The ``lengths.LevelLengths`` the lengths are one draw of (None: not a draw)."""
+
+    def redrawn(self, seed: int) -> LevelWorkload:
+        """The same level with another draw of its lengths (itself when they are no draw)."""
+        if self.drawn_from is None or not self.drawn_from.drawn:
+            return self
+        got = self.drawn_from.redrawn(seed)
+        return dataclasses.replace(self, prompt_lens=got.prompt_lens,
+                                   output_lens=got.output_lens, drawn_from=got)
 
     @property
     def open_loop(self) -> bool:
@@ -67,7 +83,9 @@ class LevelWorkload:
         return {
             "concurrency": self.concurrency,
             "num_requests": n,
-            "lengths": "measured per request" if self.exact else "level mean (assumed fixed)",
+            "lengths": "measured per request" if self.exact else (
+                self.lengths_source or "level mean (assumed fixed)"),
+            **({"lengths_detail": self.lengths_detail} if self.lengths_detail else {}),
             "prompt_len_mean": sum(self.prompt_lens) / n,
             "output_len_mean": sum(self.output_lens) / n,
             "prompt_len_range": [min(self.prompt_lens), max(self.prompt_lens)],
@@ -96,14 +114,18 @@ def drawn_arrivals(n: int, rate: float, burstiness: float = 1.0, seed: int = 0
 def level_workloads(measured: Any) -> dict[Any, LevelWorkload]:
     """One ``LevelWorkload`` per measured level (``Measured`` from ``measured.py``), keyed as
     the levels are (``Measured.key``)."""
+    from kvpressure.twin.lengths import from_means, from_measured
     from kvpressure.twin.measured import level_name, level_value
 
     out: dict[Any, LevelWorkload] = {}
     for _, row in measured.levels.iterrows():
         c = level_value(row[measured.key], measured.key)
+        drawn = measured.drawn_lengths.get(c)
         if c in measured.lengths:
             ins, outs = (tuple(v) for v in measured.lengths[c])
-            exact = True
+            exact, made = True, from_measured(ins, outs)
+        elif drawn is not None:
+            ins, outs, exact, made = drawn.prompt_lens, drawn.output_lens, False, drawn
         else:
             n, p, o = row["num_requests"], row["input_len_mean"], row["output_len_mean"]
             if any(not isinstance(v, float) or math.isnan(v) for v in (n, p, o)) or n < 1:
@@ -112,16 +134,17 @@ def level_workloads(measured: Any) -> dict[Any, LevelWorkload]:
                     "request lengths are not in the data (needs num_requests, duration_s, "
                     "output_throughput and total_token_throughput, or a bench result saved "
                     "with --save-detailed)")
-            n_i = int(round(n))
-            ins, outs = (max(1, round(p)),) * n_i, (max(1, round(o)),) * n_i
-            exact = False
+            made = from_means(int(round(n)), p, o)
+            ins, outs, exact = made.prompt_lens, made.output_lens, False
+        said = {"lengths_source": made.source, "lengths_detail": made.detail,
+                "drawn_from": made if made.drawn else None}
         if not measured.open_loop:
-            out[c] = LevelWorkload(c, ins, outs, exact)
+            out[c] = LevelWorkload(c, ins, outs, exact, **said)
             continue
         sent = measured.arrivals.get(c)
         measured_times = sent is not None and len(sent) == len(ins)
         times = (tuple(sent) if measured_times else
                  drawn_arrivals(len(ins), c, measured.burstiness.get(c, 1.0)))
         out[c] = LevelWorkload(0, ins, outs, exact, request_rate=c, arrival_times_s=times,
-                               arrivals_measured=measured_times)
+                               arrivals_measured=measured_times, **said)
     return out
