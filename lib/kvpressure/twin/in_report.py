@@ -125,9 +125,7 @@ def fit_frame(levels: list[dict[str, Any]]) -> pd.DataFrame:
             "recompute twin": (f"{r['recompute_ratio_twin']:.1%}"
                                if isinstance(r.get("recompute_ratio_twin"), int | float)
                                else "n/a"),
-            "TTFT p50 s measured / twin": _pair(r, "ttft_p50_s"),
             "TTFT p95 s measured / twin": _pair(r, "ttft_p95_s"),
-            "ITL p50 ms measured / twin": _pair(r, "itl_p50_s", 1000.0),
             "ITL p95 ms measured / twin": _pair(r, "itl_p95_s", 1000.0),
         })
     return pd.DataFrame(rows)
@@ -231,5 +229,11 @@ def show_report_twin(twin: ReportTwin | None) -> None:
             f"({twin.focus.get('rule', '')}); a change inside the run-to-run noise "
             f"({noise.get('throughput_sd_pct', float('nan')):.1f}% a run, "
             f"{noise.get('source', '')}) is no measurable effect:")
-        show_table(twin.remedies[["setting", "effect_text", "preemptions",
-                                  "changes_assumed_settings"]], text=True)
+        shown = twin.remedies[["setting", "effect_text", "preemptions",
+                               "changes_assumed_settings"]].copy()
+        shown["changes_assumed_settings"] = shown["changes_assumed_settings"].map(
+            lambda v: ", ".join(v) if isinstance(v, list | tuple) and v else "none")
+        show_table(shown.rename(columns={
+            "effect_text": "predicted change in output throughput",
+            "preemptions": "preemptions (twin)",
+            "changes_assumed_settings": "changes an assumed setting"}), text=True)
