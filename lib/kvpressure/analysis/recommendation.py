@@ -206,7 +206,7 @@ def _do_this(best: Mapping[str, Any], target: Any) -> str:
     return (head + " At today's operating limit, "
             + _change_text(best.get("operating_gain_pct"), best.get("operating_gain_range_pct"),
                            best["seeds"], f"concurrency {_num(op)}")
-            + (f" ({' / '.join(lat)})" if lat else "") + peak + "."
+            + (f", with {' / '.join(lat)}" if lat else "") + peak + "."
             + best.get("where_to_run", ""))
 
 
