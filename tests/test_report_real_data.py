@@ -157,7 +157,8 @@ def test_bench_sweep_with_one_log_is_investigated_like_the_simulation(full, swee
     assert rec.workload.input_len_distribution.mean == pytest.approx(lens.mean())
     # Everything measured: the only nulls are the comparison the data does not hold.
     data = load_record(full.record_path).model_dump(mode="json")
-    assert list(empty_fields(data)) == ["perf.knee.same_schedule_from", "evidence.comparison",
+    assert list(empty_fields(data)) == ["scheduler.async_scheduling",
+                                         "perf.knee.same_schedule_from", "evidence.comparison",
                                          "provenance.seed", "provenance.vllm_version_served",
                                          "provenance.seeds", "missing"]
     page = full.index_path.read_text()
