@@ -25,6 +25,7 @@ from kvpressure.pipeline.sentences import (
     ms,
     num,
     recompute_ratio_text,
+    signed_pct,
     symptom_sentence,
     to_html,
     version_warning,
@@ -148,12 +149,8 @@ def _holds(check: Any) -> str:
     return NO_DATA if check.holds is None else ("yes" if check.holds else "no")
 
 
-def _fmt_pct(v: Any) -> str:
-    return "no data" if v is None else f"{v:+.0f}%"
-
-
 def _gain_cell(gain: Any, spread: Any) -> str:
-    text = _fmt_pct(gain)
+    text = signed_pct(gain)
     if spread:
         text += f" ({spread[0]:+.0f}% to {spread[1]:+.0f}%)"
     return text
@@ -179,8 +176,8 @@ def recommendation_html(rec: dict[str, Any] | None) -> str:
                         f"<td>{_e(_gain_cell(r.get('gain_pct'), r.get('gain_range_pct')))}</td>"
                         + (f"<td>{_e(_gain_cell(r.get('operating_gain_pct'), r.get('operating_gain_range_pct')))}</td>"
                            if op is not None else "")
-                        + f"<td>{_e(_fmt_pct(r.get('ttft_p95_change_pct')))}</td>"
-                        f"<td>{_e(_fmt_pct(r.get('itl_p95_change_pct')))}</td><td>{_e(why)}</td>"
+                        + f"<td>{_e(signed_pct(r.get('ttft_p95_change_pct')))}</td>"
+                        f"<td>{_e(signed_pct(r.get('itl_p95_change_pct')))}</td><td>{_e(why)}</td>"
                         "</tr>")
     for r in rec.get("not_run") or []:
         blank = "<td>not run</td>" * (4 if op is not None else 3)
