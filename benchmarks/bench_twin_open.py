@@ -553,6 +553,23 @@ _LOG_TIME = re.compile(r"^\(\w+ pid=\d+\) \w+ (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)
 _STEP = "Iteration("
 
 
+def cut_scrape_log(src_path: Path, dest_gz: Path, start: float, end: float) -> int:
+    """The scrapes of ``src_path`` within [start, end], with only the kept families, gzipped
+    to ``dest_gz`` (no timestamp in the gzip header: the same cut gives the same bytes);
+    returns how many were kept."""
+    kept = 0
+    with src_path.open() as src, gzip.GzipFile(dest_gz, "wb", mtime=0) as gz:
+        for line in src:
+            rec = json.loads(line)
+            if not start <= rec["t"] <= end:
+                continue
+            if "text" in rec:
+                rec["text"] = _keep_families(rec["text"])
+            gz.write((json.dumps(rec) + "\n").encode())
+            kept += 1
+    return kept
+
+
 def _keep_families(text: str) -> str:
     out, keep = [], True
     for line in text.splitlines():
@@ -584,17 +601,8 @@ def cut_test_data(folder: Path, dest: Path, margin_s: float = 2.0) -> dict:
         windows.append((res["kvpressure_window"]["start"], res["kvpressure_window"]["end"]))
         (dest / "bench" / path.name).write_text(json.dumps(res, indent=1) + "\n")
     start, end = min(w[0] for w in windows), max(w[1] for w in windows)
-    kept = 0
-    with (folder / "metrics.prom.jsonl").open() as src, \
-            gzip.GzipFile(dest / "metrics.prom.jsonl.gz", "wb", mtime=0) as gz:
-        for line in src:
-            rec = json.loads(line)
-            if not start - 3.0 <= rec["t"] <= end + 3.0:
-                continue
-            if "text" in rec:
-                rec["text"] = _keep_families(rec["text"])
-            gz.write((json.dumps(rec) + "\n").encode())
-            kept += 1
+    kept = cut_scrape_log(folder / "metrics.prom.jsonl", dest / "metrics.prom.jsonl.gz",
+                          start - 3.0, end + 3.0)
     year = dt.datetime.fromtimestamp(start).year
     lines_kept = 0
     with (folder / "server.log").open(errors="replace") as src, \

@@ -150,9 +150,8 @@ def cut_test_data(folder: Path, dest: Path) -> dict:
     path replaced), the scrape log within the sweep's span (+- 5 s) with the families the kit
     reads."""
     import datetime as dt
-    import gzip
 
-    from bench_twin_open import _keep_families
+    from bench_twin_open import cut_scrape_log
 
     shutil.rmtree(dest, ignore_errors=True)
     (dest / "bench").mkdir(parents=True)
@@ -165,17 +164,8 @@ def cut_test_data(folder: Path, dest: Path) -> dict:
         spans.append((end - float(res["duration"]) - 1.0, end))
         (dest / "bench" / path.name).write_text(json.dumps(res, indent=1) + "\n")
     start, end = min(a for a, _ in spans), max(b for _, b in spans)
-    kept = 0
-    with (folder / "metrics.prom.jsonl").open() as src, \
-            gzip.GzipFile(dest / "metrics.prom.jsonl.gz", "wb", mtime=0) as gz:
-        for line in src:
-            rec = json.loads(line)
-            if not start - 5.0 <= rec["t"] <= end + 5.0:
-                continue
-            if "text" in rec:
-                rec["text"] = _keep_families(rec["text"])
-            gz.write((json.dumps(rec) + "\n").encode())
-            kept += 1
+    kept = cut_scrape_log(folder / "metrics.prom.jsonl", dest / "metrics.prom.jsonl.gz",
+                          start - 5.0, end + 5.0)
     return {"scrapes": kept, "bytes": sum(p.stat().st_size for p in dest.rglob("*")
                                           if p.is_file())}
 

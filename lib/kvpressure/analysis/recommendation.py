@@ -20,15 +20,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvpressure.jsonable import finite_or_none as _finite
+
 LATENCIES = (("ttft_p95", "TTFT p95"), ("itl_p95", "ITL p95"))
-
-
-def _finite(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _pct(v: float) -> str:

@@ -15,19 +15,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvpressure.jsonable import finite_or_none as finite
+
 NO_DATA = "no data"
 
 
 # --------------------------------------------------------------------------- numbers
-def finite(v: Any) -> float | None:
-    """``v`` as a float, or None when it is missing or not finite."""
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
 def num(value: Any, digits: int = 3) -> str:
     """A number as a reader writes it: whole numbers without a decimal point (a level is "16",
     not "16.0") and with thousands separators, others to ``digits`` significant figures."""
