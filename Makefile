@@ -16,13 +16,18 @@ export UV_LINK_MODE := copy
 export MPLBACKEND := Agg
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 unexport JUPYTER_PATH
+# Every test, notebook kernel and CLI call is a fresh interpreter: without bytecode each one
+# compiles pandas, matplotlib and the kit from source again (seconds a process). uv writes the
+# dependencies' bytecode at install (--compile-bytecode); the kit's own is written as it runs.
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: report test test-fast e2e lab bench native lock lint clean help
+.PHONY: report test test-fast test-slow e2e lab bench native lock lint clean help
 
 help:
 	@echo "make report   run the investigation on the built-in seed case -> reports/$(NAME)/"
-	@echo "make test     every test: make test-fast, then make e2e"
-	@echo "make test-fast  lint, pytest on tests/, nbval on notebooks/ (no real vLLM)"
+	@echo "make test     every test: make test-fast, make test-slow, then make e2e"
+	@echo "make test-fast  lint, pytest on tests/ but the slow ones, nbval on notebooks/"
+	@echo "make test-slow  the tests marked slow (whole reports, real Prometheus, a browser)"
 	@echo "make e2e      kvpressure collect against a real vLLM server (CPU build, own venv);"
 	@echo "              kvpressure verify-vllm against that vLLM's scheduler"
 	@echo "make lab      open the notebooks in JupyterLab"
@@ -35,26 +40,37 @@ $(UV):
 	.tools/bin/pip install --quiet uv==$(UV_VERSION)
 
 $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
-	$(UV) sync --locked --extra test --extra dask --inexact
+	$(UV) sync --locked --extra test --extra dask --inexact --compile-bytecode
 	@touch $@
 
 report: $(VENV)/.synced
 	$(MAKE) native || echo "report: no compiled simulation (make native), its sources run"
 	$(BIN)/kvpressure report --experiment $(EXPERIMENT) --out reports/$(NAME)
 
-# Every test: the fast lane, then the end-to-end suite against a real vLLM server.
-test: test-fast e2e
+# Every test: the fast lane, the slow tests, then the end-to-end suite against a real vLLM server.
+test: test-fast test-slow e2e
 
-# The inner loop: lint, pytest on tests/ (without tests/e2e) and nbval on notebooks/.
+# pytest's workers, one a core (auto); a test module stays on one worker (its fixtures are
+# built once). PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
+# The inner loop: lint, pytest on tests/ (without tests/e2e and the slow tests) and nbval on
+# notebooks/.
 test-fast: $(VENV)/.synced
 	scripts/system-deps.sh
 	$(MAKE) native
 	$(BIN)/ruff check lib tests benchmarks
 	$(BIN)/python -m kvpressure.pipeline.lab --install-filter --verify
-	$(BIN)/pytest tests
+	$(BIN)/pytest tests -m "not slow" $(PYTEST_PARALLEL)
 	cd notebooks && KVPRESSURE_NB_EXPERIMENT=../data/experiments/ci_small.yaml \
 	    KVPRESSURE_RUN_CONTEXT=$(CURDIR)/.venv/nbval-run.json \
 	    ../$(BIN)/pytest --nbval-lax --nbval-current-env .
+
+test-slow: $(VENV)/.synced
+	scripts/system-deps.sh
+	$(MAKE) native
+	$(BIN)/pytest tests -m slow $(PYTEST_PARALLEL)
 
 # A real vLLM (PyPI's CPU build, in its own cached venv: scripts/vllm-env.sh) serving a small
 # seeded model with a deliberately small KV pool, a real Prometheus scraping it, and
@@ -67,7 +83,7 @@ e2e: $(VENV)/.synced
 	    $(BIN)/pytest tests/e2e -v -s -p no:cacheprovider
 
 $(VENV)/.lab: $(VENV)/.synced
-	$(UV) sync --locked --extra test --extra lab --inexact
+	$(UV) sync --locked --extra test --extra lab --inexact --compile-bytecode
 	@touch $@
 
 # Lab plots inline (MPLBACKEND=Agg, exported above for batch runs, is left out of its

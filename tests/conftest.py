@@ -3,7 +3,9 @@ helpers live in ``*_helpers.py``)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 
 import pytest
 
@@ -20,8 +22,21 @@ CI_SMALL = REPO_ROOT / "data" / "experiments" / "ci_small.yaml"
 @pytest.fixture(scope="session")
 def ci_small_report(tmp_path_factory):
     """``kvpressure report`` on the small built-in experiment: the notebooks through papermill,
-    once for every module that reads the run folder (none of them may change it)."""
+    once for every module that reads the run folder (none of them may change it). Under
+    parallel workers (pytest -n) the first worker to ask writes it and the others wait for it
+    and read the same folder: a second report would only cost a core for a minute."""
     from kvpressure.pipeline.report import make_report
 
-    out = tmp_path_factory.mktemp("report") / "ci_small"
-    return make_report(out, experiment=CI_SMALL, jobs=2, progress=lambda _m: None, stream=None)
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        out = tmp_path_factory.mktemp("report") / "ci_small"
+        return make_report(out, experiment=CI_SMALL, jobs=2, progress=lambda _m: None,
+                           stream=None)
+    shared = tmp_path_factory.getbasetemp().parent  # one folder for all workers of a run
+    done = shared / "ci_small_report.pickle"
+    with open(shared / "ci_small_report.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            result = make_report(shared / "ci_small_report" / "ci_small", experiment=CI_SMALL,
+                                 jobs=2, progress=lambda _m: None, stream=None)
+            done.write_bytes(pickle.dumps(result))
+    return pickle.loads(done.read_bytes())

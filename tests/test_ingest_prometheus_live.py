@@ -46,6 +46,7 @@ def _values(series, metric: str, labels: str) -> list[float]:
     return rows.sort_values("t")["value"].tolist()
 
 
+@pytest.mark.slow
 def test_live_prometheus_gives_back_what_was_scraped(tmp_path: Path) -> None:
     binary = require_prometheus()
     texts = _texts()

@@ -125,6 +125,7 @@ def small_pool(tmp_path_factory):
     return runs.sort_values("concurrency").reset_index(drop=True), replay, run_dir, rec
 
 
+@pytest.mark.slow
 def test_gauges_are_read_over_the_steady_load_only(small_pool):
     sim, replay, run_dir, _ = small_pool
     got = pd.read_csv(run_dir / "runs.csv").sort_values("concurrency").reset_index(drop=True)
@@ -152,6 +153,7 @@ def test_gauges_are_read_over_the_steady_load_only(small_pool):
     assert min(usage) == 0.0 and top["mean_kv_usage"] > np.mean(usage)
 
 
+@pytest.mark.slow
 def test_small_pool_with_swinging_usage_is_kv_bound(small_pool):
     _, _, _, rec = small_pool
     checks = {c.name: c.holds for c in rec.evidence.checks}
@@ -166,6 +168,7 @@ def test_small_pool_with_swinging_usage_is_kv_bound(small_pool):
     assert w.start_s < w.gauges_start_s < w.gauges_end_s <= w.end_s
 
 
+@pytest.mark.slow
 def test_one_level_scrape_log_alone_is_kv_bound(small_pool, tmp_path):
     """The simulation's own scrape log of the level past the knee, given alone: gauges over the
     steady part of the log, the same verdict as with the bench results."""
@@ -179,6 +182,7 @@ def test_one_level_scrape_log_alone_is_kv_bound(small_pool, tmp_path):
     assert rec.counters.num_preemptions_total == level["preemptions"]
 
 
+@pytest.mark.slow
 def test_light_load_is_not_called_kv_bound(small_pool, tmp_path):
     _, replay, _, _ = small_pool
     rec = load_record(analyse(tmp_path / "r", source=[str(replay.log.parent / "bench"),
@@ -205,6 +209,7 @@ def test_steady_part_rule_on_a_hand_made_ramp():
 
 
 # --------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_report_on_early_v1_dump_exits_0(tmp_path):
     out = tmp_path / "r"
     res = _cli("report", "--source", str(REAL / "early_v1_loaded.prom"), "--out", str(out),
@@ -214,6 +219,7 @@ def test_report_on_early_v1_dump_exits_0(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_report_on_declared_only_dump_exits_2_naming_the_file(tmp_path):
     res = _cli("report", "--source", str(REAL / "declared_only.prom"), "--out",
                str(tmp_path / "r"))

@@ -12,6 +12,9 @@ import pytest
 from kvpressure.cli import main
 from kvpressure.record.io import load_record
 
+# Each test runs a report or fits a twin on real data: seconds each.
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parent / "data" / "bench_tables"
 MAPPING = "concurrency=conc,output_throughput=tok_s,ttft_p95_s=ttft_p95_ms"
 SOURCES = {

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from kvpressure.cli import main
 
-DATA = Path(__file__).parent / "data" / "vllm-0.33-scheduler"
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "vllm-0.33-scheduler"
 LIGHT = DATA / "light_open_prefix_groups.scenario.json"
 
 
@@ -19,7 +25,32 @@ def test_simulate_writes_the_reference_files(tmp_path):
     assert (out / "requests.csv").read_text() == (DATA / f"{name}.requests.csv").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["prefix_cache_hits"] == 126976
-    assert set(summary["timing"]) == {"loop_wall_s", "steps_per_second"}
+    assert set(summary["timing"]) == {"loop_wall_s", "steps_per_second", "setup_s", "import_s"}
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_the_timed_loop_imports_nothing(native):
+    # loop_wall_s is the loop alone: a module first imported inside it (numpy at the steps
+    # table's first flush, say) would be timed as simulation. A fresh interpreter, so that
+    # nothing this test session imported hides it.
+    code = (
+        "import sys\n"
+        "from kvpressure.simulation.engine import simulate\n"
+        "from kvpressure.simulation.scenario import load_scenario\n"
+        "new = []\n"
+        f"sc = load_scenario({str(DATA / 'heavy_closed_c64_fcfs.scenario.json')!r})\n"
+        "before = set(sys.modules)\n"
+        "simulate(sc)\n"
+        "new += set(sys.modules) - before\n"
+        "from kvpressure.simulation.experiment import load_experiment\n"
+        f"point = load_experiment({str(ROOT / 'data/experiments/ci_small.yaml')!r}).point()\n"
+        "before = set(sys.modules)\n"
+        "simulate(point.scenario, cost_model=point.cost_model, recorder=point.recorder)\n"
+        "new += set(sys.modules) - before\n"
+        "print(sorted(new))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=dict(os.environ, KVPRESSURE_NATIVE=native))
+    assert out.stdout.strip() == "[]"
 
 
 def test_outputs_are_byte_identical_across_runs_and_paths(tmp_path):

@@ -137,6 +137,7 @@ def _digests(tmp_path: Path, native_on: bool) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_compiled_set_gives_the_bytes_of_the_sources(tmp_path):
     built = native.native_dir() / native.STAMP
     if not built.is_file() or json.loads(built.read_text()) != native.expected_stamp():

@@ -124,6 +124,7 @@ def seed_runs(all_seed_runs) -> pd.DataFrame:
     return all_seed_runs[all_seed_runs["repeat"] == 0]
 
 
+@pytest.mark.slow
 def test_seed_case_rises_flattens_and_falls_with_preemption(seed_runs):
     base = seed_runs[seed_runs.variant == "baseline"].sort_values("concurrency")
     tput = base["output_throughput"].to_numpy()

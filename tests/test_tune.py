@@ -150,6 +150,7 @@ def test_baseline_equals_the_sweep(tmp_path):
         assert tuned.to_dict() == swept.to_dict()
 
 
+@pytest.mark.slow
 def test_streamed_results_survive_an_interruption_and_are_reused(tmp_path):
     clean = run_tune(str(CI_SMALL), tmp_path / "clean", parameters=GRID, limits=LIMITS)
     assert clean.simulated == clean.configurations == 5
@@ -250,6 +251,7 @@ def test_tune_set_gives_a_run_folders_twin_a_setting(tmp_path, capsys):
     assert "--set 'max_num_seqs': expected KEY=VALUE" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_configurations_for_the_rerun(tmp_path):
     """The command, interrupted with SIGINT while its workers run: exit 130, the finished
     configurations kept; the same command then simulates only the rest, and its tables are

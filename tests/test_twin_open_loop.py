@@ -104,6 +104,7 @@ def test_the_open_twin_fits_on_the_step_trace_and_matches_the_levels(tmp_path):
             & (t["output_throughput_twin"] * 0.999 <= hi)).all()
 
 
+@pytest.mark.slow
 def test_open_twin_remedies_are_keyed_by_rate_and_written(tmp_path):
     from kvpressure.twin.output import make_twin_folder
     from twin_helpers import SETTINGS

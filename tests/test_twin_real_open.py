@@ -12,6 +12,9 @@ import pytest
 
 from kvpressure.cli import main
 
+# Each test runs a report or fits a twin on real data: seconds each.
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parent / "data" / "twin_real_open"
 # Measured on the same server setup, each remedy round against a baseline run just before or
 # after it (benchmarks/bench_twin_open.py --ab max_num_seqs_pool, 8 rounds, README there):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from pathlib import Path
 
 from kvpressure.errors import InputError
@@ -105,8 +106,11 @@ def _parse_overrides(items: list[str], experiment: bool) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    t_import = time.perf_counter()
     from kvpressure.pipeline.output_folder import check_replaceable, output_folder
     from kvpressure.simulation.engine import simulate
+
+    import_s = time.perf_counter() - t_import
 
     out_dir = Path(args.out)
     check_replaceable(out_dir, args.force, "simulate")
@@ -139,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     with output_folder(out_dir, "simulate", inputs=inputs, force=args.force) as work:
         result = simulate(scenario, cost_model=cost_model, recorder=recorder,
                           fast_path="off" if args.step_by_step else "leap")
+        result.summary["timing"]["import_s"] = round(import_s, 6)
         result.write(work)
     s = result.summary
     print(f"{scenario.name}: {s['steps']} steps, {s['num_requests']} requests, "

@@ -80,6 +80,7 @@ class Simulation:
                  recorder: Recorder | Any = None, fast_path: str = "leap",
                  clock: StepClock | None = None,
                  request_path: RequestPath | None = None) -> None:
+        t_setup = _time.perf_counter()
         if fast_path not in FAST_PATHS:
             raise InputError(f"fast_path: {fast_path!r} is not one of {', '.join(FAST_PATHS)}")
         self.scenario = scenario
@@ -173,6 +174,7 @@ class Simulation:
         self.itl_values: list[float] = []
         self.itl_weights: list[int] = []
         self.recompute_time_s = 0.0
+        self.setup_s = _time.perf_counter() - t_setup
 
     # -- time -----------------------------------------------------------------------------
     def _step_start(self) -> float:
@@ -323,9 +325,12 @@ class Simulation:
             self.hooks.finish(self.t if self.timed
                               else self.clock.t0 + self.step * self.clock.dt)
         num_steps = len(self.steps)
+        # The loop alone: imports and set-up are timed apart, so that the figure compares with
+        # another scheduler's loop (benchmarks/bench_kinds.py).
         timing = {"loop_wall_s": round(loop_wall, 6),
                   "steps_per_second": round(num_steps / loop_wall, 1) if loop_wall > 0
-                  else 0.0}
+                  else 0.0,
+                  "setup_s": round(self.setup_s, 6)}
         return SimResult(self.scenario, self.steps, self.requests, timing,
                          self._time_stats() if self.timed else None, self.recorder)
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from kvpressure.simulation.step_features import StepFeatures
 
 if TYPE_CHECKING:
@@ -93,8 +95,6 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
     t_start = sim._step_start()
     durations = ends = None
     if sim.timed:
-        import numpy as np
-
         js = np.arange(num_steps)
         sum_ctx = lazy.sum_off + num_running * (clock + 1)  # Σ (num_computed_tokens + 1)
         f = StepFeatures(np.zeros(num_steps, dtype=np.int64),
@@ -184,8 +184,6 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
 def _steps_until(sim: Simulation, ends, num_steps: int, scrape_at: float) -> int:
     """The first leapt step whose end reaches ``scrape_at`` (at most ``num_steps - 1``)."""
     if ends is not None:
-        import numpy as np
-
         return int(np.searchsorted(ends, scrape_at, side="left"))
     dt, t0, step0 = sim.clock.dt, sim.clock.t0, sim.step
 

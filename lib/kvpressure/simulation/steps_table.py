@@ -6,6 +6,10 @@ from array import array
 from struct import Struct
 from typing import Any, Final, NamedTuple
 
+# Imported with the module, not at the first flush: a lazy import would land inside the
+# simulation's timed loop (tens of milliseconds against a loop of a few).
+import numpy as np
+
 # Rows buffered before they move into the columns (Final: a constant in compiled code, not a
 # module lookup at every row).
 _BLOCK: Final = 2048
@@ -83,8 +87,6 @@ class StepsTable:
                                        strict=False):
                     col.extend(values)
             else:
-                import numpy as np
-
                 rows = np.frombuffer(buf, dtype=_row_dtype())
                 for name, col in self._columns.items():
                     col.frombytes(rows[name].tobytes())
@@ -119,10 +121,8 @@ _ROW = Struct("=" + "".join(_typecode(n) for n in StepRow._fields))
 _ROW_DTYPE: list[Any] = []
 
 
-def _row_dtype() -> Any:  # numpy is imported on first use
+def _row_dtype() -> Any:
     if not _ROW_DTYPE:
-        import numpy as np
-
         kinds = {"d": np.float64, "i": np.int32, "q": np.int64}
         _ROW_DTYPE.append(np.dtype([(n, kinds[_typecode(n)]) for n in StepRow._fields]))
     return _ROW_DTYPE[0]
