@@ -101,7 +101,7 @@ bench: $(VENV)/.synced
 # The simulation's exact step compiled with mypyc (needs a C compiler); without it, or once a
 # compiled module's source is edited, the simulation runs its sources (simulation/native.py).
 native: $(VENV)/.synced
-	$(UV) sync --locked --extra test --extra dask --extra native --inexact
+	$(UV) sync --locked --extra test --extra dask --extra native --inexact --compile-bytecode
 	$(BIN)/python scripts/build_native.py
 
 lock: | $(UV)

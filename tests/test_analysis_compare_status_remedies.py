@@ -233,8 +233,16 @@ def test_remedies_in_order_with_gain_and_cost():
     settings = {"max_num_seqs": 256, "max_model_len": 8192, "gpu_memory_utilization": 0.9,
                 "max_num_batched_tokens": 8192, "enable_chunked_prefill": True,
                 "scheduler_reserve_full_isl": False, "watermark": 0.0}
-    rep = evaluate_remedies(baseline_runs(), fake, settings=settings, max_sequence_tokens=3000)
+    batches = []
+
+    def fake_all(all_overrides):
+        batches.append(list(all_overrides))
+        return [fake(ov) for ov in all_overrides]
+
+    rep = evaluate_remedies(baseline_runs(), fake_all, settings=settings,
+                            max_sequence_tokens=3000)
     assert [o.remedy for o in rep.outcomes] == list(REMEDY_ORDER)
+    assert batches == [calls]  # one sweep for every remedy, in the workflow's order
     assert calls[0] == {"max_num_seqs": 20}  # floor of mean running at the target
     assert calls[1] == {"max_model_len": 3000}
     assert calls[2] == {"gpu_memory_utilization": 0.95}
@@ -253,7 +261,7 @@ def test_remedies_in_order_with_gain_and_cost():
 
 
 def test_remedy_that_would_refuse_requests_is_not_run():
-    rep = evaluate_remedies(baseline_runs(), lambda ov: baseline_runs(),
+    rep = evaluate_remedies(baseline_runs(), lambda ovs: [baseline_runs() for _ in ovs],
                             settings={"max_model_len": 8192},
                             remedies={"lower_max_model_len": {"max_model_len": 1024}},
                             max_sequence_tokens=3000)
@@ -261,5 +269,5 @@ def test_remedy_that_would_refuse_requests_is_not_run():
     assert not o.applicable and "3000" in o.reason
     assert rep.try_first is None
     with pytest.raises(InputError, match="unknown remedy 'swap'"):
-        evaluate_remedies(baseline_runs(), lambda ov: baseline_runs(), settings={},
+        evaluate_remedies(baseline_runs(), lambda ovs: [baseline_runs() for _ in ovs], settings={},
                           remedies={"swap": {}})

@@ -91,25 +91,47 @@ def test_monotone_in_batch_context_and_prefill(llama70b_910b):
     assert np.all(np.diff(t_p) > 0)
 
 
-def test_scalar_and_array_results_agree(llama70b_910b):
+_MODELS = {
+    "dense TP 8": lambda: StepCostModel.from_profiles(
+        load_hardware("ascend-910b-64g"), load_model("llama-3.1-70b"), 8),
+    "dense TP 1, compute and memory added": lambda: StepCostModel.from_profiles(
+        load_hardware("h100-80g"), load_model("llama-3.1-8b"), 1).with_coefficients(
+        overlap=False),
+    "MoE TP 8, CPU work overlapped": lambda: StepCostModel.from_profiles(
+        load_hardware("h200"), load_model("qwen3-235b-a22b"), 8).with_coefficients(
+        cpu_overlap=True, t_seq=5e-5),
+}
+
+
+@pytest.mark.parametrize("name", list(_MODELS))
+def test_scalar_and_array_results_agree(name):
+    # One step of plain numbers takes the engine's Python path, an array of steps numpy's:
+    # the same bits, or a leap would not reproduce the step-by-step times.
+    model = _MODELS[name]()
     rng = np.random.default_rng(3)
-    n = 50
+    n = 200
     feats = {
-        "num_prefill_tokens": rng.integers(0, 2048, n),
-        "num_decode_seqs": rng.integers(0, 64, n),
+        "num_prefill_tokens": rng.integers(0, 2048, n) * (rng.random(n) < 0.7),
+        "num_decode_seqs": rng.integers(0, 64, n) * (rng.random(n) < 0.7),
         "num_prefill_seqs": rng.integers(0, 3, n),
         "sum_decode_ctx": rng.integers(0, 500_000, n),
         "sum_prefill_attn": rng.uniform(0, 1e8, n),
         "sum_prefill_ctx": rng.integers(0, 30_000, n),
     }
-    vec = llama70b_910b.step_time(StepFeatures(**feats))
+    idle = rng.random(n) < 0.1
+    for v in feats.values():
+        v[idle] = 0
+    vec = model.step_time(StepFeatures(**feats))
     assert isinstance(vec, np.ndarray) and vec.shape == (n,)
+    assert (vec == 0).any() and (vec > 0).any()  # idle steps among them
     for i in range(n):
-        one = llama70b_910b.step_time(StepFeatures(**{k: v[i].item() for k, v in feats.items()}))
-        assert isinstance(one, float)
+        one = model.step_time(StepFeatures(**{k: v[i].item() for k, v in feats.items()}))
+        assert type(one) is float
         assert one == vec[i]
+        # numpy scalars take the array path: the same value again
+        assert model.step_time(StepFeatures(**{k: v[i] for k, v in feats.items()})) == one
     # a DataFrame with the same columns prices the same
-    assert np.array_equal(llama70b_910b.step_time(pd.DataFrame(feats)), vec)
+    assert np.array_equal(model.step_time(pd.DataFrame(feats)), vec)
 
 
 def test_overlap_off_adds_compute_and_memory(llama8b_h100):

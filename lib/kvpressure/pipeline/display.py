@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvpressure.stages.files import has_stage
@@ -231,6 +232,24 @@ def progress_bar(total: int | None = None, desc: str = "") -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc)
+
+
+def point_progress(desc: str) -> Callable[[int, int], None]:
+    """``progress(done, total)`` for a sweep's points: a bar, moved at every point and named
+    at every tenth of the way (in batch, ten lines rather than one a point)."""
+    bar: Any = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress_bar(total, desc)
+        bar.update(1)
+        if done % max(1, total // 10) == 0 or done == total:
+            bar.set_postfix_str("every remedy at every level and seed")
+        if done == total:
+            bar.close()
+
+    return update
 
 
 class _StderrBar:

@@ -86,9 +86,11 @@ def symptoms_frame(checklist: Any, max_num_seqs: Any = None,
 
 def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2,
                      kept: dict[str, pd.DataFrame] | None = None,
-                     progress: Callable[[dict], None] | None = None):
-    """``overrides -> runs`` over the baseline's levels, for the remedies' what-if; each
-    remedy's runs are also kept in ``kept`` (by its overrides) for the seed-by-seed range."""
+                     progress: Callable[[int, int], None] | None = None):
+    """``[overrides, ...] -> [runs, ...]`` over the baseline's levels, for the remedies'
+    what-if, as one sweep (one pool busy to its last point); each remedy's runs are also kept
+    in ``kept`` (by its overrides) for the seed-by-seed range. ``progress(done, total)``
+    after each point."""
     import tempfile
 
     from kvpressure.pipeline.sweep import run_sweep
@@ -96,15 +98,30 @@ def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2,
 
     exp = load_experiment(experiment_path)
 
-    def run(overrides: dict) -> pd.DataFrame:
-        if progress is not None:
-            progress(overrides)
+    def run(all_overrides: list[dict]) -> list[pd.DataFrame]:
+        # A variant per remedy, named by its change (a folder-safe name: no '/').
+        names = [", ".join(f"{k}={v}" for k, v in ov.items()).replace("/", "-")
+                 for ov in all_overrides]
+        variants = dict(zip(names, all_overrides, strict=True))
+        total = len(variants) * len(levels) * len(exp.seeds)
+        done = 0
+
+        def on_point(_line: str) -> None:
+            nonlocal done
+            done += 1
+            if progress is not None:
+                progress(done, total)
+
         with tempfile.TemporaryDirectory(prefix="kvpressure-remedy-") as tmp:
-            runs = run_sweep(exp, tmp, variants={"remedy": overrides}, concurrencies=levels,
-                             jobs=jobs, write_points=False)
-        if kept is not None:
-            kept[repr(sorted(overrides.items()))] = runs
-        return runs
+            runs = run_sweep(exp, tmp, variants=variants, concurrencies=levels, jobs=jobs,
+                             write_points=False, progress=on_point)
+        out = []
+        for name, ov in variants.items():
+            part = runs[runs["variant"] == name].reset_index(drop=True)
+            if kept is not None:
+                kept[repr(sorted(ov.items()))] = part
+            out.append(part)
+        return out
 
     return run
 
@@ -215,7 +232,7 @@ def _remedy_rows(report: dict[str, Any], settings: dict[str, Any],
 
 def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
                  simulate_remedies: bool = True, limits: Mapping[str, float] | None = None,
-                 progress: Callable[[dict], None] | None = None) -> StageOutput:
+                 progress: Callable[[int, int], None] | None = None) -> StageOutput:
     """Symptoms, status and remedies; ``result`` is what ``analysis/record.json`` holds."""
     from kvpressure.analysis.recommendation import recommend, recommend_from_symptoms
     from kvpressure.analysis.remedies import evaluate_remedies

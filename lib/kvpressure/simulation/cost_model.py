@@ -42,7 +42,10 @@ import numpy as np
 
 from kvpressure.errors import InputError
 from kvpressure.simulation.request_path import RequestPath
+from kvpressure.simulation.step_features import StepFeatures
 
+# Feature values the one-step path takes as they are (numpy scalars and arrays go to terms()).
+_PLAIN = (int, float)
 ACTIVATION_BYTES = 2  # bf16 activations travel through the all-reduce
 
 FEATURE_FIELDS = (
@@ -263,12 +266,55 @@ class StepCostModel:
     def step_time(self, features: Any) -> Any:
         """Seconds for the step(s) described by ``features`` (a ``StepFeatures``, a mapping or a
         DataFrame with the ``FEATURE_FIELDS``); scalar in, float out; arrays in, array out."""
+        f = features
+        if (type(f) is StepFeatures and type(f.num_prefill_tokens) in _PLAIN
+                and type(f.num_decode_seqs) in _PLAIN and type(f.num_prefill_seqs) in _PLAIN
+                and type(f.sum_decode_ctx) in _PLAIN and type(f.sum_prefill_attn) in _PLAIN
+                and type(f.sum_prefill_ctx) in _PLAIN):
+            return self._one_step_time(f)
         t = self.terms(features)
         if self.coefficients.overlap:
             core = np.maximum(t["t_comp"], t["t_mem"])
         else:
             core = t["t_comp"] + t["t_mem"]
         return _result(core + t["t_comm"] + t["t_overhead"])
+
+    def _one_step_time(self, f: StepFeatures) -> float:
+        """``step_time`` of one step of plain numbers, in Python floats: the engine prices every
+        step it does not leap over, and numpy's per-call cost on scalars was most of a
+        simulated point's time. The same operations in the same order as ``terms``, so the
+        same bits (tests/test_cost_model.py holds them equal)."""
+        g, c = self.geometry, self.coefficients
+        tp = g.tensor_parallel_size
+        p = float(f.num_prefill_tokens)
+        d = float(f.num_decode_seqs)
+        dec_ctx = float(f.sum_decode_ctx)
+        n = p + d
+        busy = n > 0
+        flops_lin = 2.0 * g.active_params * n / tp
+        flops_attn = 4.0 * g.num_layers * (g.attention_width / tp) * (
+            float(f.sum_prefill_attn) + dec_ctx)
+        bytes_moved = 0.0
+        if busy:
+            if g.num_experts <= 0 or g.experts_per_token <= 0:
+                weights = g.weight_bytes / tp
+            else:
+                weights = float(g.weight_bytes_read(n))
+            bytes_moved = weights + g.kv_bytes_per_token_rank * (
+                dec_ctx + float(f.sum_prefill_ctx))
+        t_comp = flops_lin / (c.eta_f * c.peak_flops) + flops_attn / (c.eta_a * c.peak_flops)
+        t_mem = bytes_moved / (c.eta_m * c.hbm_bandwidth)
+        t_comm = 0.0
+        if tp > 1 and busy:
+            volume = 2.0 * (tp - 1) / tp * n * g.hidden_size * ACTIVATION_BYTES
+            t_comm = 2.0 * g.num_layers * (c.alpha_c + c.comm_scale * volume
+                                           / c.allreduce_bandwidth)
+        cpu = c.t_seq * (d + float(f.num_prefill_seqs))
+        if c.cpu_overlap:
+            gpu = (max(t_comp, t_mem) if c.overlap else t_comp + t_mem) + t_comm
+            cpu = max(cpu - gpu, 0.0)
+        core = max(t_comp, t_mem) if c.overlap else t_comp + t_mem
+        return core + t_comm + (c.t0 + cpu if busy else 0.0)
 
     def recompute_time(self, features: Any, recomputed_tokens: Any) -> Any:
         """Seconds of the step attributable to its recomputed tokens (elementwise).

@@ -144,7 +144,8 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
         {"max_num_batched_tokens": mbt // 2}
         if settings.get("enable_chunked_prefill", True) and mbt // 2 >= int(
             settings["block_size"]) else None)
-    kit = evaluate_remedies(base_curve, lambda ov: _curve(twin, ov), settings=settings,
+    kit = evaluate_remedies(base_curve, lambda ovs: [_curve(twin, ov) for ov in ovs],
+                            settings=settings,
                             target_concurrency=focus, remedies=chosen,
                             max_sequence_tokens=longest, x=twin.key)
     options: dict[str, dict[str, Any]] = {"baseline": {}}
