@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_twin as bt  # noqa: E402
 
 OUT = bt.OUT / "twin_saved"
-LEVELS = (2, 4, 8, 12)
+LEVELS = (2, 4, 6, 8, 12, 16)
 PROMPTS = 32
 # Prompts prefilled in 128-token chunks, so admission by the first chunk and by the whole
 # prompt differ; no prefix cache, so a preemption recomputes its whole context.
@@ -46,9 +46,17 @@ SETUPS = [
      "engine": {**_ENGINE, "scheduler_reserve_full_isl": False}},
     {"name": "pool96_firstchunk", "blocks": 96,
      "engine": {**_ENGINE, "scheduler_reserve_full_isl": False}},
+    {"name": "pool64_firstchunk_seqs5", "blocks": 64,
+     "engine": {**_ENGINE, "max_num_seqs": 5, "scheduler_reserve_full_isl": False}},
+    # The same server as pool64_firstchunk, restarted: the run-to-run noise of a level.
+    {"name": "pool64_firstchunk_again", "blocks": 64,
+     "engine": {**_ENGINE, "scheduler_reserve_full_isl": False}},
 ]
-# Single-variable pairs: the admission rule; the pool.
-PAIRS = [("pool64_fullisl", "pool64_firstchunk"), ("pool64_firstchunk", "pool96_firstchunk")]
+# Single-variable pairs: the admission rule; the pool; max_num_seqs.
+PAIRS = [("pool64_fullisl", "pool64_firstchunk"), ("pool64_firstchunk", "pool96_firstchunk"),
+         ("pool64_firstchunk", "pool64_firstchunk_seqs5"),
+         # the control: nothing changed but the restart
+         ("pool64_firstchunk", "pool64_firstchunk_again")]
 
 
 def measure(setup: dict, port: int) -> None:
@@ -112,8 +120,9 @@ def twin_of(folder: Path, engine: dict, candidates: dict) -> dict:
     from kvpressure.ingestion.api import ingest
     from kvpressure.twin.api import build_twin
 
-    run = folder / "report"
-    shutil.rmtree(run, ignore_errors=True)
+    # Outside the sweep folder: a server.log beside it would give the twin the step log that
+    # users of --save-result do not have.
+    run = Path(tempfile.mkdtemp(prefix="twin_saved_run_")) / "report"
     t = time.perf_counter()
     ingest([folder / "bench", folder / "metrics.prom.jsonl"]).write(run)
     ingest_s = time.perf_counter() - t
@@ -176,6 +185,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8321)
     ap.add_argument("--cut", action="store_true",
                     help="cut the measured sweeps into tests/data/twin_saved/")
+    ap.add_argument("--kept-dir", type=Path, default=KEPT,
+                    help="where --cut writes and --kept reads (default tests/data/twin_saved)")
     ap.add_argument("--kept", action="store_true",
                     help="the twin on the sweeps kept in tests/data/twin_saved/")
     args = ap.parse_args()
@@ -183,13 +194,13 @@ def main() -> int:
     if args.cut:
         for s in SETUPS:
             if (OUT / s["name"] / "metrics.prom.jsonl").is_file():
-                print(s["name"], cut_test_data(OUT / s["name"], KEPT / s["name"]))
+                print(s["name"], cut_test_data(OUT / s["name"], args.kept_dir / s["name"]))
         return 0
     if args.kept:
         OUT = Path(tempfile.mkdtemp(prefix="twin_saved_"))
         for s in SETUPS:
-            if (KEPT / s["name"]).is_dir():
-                shutil.copytree(KEPT / s["name"], OUT / s["name"])
+            if (args.kept_dir / s["name"]).is_dir():
+                shutil.copytree(args.kept_dir / s["name"], OUT / s["name"])
                 src = OUT / s["name"] / "metrics.prom.jsonl.gz"
                 with gzip.open(src, "rb") as fh:
                     (OUT / s["name"] / "metrics.prom.jsonl").write_bytes(fh.read())
@@ -232,6 +243,7 @@ def main() -> int:
                     "preemptions_twin": [twin_a[c]["preemptions_twin"],
                                          pred[c]["preemptions"]]})
     text = json.dumps(bt._rounded(out), indent=1, default=str)
+    bt.OUT.mkdir(parents=True, exist_ok=True)
     (bt.OUT / "bench_twin_saved.json").write_text(text + "\n")
     print(text)
     return 0
