@@ -179,6 +179,38 @@ def cut_test_data(folder: Path, dest: Path) -> dict:
                                           if p.is_file())}
 
 
+def targets(out: dict) -> dict:
+    """The issue's targets per sweep and route, past the knee (the levels that preempt or
+    follow the measured knee): the worst throughput error, preemptions per level and summed,
+    the knee; per pair, the change at each level within 10 points and its sign."""
+    got: dict = {"sweeps": [], "pairs": []}
+    for name, routes in out["setups"].items():
+        for route, r in routes.items():
+            knee = r["knee"]["measured"]
+            past = [lv for lv in r["levels"] if knee is None or lv["concurrency"] > knee
+                    or lv["preemptions_measured"]]
+            pre = [(lv["preemptions_measured"], lv["preemptions_twin"]) for lv in past]
+            within = [abs(t - m) <= max(0.10 * m, 2.0) for m, t in pre]
+            sm, st = sum(m for m, _ in pre), sum(t for _, t in pre)
+            got["sweeps"].append({
+                "sweep": name, "route": route,
+                "throughput_max_error_pct": max(abs(lv["output_throughput_error_pct"])
+                                                for lv in r["levels"]),
+                "preemption_levels_within_10pct_or_2": f"{sum(within)}/{len(within)}",
+                "preemptions_summed_error_pct": bt._pct(st, sm) if sm else None,
+                "knee_levels_apart": r["knee"]["levels_apart"],
+                "fit_check_predict_s": r["fit_check_predict_s"],
+                "verdict": r["verdict"]})
+    for p in out["pairs"]:
+        if p["concurrency"] < 6:
+            continue
+        m, t = p["measured_change_pct"], p["twin_change_pct"]
+        got["pairs"].append({**{k: p[k] for k in ("pair", "route", "concurrency")},
+                             "points_apart": round(abs(t - m), 1),
+                             "sign_right": abs(m) <= 10 or (m > 0) == (t > 0)})
+    return got
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--real", action="store_true")
@@ -242,6 +274,7 @@ def main() -> int:
                                              mb[c]["preemptions_measured"]],
                     "preemptions_twin": [twin_a[c]["preemptions_twin"],
                                          pred[c]["preemptions"]]})
+    out["targets"] = targets(out)
     text = json.dumps(bt._rounded(out), indent=1, default=str)
     bt.OUT.mkdir(parents=True, exist_ok=True)
     (bt.OUT / "bench_twin_saved.json").write_text(text + "\n")
