@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from kvpressure.analysis.limits import parse_limits
 from kvpressure.cli import main
 from kvpressure.errors import InputError
 from kvpressure.paths import data_dir
 from kvpressure.tune.api import run_tune
 from kvpressure.tune.grid import config_id, expand, load_grid_file, parse_param_options
-from kvpressure.tune.limits import parse_limits
 from kvpressure.tune.ranking import goodput, pareto_front, rank
 from kvpressure.tune.results import RESULTS
 

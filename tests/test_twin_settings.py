@@ -10,7 +10,6 @@ import pytest
 from kvpressure.errors import InputError
 from kvpressure.twin.api import build_twin
 from kvpressure.twin.fit_report import growth_stops, verdict
-from kvpressure.twin.remedies import parse_limits
 
 RUNS = pd.DataFrame({
     "run": ["c4", "c8", "c16"], "variant": ["default"] * 3, "concurrency": [4, 8, 16],
@@ -93,15 +92,6 @@ def test_async_scheduling_is_refused(tmp_path):
                                                             "async_scheduling": True})})
     with pytest.raises(InputError, match="async_scheduling"):
         build_twin(d)
-
-
-def test_limits():
-    assert parse_limits("ttft_p95=2s,itl_p95=80ms") == {"ttft_p95_s": 2.0,
-                                                         "itl_p95_s": pytest.approx(0.08)}
-    assert parse_limits("") == {}
-    for bad in ("ttft=2s", "ttft_p95=fast", "itl_p95=0ms", "ttft_p95"):
-        with pytest.raises(InputError, match="--limits"):
-            parse_limits(bad)
 
 
 def test_verdict_on_a_hand_worked_table():

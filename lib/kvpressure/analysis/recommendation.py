@@ -20,9 +20,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvpressure.analysis.limits import require_priced
 from kvpressure.jsonable import finite_or_none as _finite
 
 LATENCIES = (("ttft_p95", "TTFT p95"), ("itl_p95", "ITL p95"))
+# The latencies a simulated remedy's change is priced on, as analysis.limits names them.
+PRICED_LATENCIES = tuple(f"{key}_s" for key, _ in LATENCIES)
 
 
 def _pct(v: float) -> str:
@@ -124,6 +127,7 @@ def recommend(report: Mapping[str, Any], settings: Mapping[str, Any],
     runner-up and the remedies folded away (no effect, over the limits).
     """
     limits = dict(limits or {})
+    require_priced(limits, PRICED_LATENCIES, "the simulated remedies", "limits")
     baseline = report.get("baseline") or {}
     target = report.get("target_concurrency")
     rows = []

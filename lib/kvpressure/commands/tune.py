@@ -29,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one parameter's values: 16,32,64 (a list), 16..256 (doubling), "
                              "512..4096:512 (steps), true,false; repeatable")
     parser.add_argument("--limits", default=None,
-                        help="latency limits, e.g. ttft_p95=2s,itl_p95=80ms (ttft_p50, "
-                             "ttft_p95, ttft_mean, itl_p95, itl_p99, itl_mean, e2e_mean)")
+                        help="latency limits, e.g. ttft_p95=2s,itl_p95=80ms (ttft and itl "
+                             "mean, p50, p95, p99; e2e mean and p99; an experiment prices "
+                             "ttft mean, p50, p95, itl mean, p95, p99 and e2e mean)")
     parser.add_argument("--executor", default="local",
                         help="local (this process), processes[:N] (local worker processes) or "
                              "dask://HOST:PORT (a Dask scheduler; pip install "
@@ -52,12 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvpressure.analysis.limits import parse_limits
     from kvpressure.pipeline.output_folder import check_replaceable, output_folder
     from kvpressure.pipeline.sweep import stderr_progress
     from kvpressure.tune.api import run_tune
     from kvpressure.tune.executors import parse_executor
     from kvpressure.tune.grid import load_grid_file, parse_param_options
-    from kvpressure.tune.limits import parse_limits
     from kvpressure.tune.results import RESULTS
     from kvpressure.tune.targets import load_target
 

@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="output folder of the twin")
     parser.add_argument("--limits", default="",
                         help="latency limits of the recommendation, e.g. "
-                             "ttft_p95=2s,itl_p95=80ms (ttft_p50, ttft_p95, itl_p50, itl_p95)")
+                             "ttft_p95=2s,itl_p95=80ms (ttft and itl mean, p50, p95, p99; "
+                             "e2e mean and p99)")
     parser.add_argument("--focus", type=float,
                         help="level to recommend for: a concurrency, or a request rate for "
                              "open loops (default: the report's focus, the first level past the "
@@ -56,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvpressure.analysis.limits import parse_limits
     from kvpressure.twin.output import make_twin_folder
-    from kvpressure.twin.remedies import parse_limits
     from kvpressure.twin.settings import parse_set
 
     limits = parse_limits(args.limits)

@@ -234,7 +234,12 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
                  simulate_remedies: bool = True, limits: Mapping[str, float] | None = None,
                  progress: Callable[[int, int], None] | None = None) -> StageOutput:
     """Symptoms, status and remedies; ``result`` is what ``analysis/record.json`` holds."""
-    from kvpressure.analysis.recommendation import recommend, recommend_from_symptoms
+    from kvpressure.analysis.limits import require_priced
+    from kvpressure.analysis.recommendation import (
+        PRICED_LATENCIES,
+        recommend,
+        recommend_from_symptoms,
+    )
     from kvpressure.analysis.remedies import evaluate_remedies
     from kvpressure.analysis.status import KV_BOUND, NOT_ESTABLISHED, SEQ_BOUND, decide_status
     from kvpressure.analysis.symptoms import check_symptoms
@@ -282,6 +287,8 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         build_report_twin(run_dir, focus_c, list(info.concurrency_levels), limits)
     remedies: dict[str, Any]
     if info.simulated and simulate_remedies and status.status == KV_BOUND:
+        # Refused before the remedies' sweep: a limit they do not price is never dropped.
+        require_priced(dict(limits or {}), PRICED_LATENCIES, "the simulated remedies", "limits")
         experiment = str(Path(run_dir) / "experiment.yaml")
         exp_path = next((i.path for i in info.inputs), experiment)
         from kvpressure.paths import REPO_ROOT

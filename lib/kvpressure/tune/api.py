@@ -29,10 +29,10 @@ from typing import Any
 
 import pandas as pd
 
+from kvpressure.analysis.limits import format_limits, parse_limits, require_priced
 from kvpressure.errors import InputError
 from kvpressure.tune.executors import open_executor
 from kvpressure.tune.grid import config_id, expand, unique_configs
-from kvpressure.tune.limits import format_limits, parse_limits
 from kvpressure.tune.progress import Progress
 from kvpressure.tune.ranking import invalid_frame, levels_frame, pareto_front, rank
 from kvpressure.tune.recommend import recommend
@@ -85,10 +85,7 @@ def run_tune(
     started = time.perf_counter()
     target = load_target(str(source)) if isinstance(source, str | os.PathLike) else source
     limit_map = dict(limits) if isinstance(limits, Mapping) else parse_limits(limits)
-    unknown = [k for k in limit_map if k not in target.latencies]
-    if unknown:
-        raise InputError(f"--limits: a {target.kind} reports no {', '.join(unknown)}; "
-                         f"limit one of {', '.join(target.latencies)}")
+    require_priced(limit_map, target.latencies, f"a {target.kind}")
     if (parameters is None) == (configs is None):
         raise InputError("give the grid as parameters (name: values) or as configs")
     grid = expand(parameters) if parameters is not None else [dict(c) for c in configs or ()]

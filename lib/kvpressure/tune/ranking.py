@@ -14,9 +14,9 @@ from typing import Any
 
 import pandas as pd
 
+from kvpressure.analysis.limits import broken
 from kvpressure.simulation.experiment import ENGINE_ARGS
 from kvpressure.tune.grid import format_value
-from kvpressure.tune.limits import broken
 from kvpressure.tune.targets import LEVEL_METRICS
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvpressure.tune.limits import broken, format_limits
+from kvpressure.analysis.limits import broken, format_limits
 from kvpressure.tune.ranking import goodput
 
 

@@ -179,7 +179,9 @@ class TwinTarget:
 
     @property
     def latencies(self) -> tuple[str, ...]:
-        return ("ttft_p50_s", "ttft_p95_s", "ttft_mean_s", "itl_p95_s", "itl_mean_s")
+        from kvpressure.twin.remedies import PRICED_LATENCIES
+
+        return PRICED_LATENCIES
 
     def identity(self) -> str:
         from kvpressure import __version__

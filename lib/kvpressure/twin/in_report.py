@@ -78,15 +78,15 @@ def build_report_twin(run_dir: str | os.PathLike[str], focus: float | None,
     """Build, fit and check the twin of the measured run in ``run_dir`` into its ``twin/``,
     and predict the remedies at ``focus`` (when it is one of ``levels``, else the highest).
 
-    ``limits`` are the report's latency limits (``tune.limits`` names); those the twin does not
+    ``limits`` are the report's latency limits (``analysis.limits`` names); those the twin does not
     price (means, p99) are left out and named. Without limits, the report's rule holds: TTFT
     and ITL p95 no more than 10% worse than the twin's own at the focus level.
     """
-    from kvpressure.twin.remedies import LIMIT_NAMES
+    from kvpressure.twin.remedies import PRICED_LATENCIES
 
     out = Path(run_dir) / TWIN_DIR
     given = dict(limits or {})
-    kept = {k: float(v) for k, v in given.items() if k in LIMIT_NAMES}
+    kept = {k: float(v) for k, v in given.items() if k in PRICED_LATENCIES}
     dropped = sorted(set(given) - set(kept))
     chosen = int(focus) if focus is not None and int(focus) in set(levels) else None
     try:

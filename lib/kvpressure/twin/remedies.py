@@ -16,13 +16,13 @@ it gains at least 2% over the baseline.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from kvpressure.analysis.limits import broken, require_priced
 from kvpressure.errors import InputError
 from kvpressure.twin.lengths import MEANS
 from kvpressure.twin.noise import (
@@ -36,30 +36,9 @@ from kvpressure.twin.simulate import simulate_level
 
 LENGTH_REDRAWS = 3
 """Extra draws of a drawn level's request lengths each setting is priced on at the focus."""
-LIMIT_NAMES = ("ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s")
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-
-
-def parse_limits(text: str | None) -> dict[str, float]:
-    """``"ttft_p95=2s,itl_p95=80ms"`` -> ``{"ttft_p95_s": 2.0, "itl_p95_s": 0.08}``."""
-    out: dict[str, float] = {}
-    if not text:
-        return out
-    for part in str(text).split(","):
-        if not part.strip():
-            continue
-        name, sep, value = part.partition("=")
-        name = name.strip().lower().removesuffix("_s")
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?\d+)?)\s*(s|ms|us)?\s*", value)
-        if not sep or f"{name}_s" not in LIMIT_NAMES or not m:
-            raise InputError(
-                f"--limits {part.strip()!r}: give NAME=VALUE with NAME one of "
-                f"{', '.join(n.removesuffix('_s') for n in LIMIT_NAMES)} and VALUE in s or ms "
-                "(e.g. ttft_p95=2s,itl_p95=80ms)")
-        out[f"{name}_s"] = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-        if out[f"{name}_s"] <= 0:
-            raise InputError(f"--limits {part.strip()!r}: the limit must be > 0")
-    return out
+# The latencies a twin's level prices (simulate.py), as analysis.limits names them.
+PRICED_LATENCIES = ("ttft_mean_s", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "itl_mean_s",
+                    "itl_p50_s", "itl_p95_s", "itl_p99_s", "e2e_mean_s", "e2e_p99_s")
 
 
 def pool_holds(settings: Mapping[str, Any], workload: Any) -> int:
@@ -90,9 +69,8 @@ def _interval(values: np.ndarray) -> list[float]:
 
 
 def _meets(point: Mapping[str, Any], limits: Mapping[str, float]) -> tuple[bool, list[str]]:
-    broken = [f"{k.removesuffix('_s')} {point[k]:.3g} s > {v:.3g} s"
-              for k, v in limits.items() if point[k] > v]
-    return not broken, broken
+    out = broken(point, limits)
+    return not out, out
 
 
 def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float],
@@ -122,9 +100,7 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
         raise InputError(f"--focus {focus:g}: not a measured level "
                          f"({', '.join(f'{c:g}' for c in levels)})")
     at = twin.level_name(focus)
-    bad = sorted(set(limits) - set(LIMIT_NAMES))
-    if bad:
-        raise InputError(f"limits: unknown {', '.join(bad)}; known: {', '.join(LIMIT_NAMES)}")
+    require_priced(limits, PRICED_LATENCIES, "the twin", "limits")
     settings = twin.settings
     fits = bool(twin.report.verdict.fits)
     trust = ("the twin fits the measured curve (" + twin.report.verdict.text + ")") if fits else (

@@ -66,6 +66,8 @@ def simulate_level(settings: Mapping[str, Any], workload: LevelWorkload,
     s = result.summary
     ttft = np.array([r.first_token_time_s - r.submit_time_s for r in result.requests])
     ttft = ttft + ttft_offset
+    # The request path's time (ttft_offset) is in every request's end-to-end latency too.
+    e2e = np.array([r.finish_time_s - r.submit_time_s for r in result.requests]) + ttft_offset
     return {
         "concurrency": workload.concurrency,
         **({"request_rate": workload.request_rate} if workload.open_loop else {}),
@@ -79,9 +81,13 @@ def simulate_level(settings: Mapping[str, Any], workload: LevelWorkload,
         "ttft_mean_s": float(ttft.mean()),
         "ttft_p50_s": percentile(ttft.tolist(), None, 0.50),
         "ttft_p95_s": percentile(ttft.tolist(), None, 0.95),
+        "ttft_p99_s": percentile(ttft.tolist(), None, 0.99),
         "itl_mean_s": s["itl_mean_s"],
         "itl_p50_s": gaps.quantile(0.50),
         "itl_p95_s": gaps.quantile(0.95),
+        "itl_p99_s": gaps.quantile(0.99),
+        "e2e_mean_s": float(e2e.mean()),
+        "e2e_p99_s": percentile(e2e.tolist(), None, 0.99),
         "mean_running": s["mean_running"],
         "max_running": s["max_running"],
         "engine_steps": s["steps"],
