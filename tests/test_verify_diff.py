@@ -109,7 +109,7 @@ def test_command_exit_codes_and_report(tmp_path, capsys) -> None:
     assert main(["verify-vllm", str(good), "--vllm-python", str(exe)]) == 0
     assert "good: match" in capsys.readouterr().out
     assert main(["verify-vllm", str(good), str(bent), "--vllm-python", str(exe),
-                 "--out", str(tmp_path / "out")]) == 1
+                 "--out", str(tmp_path / "out")]) == 4
     out = capsys.readouterr().out
     assert "good: match" in out and "bent: DIVERGES" in out
     assert "first divergence at step 2" in out and "1 of 2 workloads match" in out

@@ -1,8 +1,8 @@
 """``kvpressure verify-vllm [SCENARIO...] --vllm-python PATH``: the scheduler model against the
 scheduler classes of a vLLM installed in another environment, step by step.
 
-Exit 0 when every workload matches, 1 when one diverges (or the vLLM side failed on it), 2
-on bad input (a missing interpreter, a workload the loader refuses).
+Exit 0 when every workload matches, 4 when one diverges (or the vLLM side failed on it), 2
+on bad input (a missing interpreter, a workload the loader refuses); 1 stays a bug in the kit.
 """
 
 from __future__ import annotations
@@ -14,8 +14,13 @@ from pathlib import Path
 
 from kvpressure.errors import InputError
 
+DIVERGES = 4
+"""Exit code: a workload's steps differ from vLLM's (a finding, not a failure of the kit)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (f"Exit code {DIVERGES} when a workload's steps differ from vLLM's (or the "
+                     "vLLM side failed on it); 2 on bad input.")
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                         help="step-level workload JSON files (default: the shipped set in "
                              "data/verify/)")
@@ -82,4 +87,4 @@ def run(args: argparse.Namespace) -> int:
               f"(vLLM process {times['vllm_s']:.1f} s, simulation {times['simulation_s']:.1f} s)")
         if args.out:
             print(f"tables in {args.out}")
-    return 0 if all(r.matches for r in results) else 1
+    return 0 if all(r.matches for r in results) else DIVERGES
