@@ -49,6 +49,7 @@ def test_the_twin_prices_every_name_and_its_tails_are_ordered(tmp_path):
         assert p["itl_p50_s"] <= p["itl_p95_s"] <= p["itl_p99_s"]
         # a request's end-to-end latency holds its first token and every gap after it
         assert p["ttft_mean_s"] < p["e2e_mean_s"] <= p["e2e_p99_s"]
+        assert 0 < p["tpot_mean_s"] <= p["tpot_p99_s"]
     # the tune target of a twin prices the same names as the twin
     assert set(load_target(str(tmp_path / "run")).latencies) == set(PRICED_LATENCIES)
 
@@ -77,3 +78,50 @@ def test_the_simulated_remedies_refuse_a_limit_they_do_not_price():
     assert PRICED_LATENCIES == ("ttft_p95_s", "itl_p95_s")
     with pytest.raises(InputError, match="limits itl_p99: not priced by the simulated remedies"):
         recommend({"baseline": {}, "outcomes": []}, {}, limits={"itl_p99_s": 0.1})
+
+
+def test_goodput_in_vllm_bench_serves_words():
+    from kvpressure.analysis.limits import parse_goodput
+
+    assert parse_goodput(["ttft:500", "tpot:50"]) == {
+        "ttft_limit_s": 0.5, "tpot_limit_s": 0.05, "e2el_limit_s": None}
+    assert parse_goodput(["e2el:12000"])["e2el_limit_s"] == 12.0
+    for bad in (["ttft=500"], ["itl:5"], ["ttft:0"], ["ttft:500ms"], []):
+        with pytest.raises(InputError, match="--goodput"):
+            parse_goodput(bad)
+
+
+def test_goodput_counts_a_request_within_every_limit_given():
+    import numpy as np
+    import pandas as pd
+
+    from kvpressure.pipeline.latency import within_limits
+
+    reqs = pd.DataFrame({"ttft_s": [0.2, 0.4, 0.2, 0.2], "tpot_s": [0.01, 0.01, 0.03, np.nan],
+                         "e2e_s": [2.0, 2.0, 2.0, 9.0]})
+    assert within_limits(reqs, 0.3, 0.02) == 0.5  # the second and third fail; the last has no TPOT
+    assert within_limits(reqs, 0.3, 0.02, 5.0) == 0.25  # the last also fails E2E
+    assert within_limits(reqs, None, None, 5.0) == 0.75
+    assert within_limits(reqs, 0.3, None) == 0.75
+    assert np.isnan(within_limits(reqs.assign(e2e_s=np.nan), 0.3, None, 5.0))
+
+
+def test_report_takes_goodput_and_limits_in_their_own_words(tmp_path, capsys):
+    import argparse
+
+    from kvpressure.commands.report import _params, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--experiment", "ci_small", "--out", "x", "--goodput", "ttft:500",
+                              "e2el:9000", "--limits", "itl_p95=80ms"])
+    assert _params(args) == {"ttft_limit_s": 0.5, "tpot_limit_s": None, "e2el_limit_s": 9.0,
+                             "limits": "itl_p95=80ms"}
+    args = parser.parse_args(["--experiment", "ci_small", "--out", "x", "--goodput", "ttft:500",
+                              "--param", "ttft_limit_s=2"])
+    with pytest.raises(InputError, match="--goodput and --param ttft_limit_s: give one"):
+        _params(args)
+    assert main(["report", "--experiment", "ci_small", "--out", str(tmp_path / "r"),
+                 "--limits", "tpot_p95=1s"]) == 2
+    assert "--limits 'tpot_p95=1s'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

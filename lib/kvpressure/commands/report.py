@@ -24,6 +24,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="notebook parameter, e.g. --param focus_concurrency=48 (repeatable)",
     )
     parser.add_argument(
+        "--goodput", metavar="KEY:MS", nargs="+",
+        help="goodput's per-request limits as vllm bench serve takes them, in ms: ttft, tpot, "
+             "e2el (e.g. --goodput ttft:500 tpot:50; a key not given limits nothing; default: "
+             "TTFT 10 s and TPOT 100 ms)",
+    )
+    parser.add_argument(
+        "--limits", metavar="NAME=VALUE,...",
+        help="latency limits of the recommendation, as kvpressure twin and tune take them "
+             "(e.g. ttft_p95=2s,itl_p95=80ms; default: TTFT and ITL p95 within 10%% of now)",
+    )
+    parser.add_argument(
         "--jobs", type=int, default=2,
         help="notebooks (and sweep points) run side by side (default 2)",
     )
@@ -37,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpressure.pipeline.notebooks import NOTEBOOKS, NotebookFailed, TerminalProgress
-    from kvpressure.pipeline.report import make_report, parse_params
+    from kvpressure.pipeline.report import make_report
 
     # A bar in a terminal; plain lines in a log or a pipe.
     bar = TerminalProgress(len(NOTEBOOKS) + 1) if sys.stderr.isatty() else None
@@ -46,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             args.out,
             experiment=args.experiment,
             sources=args.source or (),
-            params=parse_params(args.param),
+            params=_params(args),
             jobs=args.jobs,
             force=args.force,
             **({"progress": bar, "stream": bar} if bar else {}),
@@ -76,3 +87,22 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     print(result.index_path)
     return 0
+
+
+def _params(args: argparse.Namespace) -> dict:
+    """The notebooks' parameters: --param, then --goodput and --limits in their own words."""
+    from kvpressure.analysis.limits import parse_goodput, parse_limits
+    from kvpressure.errors import InputError
+    from kvpressure.pipeline.report import parse_params
+
+    params = parse_params(args.param)
+    for option, names in (("--goodput", ("ttft_limit_s", "tpot_limit_s", "e2el_limit_s")),
+                          ("--limits", ("limits",))):
+        if getattr(args, option[2:]) is not None and (given := set(names) & set(params)):
+            raise InputError(f"{option} and --param {', '.join(sorted(given))}: give one")
+    if args.goodput is not None:
+        params.update(parse_goodput(args.goodput))
+    if args.limits is not None:
+        parse_limits(args.limits)  # refused here, before any notebook runs
+        params["limits"] = args.limits
+    return params

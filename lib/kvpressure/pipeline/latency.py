@@ -108,27 +108,35 @@ def level_requests(run_dir: str | os.PathLike[str], info: CollectInfo) -> pd.Dat
     return _bench(info)
 
 
-def within_limits(requests: pd.DataFrame, ttft_limit_s: float, tpot_limit_s: float) -> float:
-    """The share of ``requests`` within both limits, as ``vllm bench serve --goodput`` counts:
-    a request without a token after its first has no TPOT and is judged on its TTFT alone.
-    NaN when no request's TPOT is known (the data cannot judge the TPOT limit: never read as
-    every request failing it)."""
-    if not len(requests) or requests["tpot_s"].isna().all() or requests["ttft_s"].isna().all():
+def within_limits(requests: pd.DataFrame, ttft_limit_s: float | None,
+                  tpot_limit_s: float | None, e2el_limit_s: float | None = None) -> float:
+    """The share of ``requests`` within every limit given (None: no limit on it), as ``vllm
+    bench serve --goodput ttft:MS tpot:MS e2el:MS`` counts: a request without a token after
+    its first has no TPOT and is judged on the others alone. NaN when a limited latency is
+    known for no request (the data cannot judge that limit: never read as every request
+    failing it)."""
+    limits = {"ttft_s": ttft_limit_s, "tpot_s": tpot_limit_s, "e2e_s": e2el_limit_s}
+    limits = {col: v for col, v in limits.items() if v is not None}
+    if not len(requests) or not limits or any(
+            col not in requests or requests[col].isna().all() for col in limits):
         return float("nan")
-    tpot_ok = (requests["tpot_s"] <= tpot_limit_s) | requests["tpot_s"].isna()
-    return float(((requests["ttft_s"] <= ttft_limit_s) & tpot_ok).mean())
+    ok = pd.Series(True, index=requests.index)
+    for col, limit in limits.items():
+        # Only TPOT may be missing for a request (one output token): it has none to judge.
+        ok &= (requests[col] <= limit) | (requests[col].isna() if col == "tpot_s" else False)
+    return float(ok.mean())
 
 
-def goodput(requests: pd.DataFrame, runs: pd.DataFrame, ttft_limit_s: float,
-            tpot_limit_s: float) -> pd.DataFrame:
-    """Per level: requests/s, the share of requests within both limits, and goodput (that share
+def goodput(requests: pd.DataFrame, runs: pd.DataFrame, ttft_limit_s: float | None,
+            tpot_limit_s: float | None, e2el_limit_s: float | None = None) -> pd.DataFrame:
+    """Per level: requests/s, the share of requests within the limits, and goodput (that share
     of requests/s); ``runs`` gives each level's request throughput (its first repeat)."""
     rows = []
     rate = (runs.sort_values([c for c in ("repeat",) if c in runs])
             .drop_duplicates("concurrency").set_index("concurrency")["request_throughput"]
             if "request_throughput" in runs else pd.Series(dtype=float))
     for level, part in requests.groupby("concurrency"):
-        good = within_limits(part, ttft_limit_s, tpot_limit_s)
+        good = within_limits(part, ttft_limit_s, tpot_limit_s, e2el_limit_s)
         rps = float(rate.get(level, np.nan))
         rows.append({"concurrency": int(level), "requests": int(len(part)),
                      "requests/s": rps, "within limits": good,
@@ -137,7 +145,7 @@ def goodput(requests: pd.DataFrame, runs: pd.DataFrame, ttft_limit_s: float,
 
 
 def latency_figure(requests: pd.DataFrame, ttft_limit_s: float | None = None,
-                   tpot_limit_s: float | None = None) -> Any:
+                   tpot_limit_s: float | None = None, e2el_limit_s: float | None = None) -> Any:
     """TTFT, TPOT and E2E as empirical CDFs, one line per level, with the limits marked."""
     import matplotlib.pyplot as plt
     import seaborn as sns
@@ -149,7 +157,7 @@ def latency_figure(requests: pd.DataFrame, ttft_limit_s: float | None = None,
     palette = sns.color_palette("viridis", n_colors=len(order))
     for ax, col, title, limit in ((axes[0], "ttft_s", "Time to first token", ttft_limit_s),
                                   (axes[1], "tpot_s", "Time per output token", tpot_limit_s),
-                                  (axes[2], "e2e_s", "End-to-end latency", None)):
+                                  (axes[2], "e2e_s", "End-to-end latency", e2el_limit_s)):
         part = data.dropna(subset=[col])
         if len(part):
             sns.ecdfplot(data=part, x=col, hue="level", hue_order=order, palette=palette, ax=ax,

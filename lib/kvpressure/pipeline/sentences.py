@@ -208,21 +208,29 @@ def symptom_sentence(symptom: Mapping[str, Any], max_num_seqs: Any = None,
 
 
 # --------------------------------------------------------------------------- goodput
-def goodput_sentence(gp: Any, ttft_limit_s: float, tpot_limit_s: float) -> str:
+def goodput_sentence(gp: Any, ttft_limit_s: float | None, tpot_limit_s: float | None,
+                     e2el_limit_s: float | None = None) -> str:
     """The goodput table (``pipeline.latency.goodput``) in one sentence: where it is highest,
     or that the data cannot judge the limits."""
-    head = (f"**Goodput**: requests per second that meet TTFT ≤ {ttft_limit_s:g} s and time per "
-            f"output token ≤ {1000 * tpot_limit_s:g} ms (`vllm bench serve --goodput`)")
+    from kvpressure.analysis.limits import seconds
+
+    given = [f"{name} ≤ {seconds(v)}" for name, v in (
+        ("TTFT", ttft_limit_s), ("time per output token", tpot_limit_s),
+        ("end-to-end latency", e2el_limit_s)) if v is not None]
+    head = (f"**Goodput**: requests per second that meet {' and '.join(given)} "
+            "(`vllm bench serve --goodput`)")
     col = "goodput (requests/s)"
     known = gp[gp[col].notna()] if len(gp) else gp
     if not len(known):
-        return (head + ": not measured, the results give no time per output token (neither "
-                "output lengths nor token gaps per request).")
+        return (head + ": not measured, the results give no latency per request to judge "
+                "the limits on (for time per output token: neither output lengths nor token "
+                "gaps per request).")
     best = known.loc[known[col].idxmax()]
     return (head + f"; highest at concurrency **{int(best['concurrency'])}**, "
             f"{best[col]:.2f} requests/s ({best['within limits']:.0%} of its requests within "
-            "both limits). TTFT counts from the request's arrival, so at high concurrency it is "
-            "mostly time queued for admission, not prefill.")
+            f"{'both limits' if len(given) == 2 else 'the limits'}). TTFT counts from the "
+            "request's arrival, so at high concurrency it is mostly time queued for admission, "
+            "not prefill.")
 
 
 # --------------------------------------------------------------------------- the lead

@@ -38,7 +38,8 @@ LENGTH_REDRAWS = 3
 """Extra draws of a drawn level's request lengths each setting is priced on at the focus."""
 # The latencies a twin's level prices (simulate.py), as analysis.limits names them.
 PRICED_LATENCIES = ("ttft_mean_s", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "itl_mean_s",
-                    "itl_p50_s", "itl_p95_s", "itl_p99_s", "e2e_mean_s", "e2e_p99_s")
+                    "itl_p50_s", "itl_p95_s", "itl_p99_s", "tpot_mean_s", "tpot_p99_s",
+                    "e2e_mean_s", "e2e_p99_s")
 
 
 def pool_holds(settings: Mapping[str, Any], workload: Any) -> int:

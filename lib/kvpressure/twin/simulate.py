@@ -3,6 +3,7 @@ by its fixed request set), with the latency percentiles the fit report compares.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,6 +69,9 @@ def simulate_level(settings: Mapping[str, Any], workload: LevelWorkload,
     ttft = ttft + ttft_offset
     # The request path's time (ttft_offset) is in every request's end-to-end latency too.
     e2e = np.array([r.finish_time_s - r.submit_time_s for r in result.requests]) + ttft_offset
+    # TPOT as vllm bench serve has it: a request's decode time over its tokens after the first.
+    tpot = [(r.finish_time_s - r.first_token_time_s) / (r.num_output_tokens - 1)
+            for r in result.requests if r.num_output_tokens > 1]
     return {
         "concurrency": workload.concurrency,
         **({"request_rate": workload.request_rate} if workload.open_loop else {}),
@@ -86,6 +90,8 @@ def simulate_level(settings: Mapping[str, Any], workload: LevelWorkload,
         "itl_p50_s": gaps.quantile(0.50),
         "itl_p95_s": gaps.quantile(0.95),
         "itl_p99_s": gaps.quantile(0.99),
+        "tpot_mean_s": float(np.mean(tpot)) if tpot else math.nan,
+        "tpot_p99_s": percentile(tpot, None, 0.99) if tpot else math.nan,
         "e2e_mean_s": float(e2e.mean()),
         "e2e_p99_s": percentile(e2e.tolist(), None, 0.99),
         "mean_running": s["mean_running"],
