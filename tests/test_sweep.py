@@ -185,3 +185,18 @@ def test_sweep_command(tmp_path, capsys):
     assert main(["sweep", "ci_small", "--out", str(out)]) == 2
     assert main(["sweep", "ci_small", "--out", str(tmp_path / "x"), "--concurrency", "0"]) == 2
     assert "--concurrency" in capsys.readouterr().err
+
+
+def test_levels_take_vllm_bench_serves_option_names(tmp_path, capsys):
+    """--max-concurrency as vllm bench serve spells it; --request-rate on a closed loop is
+    refused naming the option that fits."""
+    out = tmp_path / "s"
+    assert main(["sweep", "ci_small", "--out", str(out), "--max-concurrency", "4",
+                 "--no-compare", "--jobs", "1"]) == 0
+    runs = pd.read_csv(out / "runs.csv")
+    assert sorted(runs["concurrency"].unique().tolist()) == [4]
+    capsys.readouterr()
+    assert main(["sweep", "ci_small", "--out", str(tmp_path / "r"), "--request-rate", "2",
+                 "--no-compare"]) == 2
+    assert "--request-rate: ci_small is a closed loop; give its levels with --concurrency" in (
+        capsys.readouterr().err)

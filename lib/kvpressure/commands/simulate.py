@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-metrics", action="store_true",
                         help="skip the Prometheus view (metrics.prom.jsonl): faster, but no "
                              "scrapes to ingest")
-    parser.add_argument("--concurrency", type=int, default=None,
+    parser.add_argument("--concurrency", "--max-concurrency", type=int, default=None,
                         help="experiment only: the closed-loop concurrency level to simulate "
                              "(default: the experiment's focus point)")
     parser.add_argument("--request-rate", type=float, default=None,

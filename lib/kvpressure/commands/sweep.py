@@ -20,9 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the baseline only, not the comparison's variants")
     parser.add_argument("--remedies", action="store_true",
                         help="also run the experiment's remedies as variants")
-    parser.add_argument("--concurrency", nargs="+", type=float, metavar="C",
-                        help="levels to run instead of the experiment's (request rates for "
-                             "an open-loop experiment)")
+    levels = parser.add_mutually_exclusive_group()
+    levels.add_argument("--concurrency", "--max-concurrency", nargs="+", type=float, metavar="C",
+                        help="a closed-loop experiment's levels to run instead of its own (as "
+                             "vllm bench serve --max-concurrency)")
+    levels.add_argument("--request-rate", nargs="+", type=float, metavar="R",
+                        help="an open-loop experiment's request rates to run instead of its "
+                             "own (as vllm bench serve --request-rate; inf: all at once)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     from kvpressure.commands.simulate import add_load_arguments
 
@@ -44,14 +48,19 @@ def run(args: argparse.Namespace) -> int:
 
     exp, inputs = apply_load_options(load_experiment(args.experiment), args, replay=False)
     levels = None
-    if args.concurrency:
+    given, option = ((args.request_rate, "--request-rate") if args.request_rate
+                     else (args.concurrency, "--concurrency"))
+    if args.request_rate and exp.mode == "closed":
+        raise InputError(f"--request-rate: {exp.name} is a closed loop; give its levels with "
+                         "--concurrency (--max-concurrency)")
+    if given:
         if exp.mode == "closed" and not all(math.isfinite(c) and c == int(c) and c >= 1
-                                            for c in args.concurrency):
-            raise InputError("--concurrency: levels must be integers >= 1")
-        if exp.mode == "open" and not all(c > 0 for c in args.concurrency):
-            raise InputError("--concurrency: request rates must be > 0 (inf: all at once)")
-        levels = ([int(c) for c in args.concurrency] if exp.mode == "closed"
-                  else list(args.concurrency))
+                                            for c in given):
+            raise InputError(f"{option}: levels must be integers >= 1")
+        # An open loop's levels are rates; --concurrency gives them too (its older spelling).
+        if exp.mode == "open" and not all(c > 0 for c in given):
+            raise InputError(f"{option}: request rates must be > 0 (inf: all at once)")
+        levels = [int(c) for c in given] if exp.mode == "closed" else list(given)
     started = time.perf_counter()
     print(f"sweep {exp.name}: {exp.mode} loop, levels {levels or exp.levels}", file=sys.stderr)
     with output_folder(out, "sweep", inputs=[exp.path, *inputs], force=args.force) as work:
