@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, str] = {
     "twin": "fit a simulated twin to a measured run folder, check it, predict remedies",
     "tune": "search engine settings under latency limits (serially, on local processes or "
             "on a Dask cluster)",
+    "schema": "print the JSON Schema of an experiment or a record, or check files against it",
 }
 
 

@@ -1,0 +1,88 @@
+"""JSON Schemas of the files a user writes or keeps: the experiment YAML and ``record.yaml``.
+
+The schemas are generated from the models that load those files (``ExperimentFile``,
+``Record``) and shipped in ``data/schemas/`` (``python -m kvpressure.schemas`` writes them; a
+test keeps the shipped ones equal to the models), so an editor or another tool checks a file
+against the same rules the kit loads it with. ``kvpressure schema NAME FILE...`` validates
+files against the shipped schema, naming the file and each bad field's path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kvpressure.errors import InputError
+from kvpressure.paths import data_dir
+
+NAMES = ("experiment", "record")
+_TITLES = {"experiment": "kvpressure experiment (YAML)",
+           "record": "kvpressure investigation record (record.yaml)"}
+
+
+def generated(name: str) -> dict[str, Any]:
+    """The schema of ``name`` from its model."""
+    if name == "experiment":
+        from kvpressure.simulation.experiment import ExperimentFile as model
+    elif name == "record":
+        from kvpressure.record.schema import Record as model
+    else:
+        raise InputError(f"schema {name!r}: one of {', '.join(NAMES)}")
+    schema = model.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"{name}.schema.json", **schema, "title": _TITLES[name]}
+
+
+def schema_path(name: str) -> Path:
+    return data_dir() / "schemas" / f"{name}.schema.json"
+
+
+def shipped(name: str) -> dict[str, Any]:
+    if name not in NAMES:
+        raise InputError(f"schema {name!r}: one of {', '.join(NAMES)}")
+    return json.loads(schema_path(name).read_text(encoding="utf-8"))
+
+
+def schema_text(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, indent=1, sort_keys=True) + "\n"
+
+
+def problems(name: str, data: Any) -> list[str]:
+    """Each way ``data`` breaks the shipped schema, as ``field.path: message``."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(shipped(name))
+    out = []
+    for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.path))):
+        where = ".".join(str(p) for p in err.path) or "(top level)"
+        out.append(f"{where}: {err.message}")
+    return out
+
+
+def validate_files(name: str, paths: Iterable[str | Path]) -> None:
+    """Refuse the first file that breaks the schema, naming every bad field in it."""
+    from kvpressure.user_files import parse_user_yaml, read_user_text
+
+    for path in map(Path, paths):
+        data = parse_user_yaml(read_user_text(path, f"{name} file"), path)
+        bad = problems(name, data)
+        if bad:
+            raise InputError(f"{path}: not a valid {name} ({schema_path(name).name}):\n  "
+                             + "\n  ".join(bad))
+
+
+def write_shipped(folder: Path | None = None) -> list[Path]:
+    out = []
+    for name in NAMES:
+        path = (folder or schema_path(name).parent) / f"{name}.schema.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(schema_text(generated(name)), encoding="utf-8")
+        out.append(path)
+    return out
+
+
+if __name__ == "__main__":
+    for p in write_shipped():
+        print(p)
