@@ -53,6 +53,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
             _module(name).add_arguments(p)
+            # Read before parsing (cli_config.py); here for --help.
+            p.add_argument("--config", metavar="FILE",
+                           help="a YAML file of this command's options (option: value; the "
+                                "command line's own win)")
     return parser
 
 
@@ -64,6 +68,12 @@ def _module(name: str):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    if command is not None:
+        try:
+            argv = _with_config(command, argv)
+        except InputError as exc:
+            print(f"kvpressure {command}: error: {exc}", file=sys.stderr)
+            return 2
     args = build_parser(command).parse_args(argv)
     if command is None:
         build_parser().print_help()
@@ -110,6 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous_term)
+
+
+def _with_config(command: str, argv: list[str]) -> list[str]:
+    """``argv`` with the options of its ``--config FILE`` (``cli_config.py``) in place."""
+    from kvpressure.cli_config import config_argv, split_config
+
+    rest, path = split_config(argv[1:])
+    if path is None:
+        return argv
+    sub = build_parser(command)._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+    positional, options = config_argv(sub, path)
+    return [command, *positional, *options, *rest]
 
 
 def _sigterm_as_interrupt() -> object:
