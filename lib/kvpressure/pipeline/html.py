@@ -9,12 +9,13 @@ parameters cells and stderr streams are left out.
 from __future__ import annotations
 
 import base64
-import html
+import functools
 import os
 import re
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from markupsafe import escape
 
 from kvpressure.pipeline.notebooks import NOTEBOOKS
 from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
@@ -38,59 +39,19 @@ SKIP_TAGS = frozenset({"parameters", "injected-parameters", "report-skip",
                        "papermill-error-cell-tag"})
 _FIGURE_REPR = re.compile(r"^<(Figure|Axes|matplotlib)[^>]*>$|^<seaborn\.")
 
-CSS = """
-:root { --ink: #1d232b; --muted: #5a6572; --line: #d8dee5; --bg: #ffffff; --panel: #f5f7f9; }
-* { box-sizing: border-box; }
-body { margin: 0; background: var(--bg); color: var(--ink);
-  font: 16px/1.55 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
-main { max-width: 1180px; margin: 0 auto; padding: 28px 40px 60px; }
-h1 { font-size: 30px; margin: 0 0 4px; }
-h2 { font-size: 24px; margin: 40px 0 10px; padding-top: 14px; border-top: 2px solid var(--line); }
-h3 { font-size: 19px; margin: 24px 0 8px; }
-h4 { font-size: 17px; margin: 18px 0 6px; }
-p, li { max-width: 980px; }
-.subtitle { color: var(--muted); margin: 0 0 20px; }
-.verdict { background: var(--panel); border: 1px solid var(--line); border-left: 8px solid #6b7785;
-  border-radius: 6px; padding: 18px 24px; margin: 16px 0 24px; }
-.verdict.kv { border-left-color: #c2410c; }
-.verdict.seq { border-left-color: #7c3aed; }
-.status { display: inline-block; font-weight: 700; font-size: 22px; padding: 2px 12px;
-  border-radius: 4px; background: #6b7785; color: #fff; }
-.verdict.kv .status { background: #c2410c; }
-.verdict.seq .status { background: #7c3aed; }
-.verdict p.lead { font-size: 18px; margin: 12px 0 6px; }
-.recommend { background: #fff; border: 1px solid var(--line); border-radius: 6px;
-  padding: 10px 16px; margin: 12px 0; }
-.recommend p.do { font-size: 19px; font-weight: 700; margin: 4px 0; }
-.muted { color: var(--muted); }
-.version { color: #8a4b00; font-size: 15px; }
-details summary { cursor: pointer; color: #1f5fa8; margin: 6px 0; }
-p.files a { color: #1f5fa8; }
-td { overflow-wrap: break-word; max-width: 36em; }
-.grid { display: grid; grid-template-columns: 1fr 1fr; gap: 8px 32px; }
-table { border-collapse: collapse; font-size: 13.5px; margin: 10px 0 16px; }
-th, td { border-bottom: 1px solid var(--line); padding: 5px 10px; text-align: right;
-  vertical-align: top; }
-th { background: var(--panel); font-weight: 600; }
-td:first-child, th:first-child { text-align: left; }
-table.text td, table.text th { text-align: left; }
-.table-wrap { overflow-x: auto; max-width: 100%; }
-img { max-width: 100%; height: auto; display: block; margin: 12px 0; }
-pre { background: var(--panel); padding: 10px 12px; border-radius: 4px; overflow-x: auto;
-  font-size: 13px; line-height: 1.4; }
-pre.error { background: #fdecec; color: #8a1c1c; }
-.yes { color: #b45309; font-weight: 700; }
-.no { color: #4b5563; }
-nav.toc { font-size: 15px; color: var(--muted); }
-nav.toc a { color: #1f5fa8; margin-right: 14px; text-decoration: none; }
-footer { margin-top: 48px; color: var(--muted); font-size: 13px; border-top: 1px solid var(--line);
-  padding-top: 10px; }
-code { font-size: 90%; background: var(--panel); padding: 0 3px; border-radius: 3px; }
-"""
-
-
 def _e(value: Any) -> str:
-    return html.escape(str(value))
+    return str(escape(str(value)))
+
+
+@functools.cache
+def _environment() -> Any:
+    from jinja2 import Environment, PackageLoader, StrictUndefined
+
+    # autoescape: every value is escaped by the template; html.py marks the few fragments it
+    # made safe itself (Markup).
+    return Environment(loader=PackageLoader("kvpressure", "templates"), autoescape=True,
+                       trim_blocks=True, lstrip_blocks=True, undefined=StrictUndefined,
+                       keep_trailing_newline=True)
 
 
 # What notebook output may bring into the page: formatting, tables, links. Labels, model
@@ -126,12 +87,6 @@ def _markdown(text: str) -> str:
     return _clean(out)
 
 
-def _rows(rows: Iterable[tuple[str, str]], css: str = "") -> str:
-    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
-    cls = f' class="{css}"' if css else ""
-    return f'<div class="table-wrap"><table{cls}>{body}</table></div>'
-
-
 NO_DATA = "no data"
 
 
@@ -156,12 +111,11 @@ def _gain_cell(gain: Any, spread: Any) -> str:
     return text
 
 
-def recommendation_html(rec: dict[str, Any] | None) -> str:
+def recommendation_view(rec: dict[str, Any] | None) -> dict[str, Any] | None:
     """The first thing on the page: the change to make, then (folded) the runner-up, the
     remedies that had no effect or broke the latency limits, and those not run (with why)."""
     if not rec or not rec.get("text"):
-        return ""
-    folded = ""
+        return None
     rows = []
     op = next((r.get("operating_concurrency") for r in rec.get("ranked") or []
                if r.get("operating_concurrency") is not None), None)
@@ -170,51 +124,39 @@ def recommendation_html(rec: dict[str, Any] | None) -> str:
                          ("over the latency limits", rec.get("over_limits") or []),
                          ("no effect", rec.get("no_effect") or [])):
         for r in items:
-            why = "; ".join(r.get("breaks") or []) or label
-            rows.append(f"<tr><td><code>{_e(r['parameter'])}</code> {_e(r.get('from'))} → "
-                        f"{_e(r['value'])}</td>"
-                        f"<td>{_e(_gain_cell(r.get('gain_pct'), r.get('gain_range_pct')))}</td>"
-                        + (f"<td>{_e(_gain_cell(r.get('operating_gain_pct'), r.get('operating_gain_range_pct')))}</td>"
-                           if op is not None else "")
-                        + f"<td>{_e(signed_pct(r.get('ttft_p95_change_pct')))}</td>"
-                        f"<td>{_e(signed_pct(r.get('itl_p95_change_pct')))}</td><td>{_e(why)}</td>"
-                        "</tr>")
+            cells = [_gain_cell(r.get("gain_pct"), r.get("gain_range_pct"))]
+            if op is not None:
+                cells.append(_gain_cell(r.get("operating_gain_pct"),
+                                        r.get("operating_gain_range_pct")))
+            cells += [signed_pct(r.get("ttft_p95_change_pct")),
+                      signed_pct(r.get("itl_p95_change_pct"))]
+            rows.append({"remedy": r, "cells": cells,
+                         "why": "; ".join(r.get("breaks") or []) or label})
     for r in rec.get("not_run") or []:
-        blank = "<td>not run</td>" * (4 if op is not None else 3)
-        rows.append(f"<tr><td><code>{_e(r['parameter'])}</code> {_e(r.get('from'))} → "
-                    f"{_e(r['value'])}</td>{blank}<td>{_e(r.get('why') or 'not run')}</td></tr>")
-    if rows:
-        c = rec.get("concurrency")
-        folded = (
-            f"<details><summary>Other remedies tried ({len(rows)}), under the limits: "
-            f"{_e(rec.get('limits', ''))}</summary><div class='table-wrap'><table class='text'>"
-            f"<tr><th>change</th><th>output throughput at concurrency {_e(num(c) if c else '?')}"
-            "</th>" + (f"<th>at concurrency {_e(num(op))} (today's operating limit)</th>"
-                       if op is not None else "")
-            + "<th>TTFT p95</th><th>ITL p95</th><th>why not first</th></tr>"
-            f"{''.join(rows)}</table></div></details>")
-    note = ""
-    if rec.get("source") == "twin" and rec.get("twin_fit"):
-        # The fit before the prediction: how far the twin's numbers can be trusted.
-        note = (f"<p class='muted'>The twin of the measured server, fitted to its curve: "
-                f"{_e(rec['twin_fit'])} (the fit, level by level, in stage 06; every remedy it "
-                "predicted, with its interval, in <a href='twin/twin.md'>twin/twin.md</a>).</p>")
-        return (f'<div id="recommendation" class="recommend">{note}'
-                f'<p class="do">{_e(rec["text"])}</p>{folded}</div>')
-    if rec.get("source") == "symptoms" and rec.get("why_not_simulated"):
-        note = (f"<p class='muted'>Not simulated ({_e(rec['why_not_simulated'])}): chosen from "
-                "the symptoms below.</p>")
-    return (f'<div id="recommendation" class="recommend"><p class="do">{_e(rec["text"])}</p>'
-            f"{note}{folded}</div>")
+        rows.append({"remedy": r, "cells": ["not run"] * (4 if op is not None else 3),
+                     "why": r.get("why") or "not run"})
+    c = rec.get("concurrency")
+    twin = rec.get("source") == "twin" and rec.get("twin_fit")
+    return {"text": rec["text"], "rows": rows, "limits": rec.get("limits", ""),
+            "at": num(c) if c else "?", "operating": num(op) if op is not None else None,
+            # The fit before the prediction: how far the twin's numbers can be trusted.
+            "twin_note": rec["twin_fit"] if twin else None,
+            "symptoms_note": (rec.get("why_not_simulated")
+                              if not twin and rec.get("source") == "symptoms" else None)}
 
 
-def links_html() -> str:
-    """The run folder's files, linked (the page sits in the run folder)."""
-    files = ((RECORD_YAML, "the record"), ("runs.csv", "one row per level and seed"),
-             ("series.csv", "the focus level's metrics over time"),
-             (f"{NOTEBOOKS_DIR}/", "the executed notebooks"))
-    return ("<p class='files'>Files: " + " · ".join(
-        f"<a href='{_e(name)}'>{_e(name)}</a> ({_e(what)})" for name, what in files) + "</p>")
+def recommendation_html(rec: dict[str, Any] | None) -> str:
+    """The recommendation box alone (``recommendation_view`` through its template macro)."""
+    view = recommendation_view(rec)
+    if view is None:
+        return ""
+    return str(_environment().get_template("macros.html.j2").module.recommendation(view))
+
+
+# The run folder's files, linked from the verdict (the page sits in the run folder).
+FILES = ((RECORD_YAML, "the record"), ("runs.csv", "one row per level and seed"),
+         ("series.csv", "the focus level's metrics over time"),
+         (f"{NOTEBOOKS_DIR}/", "the executed notebooks"))
 
 
 def _reason(text: str) -> str:
@@ -226,20 +168,20 @@ def _reason(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def verdict_html(record: Record, headline: str = "", verdict: VerdictResult | None = None
-                 ) -> str:
+def verdict_view(record: Record, headline: str = "", verdict: VerdictResult | None = None
+                 ) -> dict[str, Any]:
     """The first screen: status, the recommendation, the sentence that explains it, the
     headline figure (the curve with its knee), key numbers, evidence, remedies, and what the
     data could not give. ``verdict`` is stage 06's result (its recommendation and symptoms)."""
+    from markupsafe import Markup
+
     s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
     knee = p.knee
     kind = "kv" if record.status == STATUS_KV_BOUND else (
         "open" if record.status == STATUS_NOT_ESTABLISHED else "seq")
-    lead = to_html(lead_sentence(record))
     from kvpressure import VLLM_BEHAVIOUR_VERSION
 
     warning = version_warning(record.provenance.vllm_version_served, VLLM_BEHAVIOUR_VERSION)
-    version = f"<p class='version'>{to_html(warning)}</p>" if warning else ""
     ratio = recompute_ratio_text(c.recompute_ratio, *(c.recompute_ratio_range or (None, None)),
                                  exact=c.recompute_exact)
 
@@ -270,49 +212,25 @@ def verdict_html(record: Record, headline: str = "", verdict: VerdictResult | No
         ("TTFT p95" + (" (mostly time queued before admission)"
                        if (c.num_requests_waiting or 0) >= 1 else ""), _or(p.ttft_p95, ms)),
     ]
-    missing = "".join(f"<tr><td><code>{_e(k)}</code></td><td>{_e(v)}</td></tr>"
-                      for k, v in record.missing.items())
-    missing_html = (
-        "<h3>Not measured</h3><p>These fields of the record are null: the data given could not "
-        "measure them (a missing value is never read as zero).</p><div class='table-wrap'>"
-        f"<table class='text'><tr><th>field</th><th>why</th></tr>{missing}</table></div>"
-        if missing else "")
     symptoms = [x.model_dump() for x in verdict.symptoms.symptoms] if verdict else []
-    seen = [symptom_sentence(symptoms[i], s.max_num_seqs) if i < len(symptoms) else ch.observed
-            for i, ch in enumerate(record.evidence.checks)]
-    checks = "".join(
-        f"<tr><td>{_e(ch.name)}</td><td class='{'yes' if ch.holds else 'no'}'>"
-        f"{_holds(ch)}</td><td>{_e(text)}</td>"
-        f"<td><code>{_e(ch.metric)}</code></td></tr>"
-        for ch, text in zip(record.evidence.checks, seen, strict=True)
-    )
-    comparison = record.evidence.comparison
-    comp_html = (f"<p>{_e(comparison.summary)} <em>Noise: {_e(comparison.noise)}.</em></p>"
-                 if comparison else "")
-    reasons = "".join(f"<li>{_e(_reason(r))}</li>" for r in record.evidence.reasons)
-    remedies = "".join(
-        f"<tr><td><code>{_e(r.parameter)}</code></td><td>{_e(r.change)}</td>"
-        f"<td>{_e(r.effect)}</td><td>{_e(r.cost)}</td></tr>"
-        for r in record.remedies
-    )
-    remedies_html = (
-        "<details><summary>Every remedy, in the workflow's order, with its cost</summary>"
-        "<div class='table-wrap'><table class='text'><tr><th>parameter</th><th>change</th>"
-        f"<th>effect</th><th>cost</th></tr>{remedies}</table></div></details>"
-        if remedies else ""
-    )
-    return (
-        f'<section id="verdict" class="verdict {kind}">'
-        f'<span class="status">{_e(record.status)}</span>'
-        f"{recommendation_html(verdict.remedies.recommendation if verdict else None)}"
-        f'<p class="lead">{lead}</p>{version}{headline}{comp_html}<ul>{reasons}</ul>'
-        f"{links_html()}"
-        "</section>"
-        f"<h3>Key numbers</h3>{_rows(numbers)}"
-        "<h3>Symptom checklist</h3><div class='table-wrap'><table class='text'>"
-        "<tr><th>symptom</th><th>holds</th><th>what was seen</th><th>metric</th></tr>"
-        f"{checks}</table></div>{remedies_html}{missing_html}"
-    )
+    checks = [{"name": ch.name, "holds": ch.holds, "holds_text": _holds(ch),
+               "seen": (symptom_sentence(symptoms[i], s.max_num_seqs) if i < len(symptoms)
+                        else ch.observed),
+               "metric": ch.metric}
+              for i, ch in enumerate(record.evidence.checks)]
+    return {
+        "kind": kind, "status": record.status,
+        "recommendation": recommendation_view(
+            verdict.remedies.recommendation if verdict else None),
+        # Sentences carry their own markup (to_html escapes the text first).
+        "lead": Markup(to_html(lead_sentence(record))),
+        "version_warning": Markup(to_html(warning)) if warning else None,
+        "headline": Markup(headline),
+        "comparison": record.evidence.comparison,
+        "reasons": [_reason(r) for r in record.evidence.reasons],
+        "files": FILES, "numbers": numbers, "checks": checks,
+        "remedies": record.remedies, "missing": list(record.missing.items()),
+    }
 
 
 _BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
@@ -399,38 +317,31 @@ def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str,
                verdict: VerdictResult | None = None, run_folder: str = "") -> str:
     """The whole page from a record, the executed notebooks (name, NotebookNode) and stage
     06's result (the recommendation, the symptoms' evidence)."""
+    from markupsafe import Markup
+
     from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
 
-    toc = " ".join(f'<a href="#{_e(n)}">{_e(_title(nb, n))}</a>' for n, nb in notebooks)
-    sections = "\n".join(
-        f'<section id="{_e(name)}">{notebook_html(nb)}</section>' for name, nb in notebooks
-    )
     prov = record.provenance
-    inputs = ", ".join(f"{_e(i.path)} (sha256 {i.sha256[:12]}…)" for i in prov.inputs)
     seed = "" if prov.seed is None else f"; seed {prov.seed}"
     if prov.seeds is not None and len(prov.seeds) > 1:
         more = ", ".join(map(str, prov.seeds[1:]))
         seed += f" (and {more} for the run-to-run noise)"
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)} — kvpressure</title><style>{CSS}</style></head><body><main>"
-        f"<h1>{_e(title)}</h1>"
-        f'<p class="subtitle">{_e(record.workload.model_name)} · policy '
-        f"{_e(_or(record.scheduler.policy, str, 'unknown'))} · {_pool(record)} · "
-        f"{_e(prov.mode)} data"
-        + (f" · served by vLLM {_e(prov.vllm_version_served)}" if prov.vllm_version_served
-           else "")
-        + (f" · run folder {_e(run_folder)}" if run_folder else "")
-        + "</p>"
-        f"{verdict_html(record, headline_figure(notebooks), verdict)}"
-        f'<nav class="toc">Stages: {toc}</nav>\n{sections}'
-        f"<footer>kvpressure {_e(__version__)} (vLLM {_e(VLLM_BEHAVIOUR_VERSION)}'s scheduler "
-        "rules" + (f"; the data's server: vLLM {_e(prov.vllm_version_served)}"
-                   if prov.vllm_version_served else "") + ") · "
-        f"inputs: {inputs}{_e(seed)} · record: {RECORD_YAML} · executed notebooks: "
-        f"{NOTEBOOKS_DIR}/</footer></main></body></html>\n"
-    )
+    subtitle = [record.workload.model_name,
+                f"policy {_or(record.scheduler.policy, str, 'unknown')}", _pool(record),
+                f"{prov.mode} data"]
+    if prov.vllm_version_served:
+        subtitle.append(f"served by vLLM {prov.vllm_version_served}")
+    if run_folder:
+        subtitle.append(f"run folder {run_folder}")
+    return _environment().get_template("report.html.j2").render(
+        title=title, subtitle=subtitle,
+        v=verdict_view(record, headline_figure(notebooks), verdict),
+        toc=[(name, _title(nb, name)) for name, nb in notebooks],
+        # Notebook output went through the sanitiser (_clean) or was escaped on its way in.
+        sections=[(name, Markup(notebook_html(nb))) for name, nb in notebooks],
+        version=__version__, vllm_rules=VLLM_BEHAVIOUR_VERSION,
+        served=prov.vllm_version_served, inputs=prov.inputs, seed=seed,
+        record_yaml=RECORD_YAML, notebooks_dir=NOTEBOOKS_DIR)
 
 
 def render_report(run_dir: str | os.PathLike[str], title: str | None = None,
