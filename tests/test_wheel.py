@@ -126,6 +126,13 @@ def test_core_install_runs_the_command_line_and_names_the_report_extra(
     assert "site-packages" in exp
     _ok(installed.run("kvpressure", "simulate", exp, "--out", "sim"))
     assert (installed.work / "sim" / "summary.json").is_file()
+    _ok(installed.run("kvpressure", "ingest", "sim/metrics.prom.jsonl", "--out", "ingested"))
+    assert (installed.work / "ingested" / "series.csv").is_file()
+    # tune draws its figures with matplotlib alone (no seaborn, no Jupyter).
+    _ok(installed.run("kvpressure", "tune", "ci_small", "--param", "max_num_seqs=8,24",
+                      "--limits", "ttft_p95=60s", "--out", "tune"))
+    assert (installed.work / "tune" / "tune.csv").is_file()
+    assert list((installed.work / "tune").glob("*.png"))
 
     refused = installed.run("kvpressure", "report", "--experiment", "ci_small", "--out", "r")
     assert refused.returncode == 2, refused.stderr
