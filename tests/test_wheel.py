@@ -139,6 +139,11 @@ def test_core_install_runs_the_command_line_and_names_the_report_extra(
     assert "pip install 'kvpressure[report]'" in refused.stderr
     assert "Traceback" not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
     assert not (installed.work / "r").exists()
+    # collect's report too, refused before any server is reached (nothing listens on port 9).
+    refused = installed.run("kvpressure", "collect", "http://127.0.0.1:9", "--levels", "4",
+                            "--out", "live")
+    assert refused.returncode == 2 and "pip install 'kvpressure[report]'" in refused.stderr
+    assert "--no-report" in refused.stderr and not (installed.work / "live").exists()
 
 
 def test_report_extra_runs_the_report_and_init(installed: Installed, wheel: Path) -> None:
