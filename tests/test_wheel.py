@@ -134,6 +134,11 @@ def test_core_install_runs_the_command_line_and_names_the_report_extra(
     assert (installed.work / "tune" / "tune.csv").is_file()
     assert list((installed.work / "tune").glob("*.png"))
 
+    # Every stage and the record without Jupyter.
+    _ok(installed.run("kvpressure", "analyse", "analysed", "--experiment", "ci_small"))
+    record = yaml.safe_load((installed.work / "analysed" / "record.yaml").read_text())
+    assert record["provenance"]["kit_version"] == __version__
+
     refused = installed.run("kvpressure", "report", "--experiment", "ci_small", "--out", "r")
     assert refused.returncode == 2, refused.stderr
     assert "pip install 'kvpressure[report]'" in refused.stderr

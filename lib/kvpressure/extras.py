@@ -1,8 +1,8 @@
 """The optional parts of an install: which extra a command needs, checked before it starts.
 
 The core install runs the command line (simulate, sweep, capacity, ingest, knee, twin, tune,
-scrape, collect --no-report, verify-vllm, init); running the notebooks and rendering the page
-needs the ``[report]`` extra. A command that needs a missing extra stops with one line naming
+scrape, collect --no-report, analyse, verify-vllm, init); running the notebooks and rendering the
+page needs the ``[report]`` extra. A command that needs a missing extra stops with one line naming
 what to install (exit 2), before it loads a server or writes a folder, not with an ImportError
 from deep inside a run.
 """
