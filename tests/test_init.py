@@ -74,3 +74,21 @@ def test_installed_notebooks_write_under_the_project(
     assert Path(ctx.experiment) == tmp_path / "proj" / "experiments" / "seed_case.yaml"
     monkeypatch.chdir(tmp_path)
     assert paths.work_root() == tmp_path
+
+
+def test_a_notebook_takes_a_builtin_experiment_by_name(tmp_path: Path) -> None:
+    from kvpressure.pipeline.run_context import choose_run
+
+    ctx = choose_run(experiment="ci_small", run_dir=tmp_path / "r")
+    assert Path(ctx.experiment) == paths.data_dir() / "experiments" / "ci_small.yaml"
+
+
+def test_a_builtin_name_beside_a_folder_of_that_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kvpressure report --experiment ci_small --out ci_small`` run again: the run folder in
+    the working directory does not hide the built-in experiment."""
+    from kvpressure.simulation.experiment import load_experiment
+
+    (tmp_path / "ci_small").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert load_experiment("ci_small").path == paths.data_dir() / "experiments" / "ci_small.yaml"

@@ -9,6 +9,7 @@ as the checkout's ``uv.lock``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -161,9 +162,6 @@ def test_report_extra_runs_the_report_and_init(installed: Installed, wheel: Path
     assert (run_dir / "index.html").is_file()
     record = yaml.safe_load((run_dir / "record.yaml").read_text())
     assert record["provenance"]["kit_version"] == __version__
-    # Nothing was written into the installed package (a run folder, the current run).
-    site = next((installed.venv / "lib").glob("python*/site-packages/kvpressure"))
-    assert not list(site.rglob("reports"))
 
     _ok(installed.run("kvpressure", "init", "proj"))
     proj = installed.work / "proj"
@@ -175,5 +173,22 @@ def test_report_extra_runs_the_report_and_init(installed: Installed, wheel: Path
         proj / "README.md").read_text()
     again = installed.run("kvpressure", "init", "proj")
     assert again.returncode == 2 and "proj" in again.stderr and "not empty" in again.stderr
+
+    # A project as Lab runs it: 01_collect from its notebooks folder, on the project's copy of
+    # the experiment (set as its README says), writes its run folder and the current run under
+    # the project.
+    _ok(installed.run("kvpressure", "init", "lab", "--experiment", "ci_small"))
+    proj = installed.work / "lab"
+    t0 = time.perf_counter()
+    _ok(installed.run("papermill", "--cwd", "notebooks", "notebooks/01_collect.ipynb",
+                      str(installed.root / "01.ipynb"), "-p", "experiment",
+                      "../experiments/ci_small.yaml", "--no-progress-bar", cwd=proj))
+    installed.timings["01_collect in the project"] = time.perf_counter() - t0
+    current = json.loads((proj / "reports" / ".current-run.json").read_text())
+    assert Path(current["run_dir"]) == proj / "reports" / "ci_small"
+    assert (proj / "reports" / "ci_small" / "runs.csv").is_file()
+    # Nothing was written into the installed package (a run folder, the current run).
+    site = next((installed.venv / "lib").glob("python*/site-packages/kvpressure"))
+    assert not list(site.rglob("reports")) and not list(site.rglob("*.ipynb.*"))
 
     print("wheel test timings (s):", {k: round(v, 1) for k, v in installed.timings.items()})

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.paths import kit_root, stored_path, work_root
+from kvpressure.paths import data_dir, kit_root, stored_path, work_root
 from kvpressure.pipeline.run_folder import (
     ANALYSIS_DIR,
     DEFAULT_EXPERIMENT,
@@ -75,6 +75,18 @@ def _absolute(path: str) -> str:
     return str(here.resolve())
 
 
+def _experiment_path(given: str) -> str:
+    """An experiment parameter made absolute; a bare name not found as a file is a built-in
+    experiment's (``ci_small``), as the command line takes it."""
+    path = _absolute(given)
+    if given and not Path(path).is_file() and Path(given).name == given and not Path(
+            given).suffix:
+        builtin = data_dir() / "experiments" / f"{given}.yaml"
+        if builtin.is_file():
+            return str(builtin.resolve())
+    return path
+
+
 def _check_experiment(experiment: str, given: str) -> None:
     """Refuse an experiment file that does not exist before anything is shown or created (no
     banner claiming a collection, no empty run folder)."""
@@ -84,8 +96,8 @@ def _check_experiment(experiment: str, given: str) -> None:
 
     raise InputError(
         f"experiment {given!r}: no such file, looked for from {Path.cwd()} and from the project "
-        f"root {work_root()}; give a path to an experiment YAML, or a built-in one as "
-        f"../data/experiments/NAME.yaml ({', '.join(list_experiments())})")
+        f"root {work_root()}; give a path to an experiment YAML, or a built-in one's name "
+        f"({', '.join(list_experiments())})")
 
 
 def choose_run(experiment: Any = "", source: Any = "", run_dir: Any = "") -> RunContext:
@@ -104,7 +116,7 @@ def choose_run(experiment: Any = "", source: Any = "", run_dir: Any = "") -> Run
     if not run_dir and os.environ.get(RUN_DIR_ENV):
         run_dir, by = os.environ[RUN_DIR_ENV], f"${RUN_DIR_ENV}"
     given = experiment
-    experiment = "" if sources else _absolute(experiment)
+    experiment = "" if sources else _experiment_path(experiment)
     _check_experiment(experiment, given)
     folder = (Path(os.fspath(run_dir)).resolve() if run_dir
               else Path(_from_notebooks(default_run_dir(given, sources))))
