@@ -71,7 +71,9 @@ class Installed:
             [_uv(), "pip", "install", "--python", str(self.venv / "bin" / "python"),
              "--constraint", str(REPO_ROOT / "requirements-lock.txt"), requirement],
             check=True, capture_output=True, text=True, timeout=900,
-            env={**os.environ, "VIRTUAL_ENV": str(self.venv)})
+            # A throwaway venv: linked from uv's cache where it can be (the Makefile's
+            # copy mode is for .venv).
+            env={**os.environ, "VIRTUAL_ENV": str(self.venv), "UV_LINK_MODE": "hardlink"})
         self.timings[f"install {what}"] = time.perf_counter() - t0
 
 
