@@ -113,6 +113,12 @@ def test_wheel_carries_the_builtin_data_and_notebooks(wheel: Path) -> None:
             assert f"kvpressure/_builtin/{tracked.relative_to(REPO_ROOT).as_posix()}" in names
     notebooks = sorted(p.name for p in (REPO_ROOT / "notebooks").glob("*.ipynb"))
     assert notebooks and all(f"kvpressure/_builtin/notebooks/{n}" in names for n in notebooks)
+    # Every file the package reads beside its modules (templates, schemas, py.typed).
+    package = REPO_ROOT / "lib"
+    beside = [f.relative_to(package).as_posix() for f in (package / "kvpressure").rglob("*")
+              if f.is_file() and f.suffix not in (".py", ".pyc") and "__pycache__" not in f.parts]
+    assert "kvpressure/py.typed" in beside
+    assert [f for f in beside if f not in names] == []
 
 
 def test_core_install_runs_the_command_line_and_names_the_report_extra(
