@@ -32,3 +32,14 @@ def test_environment_yml_installs_the_package_with_the_same_pins() -> None:
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     assert "-c requirements-lock.txt" in pip_section
     assert any(item.startswith("-e .") for item in pip_section)
+
+
+def test_the_package_and_the_kit_name_one_version() -> None:
+    """``kvpressure --version`` and every record's ``provenance.kit_version`` say
+    ``kvpressure.__version__``; the wheel's metadata says pyproject's: the same."""
+    import tomllib
+
+    from kvpressure import __version__
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["version"] == __version__

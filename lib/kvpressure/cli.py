@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, str] = {
     "report": "run the investigation notebooks and render the record and the report",
     "analyse": "compute every stage and the record without Jupyter (no figures, no HTML)",
     "profiles": "list the built-in hardware, model and experiment profiles",
+    "init": "write a project folder for JupyterLab: the notebooks, an experiment, a README",
     "twin": "fit a simulated twin to a measured run folder, check it, predict remedies",
     "tune": "search engine settings under latency limits (serially, on local processes or "
             "on a Dask cluster)",

@@ -121,6 +121,11 @@ def _summary(outcome, stream) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.no_report:
+        from kvpressure.extras import require
+
+        # Refused before the server is loaded, not after the levels ran.
+        require("report", "kvpressure collect's report", "or collect with --no-report")
     from kvpressure.live.prompts import parse_token_range
     from kvpressure.live.runner import CollectOptions, report_on, run_collect
     from kvpressure.pipeline.notebooks import NotebookFailed

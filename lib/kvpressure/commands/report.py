@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvpressure.extras import require
+
+    require("report", "kvpressure report")
     from kvpressure.pipeline.notebooks import NOTEBOOKS, NotebookFailed, TerminalProgress
     from kvpressure.pipeline.report import make_report
 

@@ -42,12 +42,11 @@ def _simulated(run_dir: Path, info: CollectInfo) -> pd.DataFrame:
 def _bench(info: CollectInfo) -> pd.DataFrame:
     from kvpressure.errors import InputError
     from kvpressure.ingestion.bench import load_results
-    from kvpressure.paths import REPO_ROOT
+    from kvpressure.paths import stored_path
 
     frames = []
     for item in info.inputs:
-        path = Path(item.path)
-        path = path if path.is_absolute() else REPO_ROOT / path
+        path = stored_path(item.path)
         if path.suffix != ".json" or not path.is_file():
             continue
         try:

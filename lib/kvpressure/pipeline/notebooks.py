@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvpressure.paths import REPO_ROOT
+from kvpressure.paths import notebooks_dir
 from kvpressure.pipeline.run_context import BATCH_ENV
 from kvpressure.pipeline.run_folder import NOTEBOOKS_DIR
 from kvpressure.pipeline.workers import die_with_parent
 from kvpressure.stages.files import STAGES
 
-NOTEBOOK_SOURCE_DIR = REPO_ROOT / "notebooks"
+NOTEBOOK_SOURCE_DIR = notebooks_dir()
 NOTEBOOKS: tuple[str, ...] = tuple(STAGES.values())
 # Notebooks that read only 01's files, not each other's.
 INDEPENDENT: frozenset[str] = frozenset(NOTEBOOKS[1:-1])

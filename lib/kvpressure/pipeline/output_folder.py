@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.paths import REPO_ROOT, data_dir
+from kvpressure.paths import PACKAGE_DIR, checkout_root, data_dir
 
 MARKER = ".kvpressure.json"
 FORMAT = 1
@@ -116,8 +116,10 @@ def _in_run_layout(name: str) -> bool:
 def _protected(path: Path) -> str | None:
     """Why ``path`` may never be an output folder (None when it may)."""
     home = Path.home().resolve()
-    kit = [REPO_ROOT, REPO_ROOT / "notebooks", REPO_ROOT / "lib", REPO_ROOT / "tests",
-           data_dir().resolve()]
+    root = checkout_root()
+    kit = [PACKAGE_DIR, data_dir().resolve()]
+    if root is not None:
+        kit += [root, root / "notebooks", root / "lib", root / "tests"]
     if path == Path(path.anchor) or path == home:
         return "is the filesystem root or the home folder"
     for own in kit:

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.paths import REPO_ROOT
+from kvpressure.paths import data_dir, kit_root, stored_path, work_root
 from kvpressure.pipeline.run_folder import (
     ANALYSIS_DIR,
+    DEFAULT_EXPERIMENT,
     as_sources,
     default_experiment,
     default_run_dir,
@@ -38,7 +39,7 @@ CONTEXT_ENV = "KVPRESSURE_RUN_CONTEXT"
 RUN_DIR_ENV = "KVPRESSURE_RUN_DIR"
 # Set in the kernels `kvpressure report` starts: a batch run never changes the user's context.
 BATCH_ENV = "KVPRESSURE_BATCH"
-CONTEXT_FILE = REPO_ROOT / "reports" / ".current-run.json"
+CONTEXT_NAME = ".current-run.json"
 
 
 @dataclass(frozen=True)
@@ -56,19 +57,34 @@ class RunContext:
 def context_file() -> Path:
     """Where ``01_collect`` remembers the run it collected."""
     env = os.environ.get(CONTEXT_ENV)
-    return Path(env) if env else CONTEXT_FILE
+    return Path(env) if env else work_root() / "reports" / CONTEXT_NAME
 
 
 def _absolute(path: str) -> str:
     """``path`` made absolute: from the working directory (``notebooks/`` in Jupyter), else
     from the project root when it names a file there (``data/experiments/x.yaml``, as the
-    README writes paths)."""
+    README writes paths), else from the kit's own folder (an installed package's built-in
+    ``data/experiments/ci_small.yaml``)."""
     if not path:
         return ""
     here = Path(path)
-    if not here.is_absolute() and not here.exists() and (REPO_ROOT / here).exists():
-        return str((REPO_ROOT / here).resolve())
+    if not here.is_absolute() and not here.exists():
+        for root in (work_root(), kit_root()):
+            if (root / here).exists():
+                return str((root / here).resolve())
     return str(here.resolve())
+
+
+def _experiment_path(given: str) -> str:
+    """An experiment parameter made absolute; a bare name not found as a file is a built-in
+    experiment's (``ci_small``), as the command line takes it."""
+    path = _absolute(given)
+    if given and not Path(path).is_file() and Path(given).name == given and not Path(
+            given).suffix:
+        builtin = data_dir() / "experiments" / f"{given}.yaml"
+        if builtin.is_file():
+            return str(builtin.resolve())
+    return path
 
 
 def _check_experiment(experiment: str, given: str) -> None:
@@ -80,8 +96,8 @@ def _check_experiment(experiment: str, given: str) -> None:
 
     raise InputError(
         f"experiment {given!r}: no such file, looked for from {Path.cwd()} and from the project "
-        f"root {REPO_ROOT}; give a path to an experiment YAML, or a built-in one as "
-        f"../data/experiments/NAME.yaml ({', '.join(list_experiments())})")
+        f"root {work_root()}; give a path to an experiment YAML, or a built-in one's name "
+        f"({', '.join(list_experiments())})")
 
 
 def choose_run(experiment: Any = "", source: Any = "", run_dir: Any = "") -> RunContext:
@@ -100,7 +116,7 @@ def choose_run(experiment: Any = "", source: Any = "", run_dir: Any = "") -> Run
     if not run_dir and os.environ.get(RUN_DIR_ENV):
         run_dir, by = os.environ[RUN_DIR_ENV], f"${RUN_DIR_ENV}"
     given = experiment
-    experiment = "" if sources else _absolute(experiment)
+    experiment = "" if sources else _experiment_path(experiment)
     _check_experiment(experiment, given)
     folder = (Path(os.fspath(run_dir)).resolve() if run_dir
               else Path(_from_notebooks(default_run_dir(given, sources))))
@@ -112,9 +128,13 @@ def choose_run(experiment: Any = "", source: Any = "", run_dir: Any = "") -> Run
 
 def _from_notebooks(path: str) -> str:
     """A default path (written relative to the notebooks folder, their working directory) made
-    absolute wherever this runs."""
+    absolute wherever this runs: the built-in default experiment from the kit's notebooks, the
+    rest (``../reports/NAME``, ``$KVPRESSURE_NB_EXPERIMENT``) from the project's."""
     p = Path(path)
-    return str(p if p.is_absolute() else (REPO_ROOT / "notebooks" / p).resolve())
+    if p.is_absolute():
+        return str(p)
+    root = kit_root() if path == DEFAULT_EXPERIMENT else work_root()
+    return str((root / "notebooks" / p).resolve())
 
 
 def remember_run(ctx: RunContext) -> Path | None:
@@ -163,8 +183,7 @@ def _from_folder(folder: Path, by: str) -> RunContext:
 
 def _repo_path(path: str) -> str:
     """A path as stage 01 stored it (relative to the checkout when inside it), made absolute."""
-    p = Path(path)
-    return str(p if p.is_absolute() else REPO_ROOT / p)
+    return str(stored_path(path))
 
 
 def changed_inputs(run_dir: str | os.PathLike[str]) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from kvpressure.paths import REPO_ROOT
+from kvpressure.paths import checkout_root
 from kvpressure.pipeline.output_folder import MARKER, NOTEBOOKS_COMMAND, write_marker
 from kvpressure.stages import files as stages_files
 from kvpressure.stages.files import ANALYSIS_DIR
@@ -84,9 +84,11 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 
 def display_path(path: str | os.PathLike[str]) -> str:
-    """A path as the record shows it: relative to the checkout when inside it."""
+    """A path as the record shows it: relative to the checkout when inside it (an installed
+    package has none: absolute, so it reads back from any working directory)."""
     resolved = Path(path).resolve()
+    root = checkout_root()
     try:
-        return resolved.relative_to(REPO_ROOT).as_posix()
+        return resolved.relative_to(root).as_posix() if root else resolved.as_posix()
     except ValueError:
         return resolved.as_posix()

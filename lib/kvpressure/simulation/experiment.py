@@ -667,7 +667,8 @@ def load_experiment(path: str | Path) -> Experiment:
     Errors name the file and the field."""
     text_path = str(path)
     p = Path(text_path)
-    if not p.exists() and not text_path.endswith((".yaml", ".yml")):
+    # A folder of the same name (the run folder ``--out ci_small`` made) is no experiment.
+    if not p.is_file() and not text_path.endswith((".yaml", ".yml")):
         p = data_dir() / "experiments" / f"{text_path}.yaml"
     if not p.is_file():
         raise InputError(f"{path}: experiment file not found")

@@ -252,7 +252,7 @@ def _report_sources(run_dir: Path) -> list[Path]:
     from here or from the repository (the report names them relative to it)."""
     import json
 
-    from kvpressure.paths import REPO_ROOT
+    from kvpressure.paths import stored_path
 
     path = run_dir / "sources.json"
     try:
@@ -262,7 +262,7 @@ def _report_sources(run_dir: Path) -> list[Path]:
     out = []
     for item in listed if isinstance(listed, list) else []:
         p = Path(str(item))
-        found = next((c for c in (p, REPO_ROOT / p) if c.is_file()), None)
+        found = next((c for c in (p, stored_path(p)) if c.is_file()), None)
         if found is not None:
             out.append(found)
     return out
