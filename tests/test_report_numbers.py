@@ -233,7 +233,7 @@ def test_a_real_servers_report_has_every_number_right(tmp_path):
 
 
 def test_the_served_vllm_version_is_read_from_the_data(tmp_path):
-    from kvpressure.ingestion.server_log import served_version
+    from kvpressure.ingestion.provenance import served_version
 
     reports = {"r": {"runs": {"a": {"server_log": {"version": "0.32.0"}}}}}
     assert served_version(reports, []) == ("0.32.0", "the server log's start-up lines")

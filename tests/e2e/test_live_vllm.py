@@ -184,6 +184,9 @@ def test_the_sweep_runs_every_level_and_the_report_completes(sweep: Sweep) -> No
 
     served = load_record(report / "record.yaml").provenance.vllm_version_served
     assert served is not None and served.startswith("0.32"), served
+    # /version does not say the device (this build's version has no +cpu label): not guessed
+    prov = load_record(report / "record.yaml").provenance
+    assert prov.platform is None and prov.load_tool.startswith("kvpressure collect")
     assert "The data comes from a vLLM 0.32" in page and "verify-vllm" in page
     assert sorted(p.name for p in (sweep.out / "bench").glob("c*.json")) == sorted(
         f"c{c}.json" for c in LEVELS)

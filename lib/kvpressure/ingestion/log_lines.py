@@ -110,6 +110,7 @@ ENGINE_ARG_KEYS = (
     "enable_chunked_prefill", "max_model_len", "scheduling_policy", "scheduler_reserve_full_isl",
     "tensor_parallel_size", "kv_cache_memory_bytes",
 )
+_DEVICE = re.compile(r"(?<![\w.])device_config=([\w:-]+)")  # cuda, cpu, xpu, npu...
 _CONFIG_ALIASES = {"max_seq_len": "max_model_len"}  # the config line's name for max_model_len
 
 
@@ -318,6 +319,9 @@ def _startup(message: str) -> dict[str, Any]:
         out["engine_generation"] = "v1" if m.group(1) else "v0"
         out["version"] = m.group(2)
         out["config"] = _keyword_items(m.group(3))
+        device = _DEVICE.search(m.group(3))
+        if device:
+            out["device"] = device.group(1)
         out["engine_start"] = True
     m = _VERSION.search(message) or _LOGO_VERSION.search(message)
     if m:

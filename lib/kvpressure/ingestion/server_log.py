@@ -231,6 +231,8 @@ def read_server_log(path: Path, acc: RunSamples, warnings: list[str], *,
         "format": "v0" if v0 else ("v1" if periodic else "v1-early"),
         "version": next((e.values["version"] for e in reversed(startup)
                          if "version" in e.values), None),
+        "device": next((e.values["device"] for e in reversed(startup)
+                        if "device" in e.values), None),
         "lines": log.lines,
         "stats_lines": len(stats),
         "preemption_warnings": len(preempt),
@@ -531,32 +533,6 @@ def engine_args_from_reports(reports: dict[str, Any]) -> dict[str, Any]:
                 if args.get(key) is not None:
                     out.setdefault(key, args[key])
     return out
-
-
-def served_version(reports: dict[str, Any], sources: list[str]) -> tuple[str, str] | None:
-    """The vLLM version that served the data and where it was read: a server log's start-up
-    lines (``ingest()`` reports), else the ``engine.json`` of a ``kvpressure collect`` folder
-    holding a source (the server's ``/version``); None when the data does not say."""
-    import json
-
-    for report in reports.values():
-        for run in (report.get("runs") or {}).values():
-            version = (run.get("server_log") or {}).get("version")
-            if version:
-                return str(version), "the server log's start-up lines"
-    for source in sources:
-        for folder in (Path(source).parent, Path(source).parent.parent):
-            engine = folder / "engine.json"
-            if not engine.is_file():
-                continue
-            try:
-                version = (json.loads(engine.read_text(encoding="utf-8")).get("server")
-                           or {}).get("version")
-            except (ValueError, OSError, AttributeError):
-                continue
-            if version:
-                return str(version), f"the server's /version ({engine.name})"
-    return None
 
 
 def log_notes(reports: dict[str, Any]) -> list[str]:

@@ -571,8 +571,13 @@ def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
     server = probe(opts.url, model=opts.model)
     out = prepare_out(opts.out)
     args, origin, notes = server.engine_args(opts.engine_args)
+    from kvpressure import __version__
+
     _write_json(out / ENGINE_JSON, {
         "server": server.to_dict(), "engine_args": args, "engine_args_from": origin,
+        # the load tool: the kit's own closed-loop client or vllm bench serve
+        "client": {"name": "vllm bench serve" if engine == "vllm-bench" else "builtin client",
+                   "kvpressure": __version__},
         "notes": notes,
         "not_exported": sorted({"max_num_seqs", "max_num_batched_tokens"} - set(args)),
     })

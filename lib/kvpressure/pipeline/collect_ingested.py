@@ -14,7 +14,8 @@ import pandas as pd
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.cache_config import cache_config
-from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes, served_version
+from kvpressure.ingestion.provenance import load_tool, served_platform, served_version
+from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes
 from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report, recompute_args
 from kvpressure.pipeline.focus import focus_level
 from kvpressure.pipeline.lengths import (
@@ -225,7 +226,11 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     engine_metrics = bool(len(series))
     geometry = cache_config(series) if engine_metrics else {}
     # A server log shows some engine arguments (max_num_seqs...); what the user gives wins.
-    settings = {**geometry, **engine_args_from_reports(reports), **dict(engine_args)}
+    logged = engine_args_from_reports(reports)
+    settings = {**geometry, **logged, **dict(engine_args)}
+    settings_from = {**dict.fromkeys(geometry, "vllm:cache_config_info"),
+                     **dict.fromkeys(logged, "the server log's start-up arguments"),
+                     **dict.fromkeys(engine_args, "given (engine_args)")}
     load["notes"].extend(log_notes(reports))
     variant_settings = {}
     for v in variants:
@@ -246,10 +251,15 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     model = (model_name or (_model_name(series) if engine_metrics else None)
              or _dropped_model_name(reports) or _first(runs.get("model")) or "unknown model")
     served = served_version(reports, sources)
+    platform = served_platform(reports, sources)
     return as_result(CollectInfo, {
         "mode": "ingested",
         "server_version": served[0] if served else None,
         "server_version_from": served[1] if served else None,
+        "server_platform": platform[0] if platform else None,
+        "server_platform_from": platform[1] if platform else None,
+        "load_tool": load_tool(sources, kinds),
+        "settings_from": settings_from,
         "name": run_dir.name,
         "description": "ingested metrics",
         "inputs": inputs,

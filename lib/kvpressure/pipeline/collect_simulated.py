@@ -86,6 +86,7 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
     requests = pd.read_csv(point / "requests.csv")
     t0, t1 = steady_window(requests, ingested.series)
     settings = exp.settings()
+    hw, tp = exp.hardware, exp.config.tensor_parallel_size
     cmp = exp.config.comparison
     spec = exp.config.workload
     return as_result(CollectInfo, {
@@ -103,6 +104,11 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
         "comparison_variants": [v for v in exp.variants() if v != BASELINE and v in variants],
         "concurrency_levels": sorted(int(c) for c in base_runs["concurrency"].unique()),
         "settings": settings,
+        "settings_from": _settings_from(exp, settings),
+        "server_platform": f"simulated {hw.device_name}" + (f" x{tp} (TP {tp})" if tp > 1 else ""),
+        "server_platform_from": f"the hardware profile {hw.name}",
+        "load_tool": f"the simulation's {'closed' if exp.mode == 'closed' else 'open'}-loop "
+                     "clients",
         "num_requests": int(len(requests)),
         "input_len_distribution": length_stats(
             requests["prompt_len"], _describe_length(spec.input_len), "requests.csv (exact)"),
@@ -112,6 +118,26 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
                   "why": why, "t0": t0, "t1": t1,
                   "point_dir": str(point.relative_to(run_dir))},
     })
+
+
+def _settings_from(exp: Any, settings: dict[str, Any]) -> dict[str, str]:
+    """Where each simulated engine setting came from: the experiment's engine section, the
+    pool sized from its profiles (as vLLM sizes it), else vLLM's default."""
+    from kvpressure import VLLM_BEHAVIOUR_VERSION
+
+    given = exp.config.engine.model_fields_set
+    out = {}
+    for key in settings:
+        if key in given:
+            out[key] = f"the experiment ({exp.name})"
+        elif key == "num_gpu_blocks":
+            out[key] = (f"sized from the hardware profile {exp.hardware.name} and the model "
+                        "profile, as vLLM sizes the pool")
+        elif key == "block_size":
+            out[key] = f"the hardware profile {exp.hardware.name}'s default"
+        else:
+            out[key] = f"vLLM {VLLM_BEHAVIOUR_VERSION} default"
+    return out
 
 
 def _variant_settings(exp: Any, variant: str) -> dict[str, Any]:

@@ -330,7 +330,13 @@ def build_html(record: Record, notebooks: list[tuple[str, Any]], title: str,
                 f"policy {_or(record.scheduler.policy, str, 'unknown')}", _pool(record),
                 f"{prov.mode} data"]
     if prov.vllm_version_served:
-        subtitle.append(f"served by vLLM {prov.vllm_version_served}")
+        subtitle.append(f"served by vLLM {prov.vllm_version_served}"
+                        + (f" ({prov.platform})" if prov.platform and prov.mode == "ingested"
+                           else ""))
+    elif prov.platform:
+        subtitle.append(prov.platform if prov.mode == "simulation" else f"on {prov.platform}")
+    if prov.load_tool:
+        subtitle.append(f"load: {prov.load_tool}")
     if run_folder:
         subtitle.append(f"run folder {run_folder}")
     return _environment().get_template("report.html.j2").render(

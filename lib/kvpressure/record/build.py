@@ -226,6 +226,9 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
             "seed": collect.seed,
             "seeds": collect.seeds,
             "vllm_version_served": collect.server_version,
+            "platform": collect.server_platform,
+            "load_tool": collect.load_tool,
+            "engine_args_from": dict(sorted(collect.settings_from.items())),
         },
     }
     checks = _checks_missing(verdict.symptoms, collect)

@@ -237,6 +237,19 @@ class Provenance(_Strict):
         description="every workload seed the sweep ran with, ``seed`` first (the repeats that "
                     "give the run-to-run noise); null only for ingested data"
     )
+    platform: NonEmptyStr | None = Field(
+        default=None,
+        description="the device the data's server ran on (cuda, cpu...) when the data says (a "
+                    "server log's engine configuration), or the hardware profile simulated; "
+                    "null when unknown")
+    load_tool: NonEmptyStr | None = Field(
+        default=None,
+        description="what produced the load (vllm bench serve, GuideLLM, AIPerf, kvpressure "
+                    "collect, the simulation's clients); null when the data does not say")
+    engine_args_from: dict[str, str] = Field(
+        default_factory=dict,
+        description="where each engine setting of the investigation came from (the experiment, "
+                    "vllm:cache_config_info, the server log, the engine arguments given)")
 
     @model_validator(mode="after")
     def _seed_for_simulation(self) -> Provenance:
@@ -250,6 +263,7 @@ class Provenance(_Strict):
 # Nulls with a meaning of their own, not missing measurements.
 _MEANINGFUL_NULLS = frozenset({"perf.knee.knee_x", "perf.knee.same_schedule_from",
                                "provenance.vllm_version_served", "provenance.seed",
+                               "provenance.platform", "provenance.load_tool",
                                "provenance.seeds", "evidence.comparison",
                                "scheduler.async_scheduling"})
 

@@ -143,6 +143,16 @@ class CollectInfo(StageResult):
     """The vLLM version that served ingested data, when the data says (a server log, the
     server's /version); None for a simulation."""
     server_version_from: str | None = None
+    server_platform: str | None = None
+    """The device the data's server ran on (cuda, cpu...), when the data says; for a simulation,
+    the hardware profile simulated."""
+    server_platform_from: str | None = None
+    load_tool: str | None = None
+    """What produced the load (vllm bench serve, GuideLLM, AIPerf, kvpressure collect, the
+    simulation's own clients); None when the data does not say (scrapes alone)."""
+    settings_from: dict[str, str] = Field(default_factory=dict)
+    """Where each of ``settings`` came from (the experiment, vllm:cache_config_info, the server
+    log's start-up arguments, the engine arguments given)."""
 
     @property
     def simulated(self) -> bool:
