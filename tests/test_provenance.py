@@ -28,7 +28,8 @@ def test_the_device_from_a_server_logs_engine_configuration():
 
 
 def test_the_load_tool_from_each_kind_of_source(tmp_path):
-    assert load_tool([str(TABLES / "guidellm")], {"bench"}) == "GuideLLM"
+    assert load_tool([str(TABLES / "guidellm" / "benchmarks.json")], {"bench"}) == "GuideLLM 0.5.0"
+    assert load_tool([str(TABLES / "guidellm" / "benchmarks.csv")], {"bench"}) == "GuideLLM"
     assert load_tool([str(TABLES / "aiperf")], {"bench"}) == "AIPerf"
     assert load_tool([str(TABLES / "vllm_sweep")], {"bench"}) == "vllm bench sweep"
     saved = DATA / "twin_saved" / "quiet" / "pool64_fullisl"
@@ -38,8 +39,10 @@ def test_the_load_tool_from_each_kind_of_source(tmp_path):
     # a kvpressure collect folder names its client
     folder = tmp_path / "collect"
     shutil.copytree(saved / "bench", folder / "bench")
-    (folder / "engine.json").write_text(json.dumps({"client": {"name": "builtin client"}}))
-    assert load_tool([str(folder / "bench")], {"bench"}) == "kvpressure collect (builtin client)"
+    (folder / "engine.json").write_text(json.dumps({"client": {"name": "builtin client",
+                                                               "kvpressure": "0.1.0"}}))
+    assert load_tool([str(folder / "bench")], {"bench"}) == (
+        "kvpressure collect 0.1.0 (builtin client)")
 
 
 def test_an_ingested_record_names_its_platform_tool_and_settings_sources(tmp_path):

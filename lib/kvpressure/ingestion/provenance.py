@@ -84,13 +84,34 @@ def load_tool(sources: list[str], kinds: set[str]) -> str | None:
     found = _engine_json(sources)
     if found is not None:
         client = found[0].get("client")
-        how = client.get("name") if isinstance(client, dict) else client
-        return "kvpressure collect" + (f" ({how})" if isinstance(how, str) and how else "")
+        client = client if isinstance(client, dict) else {}
+        version, how = client.get("kvpressure"), client.get("name")
+        return ("kvpressure collect" + (f" {version}" if isinstance(version, str) else "")
+                + (f" ({how})" if isinstance(how, str) and how else ""))
     for source in sources:
         path = Path(source)
         for f in [path] if path.is_file() else sorted(path.rglob("*")):
             if f.is_file():
-                tool = _TABLE_TOOLS.get(table_format(f) or "")
-                if tool:
-                    return tool
+                fmt = table_format(f) or ""
+                if fmt in _TABLE_TOOLS:
+                    version = _tool_version(f, fmt)
+                    return _TABLE_TOOLS[fmt] + (f" {version}" if version else "")
+    # vllm bench serve's result JSON does not record vLLM's version
     return "vllm bench serve" if "bench" in kinds else None
+
+
+def _tool_version(path: Path, fmt: str) -> str | None:
+    """The version a tool's JSON export records of itself (``metadata.guidellm_version``)."""
+    import json
+
+    if path.suffix != ".json":
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return None
+    key = f"{fmt}_version"
+    for where in (data, data.get("metadata") if isinstance(data, dict) else None):
+        if isinstance(where, dict) and isinstance(where.get(key), str):
+            return where[key]
+    return None
