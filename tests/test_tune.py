@@ -1,4 +1,4 @@
-"""kvpressure tune: grid parsing, limits, goodput and the Pareto front on hand-worked records,
+"""kvpressure tune: grid parsing, limits, the throughput within them and the Pareto front on hand-worked records,
 vLLM's refusals listed, the baseline equal to the sweep's, streaming and resuming, and the same
 bytes on every executor."""
 
@@ -15,7 +15,7 @@ from kvpressure.errors import InputError
 from kvpressure.paths import data_dir
 from kvpressure.tune.api import run_tune
 from kvpressure.tune.grid import config_id, expand, load_grid_file, parse_param_options
-from kvpressure.tune.ranking import goodput, pareto_front, rank
+from kvpressure.tune.ranking import best_within_limits, pareto_front, rank
 from kvpressure.tune.results import RESULTS
 
 CI_SMALL = data_dir() / "experiments" / "ci_small.yaml"
@@ -85,13 +85,13 @@ def _level(level, thr, ttft, itl):
             "preemptions": 0, "recompute_ratio": 0.0}
 
 
-def test_goodput_is_the_best_level_within_limits():
+def test_the_best_level_within_limits():
     limits = {"ttft_p95_s": 2.0, "itl_p95_s": 0.08}
     levels = [_level(4, 100, 0.5, 0.03), _level(8, 180, 1.5, 0.07), _level(16, 260, 1.9, 0.09),
               _level(32, 300, 5.0, 0.2)]
-    g, at = goodput(levels, limits)
+    g, at = best_within_limits(levels, limits)
     assert (g, at["level"]) == (180, 8)  # 16 breaks the ITL limit, 32 both
-    assert goodput(levels, {"ttft_p95_s": 0.1}) == (0.0, None)
+    assert best_within_limits(levels, {"ttft_p95_s": 0.1}) == (0.0, None)
     records = [
         {"id": "baseline", "status": "ok", "config": {}, "settings": {}, "levels": levels},
         {"id": "max_num_seqs=8", "status": "ok", "config": {"max_num_seqs": 8}, "settings": {},
@@ -101,7 +101,7 @@ def test_goodput_is_the_best_level_within_limits():
     ]
     table = rank(records, ["max_num_seqs"], limits, {"max_num_seqs": 256})
     assert list(table["id"]) == ["max_num_seqs=8", "baseline"]
-    assert list(table["goodput_output_tok_s"]) == [200, 180]
+    assert list(table["within_limits_output_tok_s"]) == [200, 180]
     assert list(table["rank"]) == [1, 2]
 
 

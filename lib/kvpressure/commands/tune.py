@@ -1,6 +1,6 @@
 """``kvpressure tune EXPERIMENT|RUN_DIR --param NAME=VALUES ... | --grid FILE --limits
 ttft_p95=2s,itl_p95=80ms [--executor local|processes[:N]|dask://HOST:PORT] --out DIR``: every
-configuration of the grid simulated at every level, ranked by goodput under the limits, with
+configuration of the grid simulated at every level, ranked by output throughput within the limits, with
 the Pareto front, the recommendation and its runner-up, and the configurations vLLM would
 refuse, each with its reason.
 

@@ -207,7 +207,7 @@ def _markdown(target: Any, table: pd.DataFrame, invalid: pd.DataFrame, advice: d
              "![recommended vs baseline](recommended.png)", "",
              "![Pareto front](pareto.png)", "", "## Best ten", ""]
     if not table.empty:
-        cols = ["rank", "id", "goodput_output_tok_s", "goodput_level", "peak_output_tok_s",
+        cols = ["rank", "id", "within_limits_output_tok_s", "within_limits_level", "peak_output_tok_s",
                 "peak_level"]
         lines.append("| " + " | ".join(cols) + " |")
         lines.append("|" + "---|" * len(cols))

@@ -1,10 +1,12 @@
-"""Goodput under the limits, the ranked table and the Pareto front.
+"""The best output throughput within the limits, the ranked table and the Pareto front.
 
-Goodput of a configuration: the highest output throughput among its levels whose latencies
-meet every limit (0 when none does): what the server sustains while every limited percentile
-stays within bounds. Ranking: goodput, then the fewest settings changed from the baseline (a
-change that does not bind is no reason to deploy it), then peak throughput, then the id, so
-the order is total and the table the same on every executor.
+A configuration's throughput within the limits: the highest output throughput among its levels
+whose latencies meet every limit (0 when none does): what the server sustains while every
+limited percentile stays within bounds. (Not vLLM's goodput, which counts the requests that
+meet per-request limits: the report's goodput is that one.) Ranking: it, then the fewest
+settings changed from the baseline (a change that does not bind is no reason to deploy it),
+then peak throughput, then the id, so the order is total and the table the same on every
+executor.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ def changes(config: Mapping[str, Any], baseline: Mapping[str, Any]) -> list[str]
     return out
 
 
-def goodput(levels: Sequence[Mapping[str, Any]], limits: Mapping[str, float]
+def best_within_limits(levels: Sequence[Mapping[str, Any]], limits: Mapping[str, float]
             ) -> tuple[float, Mapping[str, Any] | None]:
-    """``(goodput, the level giving it)``; ``(0.0, None)`` when no level meets the limits."""
+    """``(output throughput, the level giving it)``; ``(0.0, None)`` when no level meets the limits."""
     best: Mapping[str, Any] | None = None
     for row in levels:
         if broken(row, limits):
@@ -50,21 +52,21 @@ def rank(records: Sequence[Mapping[str, Any]], parameters: Sequence[str],
         if rec["status"] != "ok":
             continue
         levels = rec["levels"]
-        g, at = goodput(levels, limits)
+        g, at = best_within_limits(levels, limits)
         peak = max(levels, key=lambda r: r["output_throughput"])
         settings = rec["settings"] or {}
         row: dict[str, Any] = {"id": rec["id"]}
         for p in parameters:
             row[p] = format_value(rec["config"][p]) if p in rec["config"] else ""
         row.update({
-            "goodput_output_tok_s": g,
-            "goodput_level": at["level"] if at is not None else None,
+            "within_limits_output_tok_s": g,
+            "within_limits_level": at["level"] if at is not None else None,
             "levels_within_limits": sum(not broken(r, limits) for r in levels),
             "peak_output_tok_s": float(peak["output_throughput"]),
             "peak_level": peak["level"],
         })
         for key in (*limits, "preemptions", "recompute_ratio"):
-            row[f"{key}_at_goodput"] = at[key] if at is not None else None
+            row[f"{key}_at_best"] = at[key] if at is not None else None
         row["num_gpu_blocks"] = settings.get("num_gpu_blocks")
         row["changes_from_baseline"] = len(changes(rec["config"], baseline))
         rows.append(row)
@@ -72,7 +74,7 @@ def rank(records: Sequence[Mapping[str, Any]], parameters: Sequence[str],
     if frame.empty:
         return frame
     frame = frame.sort_values(
-        ["goodput_output_tok_s", "changes_from_baseline", "peak_output_tok_s", "id"],
+        ["within_limits_output_tok_s", "changes_from_baseline", "peak_output_tok_s", "id"],
         ascending=[False, True, False, True], kind="mergesort").reset_index(drop=True)
     frame.insert(0, "rank", range(1, len(frame) + 1))
     return frame

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.analysis.limits import broken, format_limits
-from kvpressure.tune.ranking import goodput
+from kvpressure.tune.ranking import best_within_limits
 
 
 def _ms(v: float) -> str:
@@ -28,27 +28,27 @@ def recommend(table: pd.DataFrame, records: Mapping[str, Mapping[str, Any]],
     """``{"recommended", "runner_up", "baseline", "equivalent", "text", ...}``."""
     base = records.get(baseline_id)
     base_good, base_at = ((0.0, None) if base is None or base["status"] != "ok"
-                          else goodput(base["levels"], limits))
-    out: dict[str, Any] = {"limits": dict(limits), "baseline_goodput_output_tok_s": base_good,
+                          else best_within_limits(base["levels"], limits))
+    out: dict[str, Any] = {"limits": dict(limits), "baseline_within_limits_output_tok_s": base_good,
                            "recommended": None, "runner_up": None, "equivalent": []}
-    ok = table[table["goodput_output_tok_s"] > 0] if not table.empty else table
+    ok = table[table["within_limits_output_tok_s"] > 0] if not table.empty else table
     if ok.empty:
         out["text"] = (f"no configuration meets {format_limits(limits)} at any level tried; "
                        "loosen the limits or add lower levels")
         return out
     best = ok.iloc[0]
     rec = records[best["id"]]
-    good, at = goodput(rec["levels"], limits)
-    same = ok[(ok["goodput_output_tok_s"] == best["goodput_output_tok_s"])
+    good, at = best_within_limits(rec["levels"], limits)
+    same = ok[(ok["within_limits_output_tok_s"] == best["within_limits_output_tok_s"])
               & (ok["peak_output_tok_s"] == best["peak_output_tok_s"])]
     out["equivalent"] = [i for i in same["id"] if i != best["id"]]
     rest = ok[~ok["id"].isin(same["id"])]
     runner = rest.iloc[0] if not rest.empty else None
     out["recommended"] = {"id": best["id"], "config": rec["config"],
-                          "goodput_output_tok_s": good, "level": at["level"]}
-    parts = [f"{best['id']}: goodput {good:.0f} output tok/s at {_at(at, limits, level_name)}"]
+                          "within_limits_output_tok_s": good, "level": at["level"]}
+    parts = [f"{best['id']}: {good:.0f} output tok/s within the limits at {_at(at, limits, level_name)}"]
     if best["id"] == baseline_id:
-        parts[0] = (f"keep the baseline settings: goodput {good:.0f} output tok/s at "
+        parts[0] = (f"keep the baseline settings: {good:.0f} output tok/s within the limits at "
                     f"{_at(at, limits, level_name)}; no configuration tried does better")
     elif base is not None and base["status"] == "ok":
         if base_good > 0:
@@ -71,13 +71,13 @@ def recommend(table: pd.DataFrame, records: Mapping[str, Mapping[str, Any]],
                      "fewest changes from the baseline is named")
     if runner is not None:
         r_rec = records[runner["id"]]
-        r_good, r_at = goodput(r_rec["levels"], limits)
+        r_good, r_at = best_within_limits(r_rec["levels"], limits)
         differ = sorted(k for k in set(rec["config"]) | set(r_rec["config"])
                         if rec["config"].get(k) != r_rec["config"].get(k))
         out["runner_up"] = {"id": runner["id"], "config": r_rec["config"],
-                            "goodput_output_tok_s": r_good, "level": r_at["level"]}
+                            "within_limits_output_tok_s": r_good, "level": r_at["level"]}
         if r_good == good:
-            tie = (f"the same goodput (a tie under the limits; it changes "
+            tie = (f"the same throughput within the limits (a tie; it changes "
                    f"{runner['changes_from_baseline']} setting(s) from the baseline against "
                    f"{best['changes_from_baseline']}, and peaks at "
                    f"{runner['peak_output_tok_s']:.0f} against "
