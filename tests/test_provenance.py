@@ -64,3 +64,16 @@ def test_a_simulated_record_names_the_profile_and_each_settings_source(ci_small_
     assert prov.engine_args_from["max_num_seqs"] == "vLLM 0.33.0 default"
     page = (ci_small_report.run_dir / "index.html").read_text()
     assert "simulated NVIDIA L40S · load: the simulation&#39;s closed-loop clients" in page
+
+
+def test_a_collect_folders_server_log_gives_the_device(tmp_path):
+    from kvpressure.ingestion.server_log import startup_facts
+
+    log = DATA / "logs" / "v1_kv_bound.log"
+    facts = startup_facts(log)
+    assert facts["device"] == "cuda" and facts["from_log"] == str(log)
+    folder = tmp_path / "collect"
+    (folder / "bench").mkdir(parents=True)
+    (folder / "engine.json").write_text(json.dumps({"server": {"version": "0.32.0", **facts}}))
+    device, where = served_platform({}, [str(folder / "bench")])
+    assert device == "cuda" and "collect --server-log" in where

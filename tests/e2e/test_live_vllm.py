@@ -139,7 +139,8 @@ def sweep(server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Sweep
                         "--out", str(out), "--input-len", str(INPUT_LEN),
                         "--output-len", str(OUTPUT_LEN), "--duration-per-level", "8",
                         "--cooldown", "2", "--warmup", "4", "--engine-args", ENGINE_ARGS,
-                        "--prometheus", prom, "--load-engine", "builtin"], timeout_s=480)
+                        "--prometheus", prom, "--load-engine", "builtin",
+                        "--server-log", str(server.log)], timeout_s=480)
         time.sleep(0.5)  # one more direct read after the sweep
     sys.stderr.write(proc.stderr)
     levels = json.loads((out / "levels.json").read_text()) if (out / "levels.json").is_file() \
@@ -184,9 +185,11 @@ def test_the_sweep_runs_every_level_and_the_report_completes(sweep: Sweep) -> No
 
     served = load_record(report / "record.yaml").provenance.vllm_version_served
     assert served is not None and served.startswith("0.32"), served
-    # /version does not say the device (this build's version has no +cpu label): not guessed
+    # ... on the CPU: the server's log (collect --server-log) says; /version does not
     prov = load_record(report / "record.yaml").provenance
-    assert prov.platform is None and prov.load_tool.startswith("kvpressure collect")
+    assert prov.platform == "cpu", prov.platform
+    assert prov.load_tool.startswith("kvpressure collect") and "(builtin client)" in prov.load_tool
+    assert sweep.engine["server"]["device"] == "cpu"
     assert "The data comes from a vLLM 0.32" in page and "verify-vllm" in page
     assert sorted(p.name for p in (sweep.out / "bench").glob("c*.json")) == sorted(
         f"c{c}.json" for c in LEVELS)

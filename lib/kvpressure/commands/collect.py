@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--engine-args", default="", metavar="YAML",
                       help="engine arguments the metrics do not carry, e.g. "
                       "'{max_num_seqs: 256, max_num_batched_tokens: 2048}'")
+    data.add_argument("--server-log", metavar="LOG", type=Path,
+                      help="the server's log (its start-up lines): the vLLM version, the device "
+                           "and the engine arguments it started with, into engine.json")
     data.add_argument("--param", metavar="NAME=VALUE", action="append", default=[],
                       help="report notebook parameter (repeatable), as for `kvpressure report`")
     data.add_argument("--no-report", action="store_true", help="collect only")
@@ -141,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         token_ids=parse_token_range(args.token_ids), load_engine=args.load_engine,
         vllm=args.vllm, tokenizer=args.tokenizer, model=args.model,
         engine_args=_engine_args(args.engine_args), prometheus=args.prometheus,
+        server_log=args.server_log,
     )
     params = parse_params(args.param)
     outcome = run_collect(opts)

@@ -69,6 +69,11 @@ def served_platform(reports: dict[str, Any], sources: list[str] = ()
     device = _from_logs(reports, "device")
     if device:
         return device, "the server log's engine configuration (device_config)"
+    found = _engine_json(list(sources))
+    server = found[0].get("server") if found is not None else None
+    if isinstance(server, dict) and isinstance(server.get("device"), str):
+        return server["device"], (f"the server log's engine configuration "
+                                  f"({found[1].name}, from collect --server-log)")
     served = served_version(reports, list(sources))
     label = served[0].partition("+")[2].lower() if served else ""
     build = _BUILD_DEVICES.get(label) or ("cuda" if label.startswith("cu") else None)

@@ -535,6 +535,26 @@ def engine_args_from_reports(reports: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def startup_facts(path: Path) -> dict[str, Any]:
+    """What a server log's start-up lines say of the server: ``version`` and ``device`` (the
+    last start's, a log may hold several), each only when the log says. InputError when the
+    file cannot be read."""
+    from kvpressure.errors import InputError
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"--server-log {path}: no such file")
+    startup = [e for e in read_events(path).events if e.kind == "startup"]
+    out: dict[str, Any] = {}
+    for key in ("version", "device"):
+        value = next((e.values[key] for e in reversed(startup) if key in e.values), None)
+        if value:
+            out[key] = str(value)
+    if out:
+        out["from_log"] = str(path)
+    return out
+
+
 def log_notes(reports: dict[str, Any]) -> list[str]:
     """One sentence per server log in ``ingest()`` reports: what its numbers are worth."""
     out = []

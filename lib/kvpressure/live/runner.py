@@ -87,8 +87,11 @@ class CollectOptions:
     model: str | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)
     prometheus: str | None = None
+    server_log: Path | None = None  # the server's log: its start-up facts, into engine.json
 
     def check(self) -> None:
+        if self.server_log is not None and not Path(self.server_log).is_file():
+            raise InputError(f"--server-log {self.server_log}: no such file")
         if not self.levels:
             raise InputError("--levels: give at least one concurrency, e.g. 4,8,16,32")
         bad = [c for c in self.levels if c < 1]
@@ -573,8 +576,14 @@ def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
     args, origin, notes = server.engine_args(opts.engine_args)
     from kvpressure import __version__
 
+    started = {}
+    if opts.server_log is not None:
+        from kvpressure.ingestion.server_log import startup_facts
+
+        started = startup_facts(opts.server_log)
     _write_json(out / ENGINE_JSON, {
-        "server": server.to_dict(), "engine_args": args, "engine_args_from": origin,
+        "server": {**server.to_dict(), **started}, "engine_args": args,
+        "engine_args_from": origin,
         # the load tool: the kit's own closed-loop client or vllm bench serve
         "client": {"name": "vllm bench serve" if engine == "vllm-bench" else "builtin client",
                    "kvpressure": __version__},
