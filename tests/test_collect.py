@@ -99,7 +99,7 @@ def test_a_server_refusing_every_request_ends_the_sweep_with_the_reason(
                      "--prompts-per-level", "50", *FAST,
                      "--warmup", "0"])
         sent = state.completions
-    assert code == 3
+    assert code == 5
     assert time.monotonic() - started < 20
     levels = _levels(out)["levels"]
     assert levels[0]["status"] == "incomplete" and f"HTTP {mode}" in levels[0]["reason"]
@@ -121,13 +121,13 @@ def test_a_stalled_server_times_out_and_never_hangs(tmp_path: Path) -> None:
                      "--prompts-per-level", "4", "--request-timeout", "1", *FAST,
                      "--warmup", "0"])
         level = _levels(tmp_path / "a")["levels"][0]
-        assert code == 3 and "timeout" in level["reason"]
+        assert code == 5 and "timeout" in level["reason"]
         # A level timeout cuts a level whose requests wait longer than it lasts.
         code = main(["collect", url, "--levels", "2", "--out", str(tmp_path / "b"),
                      "--prompts-per-level", "4", "--level-timeout", "1.5", *FAST,
                      "--warmup", "0"])
         level = _levels(tmp_path / "b")["levels"][0]
-        assert code == 3 and "level timeout (1.5 s)" in level["reason"]
+        assert code == 5 and "level timeout (1.5 s)" in level["reason"]
     assert time.monotonic() - started < 30
 
 
@@ -248,7 +248,7 @@ def test_vllm_bench_serve_runs_each_level_and_is_stopped_with_its_children(
         code = main(["collect", url, "--levels", "2", "--out", str(tmp_path / "b"),
                      "--vllm", str(fake), "--level-timeout", "1", *FAST,
                      "--load-engine", "vllm-bench"])
-        assert code == 3 and time.monotonic() - started < 20
+        assert code == 5 and time.monotonic() - started < 20
         level = _levels(tmp_path / "b")["levels"][0]
         assert level["status"] == "incomplete" and "level timeout (1 s)" in level["reason"]
         # Duration-bound levels are the built-in client's: vllm bench runs a number of prompts.

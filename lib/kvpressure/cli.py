@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from kvpressure.errors import InputError
+from kvpressure.errors import EXIT_BUG, EXIT_INPUT, EXIT_INTERRUPTED, InputError
 
 # name -> one-line help; the module kvpressure.commands.<name> provides
 # ``add_arguments(parser)`` and ``run(args) -> int``.
@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
             argv = _with_config(command, argv)
         except InputError as exc:
             print(f"kvpressure {command}: error: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_INPUT
     args = build_parser(command).parse_args(argv)
     if command is None:
         build_parser().print_help()
-        return 2
+        return EXIT_INPUT
     previous_term = _sigterm_as_interrupt()
     try:
         code = int(_module(command).run(args) or 0)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         # swapped in only when complete, so what is on disk is the old run or nothing.
         print(f"kvpressure {command}: interrupted; nothing half-written was kept",
               file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader stopped early (``kvpressure capacity --json | head -1``): what it read is
         # complete, so no error. Point stdout at devnull so the exit's flush cannot fail again.
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (InputError, FileNotFoundError) as exc:
         print(f"kvpressure {command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
     except (OverflowError, RecursionError) as exc:
         # A number past a float's range or a structure nested past the stack, from an input
         # no reader caught earlier: the user's input, not a run of the kit; the traceback is
@@ -108,16 +108,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvpressure {command}: error: the input holds {what} to compute with "
               f"({exc}); check the files and options given (details in {log})",
               file=sys.stderr)
-        return 2
+        return EXIT_INPUT
     except MemoryError:
         print(f"kvpressure {command}: error: out of memory; the input asks for more than this "
               "machine has (lower num_requests, num_gpu_blocks or the levels)", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
     except Exception:  # the kit's own bug: a short line on screen, the traceback in a file
         log = _write_crash_log(command, argv)
         print(f"kvpressure {command}: internal error (a bug in kvpressure, please report it "
               f"with the log): traceback written to {log}", file=sys.stderr)
-        return 1
+        return EXIT_BUG
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous_term)

@@ -5,6 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+# Exit codes, one meaning each (the README's table).
+EXIT_BUG = 1            # a bug in the kit: one line on screen, the traceback in a log
+EXIT_INPUT = 2          # the input's fault: a file, field, line or option named
+EXIT_WOULD_NOT_START = 3  # capacity: vLLM would refuse to start with these settings
+EXIT_DIVERGES = 4       # verify-vllm: a workload's steps differ from vLLM's
+EXIT_INCOMPLETE = 5     # collect: a level ended early (the server failed it), the sweep stopped
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM
+
 
 class InputError(ValueError):
     """Invalid user input: a file, field, line or parameter the kit cannot use.

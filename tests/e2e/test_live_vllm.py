@@ -364,7 +364,7 @@ def test_a_server_killed_mid_level_keeps_what_was_measured(server: VllmServer,
         _, err = proc.communicate(timeout=240)
     finally:
         stop_group(proc, grace_s=10)
-    assert proc.returncode == 3, err[-3000:]
+    assert proc.returncode == 5, err[-3000:]  # a level ended early
     doc = json.loads((out / "levels.json").read_text())
     first, second = doc["levels"]
     assert first["status"] == "complete"

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from kvpressure.errors import InputError
+from kvpressure.errors import EXIT_WOULD_NOT_START, InputError
 from kvpressure.profiles import GiB, dtype_bytes, safe_concurrency, size_kv_pool
 from kvpressure.profiles.fields import parse_size
 from kvpressure.profiles.kvpool import DEFAULT_GPU_MEMORY_UTILIZATION, KVPoolError, KVPoolSizing
@@ -27,7 +27,7 @@ MEASURED = (  # flag, size_kv_pool argument, what vLLM logs it as
 
 
 DEFAULT_AVG_SEQ_LENS = (1024, 2048, 4096, 8192)
-REFUSED = 3
+REFUSED = EXIT_WOULD_NOT_START
 """Exit code when vLLM would refuse to start for want of KV memory (0 blocks are shown)."""
 
 

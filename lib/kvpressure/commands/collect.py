@@ -151,7 +151,10 @@ def run(args: argparse.Namespace) -> int:
     _summary(outcome, sys.stderr)
     for note in outcome.notes:
         print(f"note: {note}", file=sys.stderr)
-    code = 130 if outcome.interrupted else 0 if outcome.all_complete else 3
+    from kvpressure.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED
+
+    code = (EXIT_INTERRUPTED if outcome.interrupted else 0 if outcome.all_complete
+            else EXIT_INCOMPLETE)
     if outcome.stopped:
         print(f"stopped: {outcome.stopped}", file=sys.stderr)
     if args.no_report:

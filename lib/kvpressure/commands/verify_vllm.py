@@ -12,10 +12,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from kvpressure.errors import EXIT_DIVERGES as DIVERGES
 from kvpressure.errors import InputError
-
-DIVERGES = 4
-"""Exit code: a workload's steps differ from vLLM's (a finding, not a failure of the kit)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
