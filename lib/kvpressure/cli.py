@@ -36,6 +36,8 @@ SUBCOMMANDS: dict[str, str] = {
     "twin": "fit a simulated twin to a measured run folder, check it, predict remedies",
     "tune": "search engine settings under latency limits (serially, on local processes or "
             "on a Dask cluster)",
+    "compare": "two run folders side by side: the curves, the knee's shift with its noise, "
+               "preemptions per level, what differs in settings and versions",
     "schema": "print the JSON Schema of an experiment or a record, or check files against it",
 }
 

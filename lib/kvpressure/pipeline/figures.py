@@ -47,6 +47,35 @@ def knee_figure(points: Any, knee: dict[str, Any], repeats: int, repeats_word: s
     return fig
 
 
+def two_runs_figure(result: dict[str, Any]) -> Any:
+    """``kvpressure compare``: both folders' throughput curves with their knees, and their
+    preemptions, against concurrency."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    colours = {"A": "tab:blue", "B": "tab:orange"}
+    names = {"A": result["a"], "B": result["b"]}
+    for v in result["knees"]["variants"]:
+        xs = [p["x"] for p in v["points"]]
+        left.plot(xs, [p["y"] for p in v["points"]], "o-", color=colours[v["variant"]],
+                  label=f"{v['variant']}: {names[v['variant']]}")
+        if v["knee_x"] is not None:
+            left.axvline(v["knee_x"], color=colours[v["variant"]], ls="--", lw=1,
+                         label=f"knee {v['variant']} ({num(v['knee_x'])})")
+    for k, name in enumerate(("A", "B")):
+        pts = [(r["concurrency"], r["preemptions"][k]) for r in result["levels"]
+               if r["preemptions"][k] is not None]
+        if pts:
+            right.plot(*zip(*pts, strict=True), "o-", color=colours[name], label=name)
+    left.set(xlabel="concurrency (clients)", ylabel="output tokens/s", ylim=(0, None),
+             title="Throughput")
+    right.set(xlabel="concurrency (clients)", ylabel="preemptions", ylim=(0, None),
+              title="Preemptions per level")
+    legend_outside(left)
+    fig.tight_layout()
+    return fig
+
+
 def latency_levels_figure(points: Any) -> Any:
     """Inter-token latency (mean and p95) and TTFT p95 by level, each panel with its own
     legend inside it."""

@@ -453,3 +453,56 @@ def version_warning(served: str | None, rules: str) -> str:
             "preemption rules change between releases: check them against that version's own "
             f"scheduler with `kvpressure verify-vllm --vllm-python PATH` (PATH: the python of "
             f"an environment with vLLM {served}).")
+
+
+# --------------------------------------------------------------------------- two run folders
+def two_runs_markdown(result: Mapping[str, Any]) -> str:
+    """``kvpressure compare``'s result (``analysis.two_runs.TwoRuns.to_dict()``) as Markdown:
+    what changed, the knees and whether they moved beyond noise, then every level."""
+    from kvpressure.analysis.compare import moved_right_words
+
+    a, b = result["a"], result["b"]
+    cur = {v["variant"]: v for v in result["knees"]["variants"]}
+    shift = result["knees"]["shifts"][0]
+    lines = [f"# {b} against {a}", ""]
+    changed = result["settings_changed"] | result["versions_changed"]
+    lines.append("**What differs**: " + ("; ".join(
+        f"{k} {x} -> {y}" for k, (x, y) in changed.items())
+        if changed else "no engine setting or version that both folders record") + ".")
+    for name in ("A", "B"):
+        v = cur[name]
+        knee = "none in the range" if v["knee_x"] is None else f"{num(v['knee_x'])}"
+        lines.append(f"- {name} ({a if name == 'A' else b}): knee {knee}, peak "
+                     f"{num(v['peak_y'])} tok/s at {num(v['peak_x'])}, "
+                     + (f"falls {v['decline_pct']:.0f}% past it" if v["declines"]
+                        else "holds past the peak")
+                     + f" (noise: {v['noise_source']})")
+    by = shift.get("moved_right_by") or []
+    lines.append("")
+    lines.append(f"**The knee**: {num(shift['baseline_knee_x']) if shift['baseline_knee_x'] else 'none'}"
+                 f" -> {num(shift['knee_x']) if shift['knee_x'] else 'none'}; "
+                 + (("B's " + moved_right_words(by, past=True).removeprefix("the ")) if by
+                    else "no move beyond the run-to-run noise") + ".")
+    if result["status"][0] or result["status"][1]:
+        lines.append(f"**Status**: {result['status'][0] or 'no record'} -> "
+                     f"{result['status'][1] or 'no record'}.")
+    lines += ["", "| concurrency | output tok/s A | B | change | preemptions A | B |",
+              "|---|---|---|---|---|---|"]
+    for r in result["levels"]:
+        (ta, tb), (pa, pb) = r["output_throughput"], r["preemptions"]
+        change = r.get("output_throughput_change_pct")
+        said = ("" if change is None else
+                (signed_pct(change) if r.get("beyond_noise") else "no measurable change"))
+        lines.append(f"| {num(r['concurrency'])} | {_or_dash(ta)} | {_or_dash(tb)} | {said} | "
+                     f"{_or_count(pa)} | {_or_count(pb)} |")
+    if result["notes"]:
+        lines += [""] + [f"Note: {n}." for n in result["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _or_dash(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else num(v)
+
+
+def _or_count(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else count(v)
