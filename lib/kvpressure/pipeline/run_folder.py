@@ -36,7 +36,7 @@ NOTEBOOKS_DIR = "notebooks"
 POINTS_DIR = "points"
 # What notebooks run on their own may write into a run folder (besides the marker's files).
 RUN_LAYOUT = (EXPERIMENT_COPY, SOURCES_FILE, RUNS_CSV, SERIES_CSV, INGEST_JSON, RECORD_YAML,
-              INDEX_HTML, "runs.parquet", "series.parquet")
+              INDEX_HTML, "runs.parquet", "series.parquet", "prometheus-rules.yml")
 RUN_LAYOUT_DIRS = (ANALYSIS_DIR, NOTEBOOKS_DIR, POINTS_DIR)
 
 

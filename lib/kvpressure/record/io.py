@@ -66,14 +66,18 @@ def record_to_yaml(record: Record) -> str:
 
 
 def write_record(record: Record | dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Validate ``record`` and write it as YAML to ``path`` (atomically). Returns the path."""
+    """Validate ``record`` and write it as YAML to ``path`` (atomically), with its Prometheus
+    rules beside it (``prometheus_rules.py``). Returns the record's path."""
+    from kvpressure.record.prometheus_rules import RULES_FILE, rules_text
+
     path = Path(path)
     valid = validate_record(record, where=str(path))
-    text = record_to_yaml(valid)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    for target, text in ((path, record_to_yaml(valid)),
+                         (path.with_name(RULES_FILE), rules_text(valid))):
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
     return path
 
 
