@@ -40,7 +40,7 @@ $(UV):
 	.tools/bin/pip install --quiet uv==$(UV_VERSION)
 
 $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
-	$(UV) sync --locked --extra test --extra report --extra dask --inexact --compile-bytecode
+	$(UV) sync --locked --extra test --extra report --extra dask --extra parquet --inexact --compile-bytecode
 	@touch $@
 
 report: $(VENV)/.synced
@@ -101,7 +101,7 @@ bench: $(VENV)/.synced
 # The simulation's exact step compiled with mypyc (needs a C compiler); without it, or once a
 # compiled module's source is edited, the simulation runs its sources (simulation/native.py).
 native: $(VENV)/.synced
-	$(UV) sync --locked --extra test --extra report --extra dask --extra native --inexact --compile-bytecode
+	$(UV) sync --locked --extra test --extra report --extra dask --extra parquet --extra native --inexact --compile-bytecode
 	$(BIN)/python scripts/build_native.py
 
 lock: | $(UV)

@@ -63,22 +63,12 @@ class IngestResult:
         the same tables as Parquet when pyarrow is importable."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        written = []
-        try:
-            import pyarrow  # noqa: F401
+        from kvpressure.table_files import write_table
 
-            parquet = True
-        except ImportError:
-            parquet = False
+        written = []
         for name, frame in (("series", self.series), ("runs", self.runs)):
-            if frame.empty:
-                continue
-            path = out / f"{name}.csv"
-            frame.to_csv(path, index=False)
-            written.append(path)
-            if parquet:
-                frame.to_parquet(out / f"{name}.parquet", index=False)
-                written.append(out / f"{name}.parquet")
+            if not frame.empty:
+                written.extend(write_table(frame, out / f"{name}.csv"))
         path = out / "ingest.json"
         path.write_text(json.dumps(to_jsonable(self.report), indent=2) + "\n", encoding="utf-8")
         written.append(path)

@@ -36,6 +36,7 @@ from kvpressure.pipeline.run_folder import (
 from kvpressure.pipeline.windows import ingested_window
 from kvpressure.stages.files import as_result
 from kvpressure.stages.results import CollectInfo
+from kvpressure.table_files import write_table
 
 _LEVEL = re.compile(r"^(?:c|concurrency[-_=]?)(\d+)$")
 # What the stages read from a point's scrapes: the analysis' families and the length histograms.
@@ -185,7 +186,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     runs = runs.sort_values(["variant", "concurrency"], kind="stable").reset_index(drop=True)
     source_run = runs["run"].astype(str).tolist()
     runs["run"] = _run_names(runs)
-    runs.to_csv(run_dir / RUNS_CSV, index=False)
+    write_table(runs, run_dir / RUNS_CSV)
     variants = [str(v) for v in pd.unique(runs["variant"])]
     base = BASELINE if BASELINE in variants else variants[0]
     base_runs = runs[runs["variant"] == base]
@@ -220,7 +221,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
                           bench_timezone=bench_timezone)
     series, (t0, t1), (g0, g1), origin = win.series, win.counters, win.gauges, win.origin
     load.update(idle=win.idle, snapshot=win.snapshot, notes=[*load["notes"], *win.notes])
-    series.to_csv(run_dir / SERIES_CSV, index=False)
+    write_table(series, run_dir / SERIES_CSV)
     (run_dir / INGEST_JSON).write_text(
         json.dumps(ingest_report({"runs": reports}), indent=2, sort_keys=True) + "\n")
     engine_metrics = bool(len(series))

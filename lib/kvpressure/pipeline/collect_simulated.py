@@ -30,6 +30,7 @@ from kvpressure.pipeline.run_folder import (
 from kvpressure.pipeline.windows import steady_window
 from kvpressure.stages.files import as_result
 from kvpressure.stages.results import CollectInfo
+from kvpressure.table_files import write_table
 
 
 def _run_sweep(experiment: Any, run_dir: Path, jobs: int, progress: Callable[[str], None]
@@ -66,7 +67,7 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
     shutil.copyfile(src, run_dir / EXPERIMENT_COPY)
     runs = _run_sweep(exp, run_dir, jobs, progress)
     if not (run_dir / RUNS_CSV).is_file():
-        runs.to_csv(run_dir / RUNS_CSV, index=False)
+        write_table(runs, run_dir / RUNS_CSV)
     runs = pd.read_csv(run_dir / RUNS_CSV)
     variants = [str(v) for v in pd.unique(runs["variant"])]
     base = BASELINE if BASELINE in variants else variants[0]
@@ -80,7 +81,7 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
         raise InputError(f"{point}: the sweep wrote no metrics.prom.jsonl for the focus point")
     run_name = f"{focus_variant}/c{level}"
     ingested = ingest([scrape], run=run_name)
-    ingested.series.to_csv(run_dir / SERIES_CSV, index=False)
+    write_table(ingested.series, run_dir / SERIES_CSV)
     (run_dir / INGEST_JSON).write_text(
         json.dumps(ingest_report(ingested.report), indent=2, sort_keys=True) + "\n")
     requests = pd.read_csv(point / "requests.csv")

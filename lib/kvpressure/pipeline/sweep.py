@@ -319,16 +319,9 @@ def _keep_complete_points(jobs: list[_PointJob], out: Path, rows: list[dict[str,
 
 def write_runs(frame: Any, out_dir: str | os.PathLike[str]) -> Path:
     """``runs.csv`` (and ``runs.parquet`` when pyarrow is installed)."""
-    out = Path(out_dir)
-    path = out / "runs.csv"
-    frame.to_csv(path, index=False, lineterminator="\n")
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        frame.to_parquet(out / "runs.parquet", index=False)
-    return path
+    from kvpressure.table_files import write_table
+
+    return write_table(frame, Path(out_dir) / "runs.csv")[0]
 
 
 def stderr_progress(line: str) -> None:
