@@ -33,6 +33,8 @@ SUBCOMMANDS: dict[str, str] = {
     "analyse": "compute every stage and the record without Jupyter (no figures, no HTML)",
     "profiles": "list the built-in hardware, model and experiment profiles",
     "twin": "fit a simulated twin to a measured run folder, check it, predict remedies",
+    "verify-remedy": "measure a remedy against the baseline on the user's own server in paired "
+                     "rounds, next to the twin's prediction",
     "tune": "search engine settings under latency limits (serially, on local processes or "
             "on a Dask cluster)",
 }
