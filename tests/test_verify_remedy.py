@@ -277,3 +277,47 @@ def test_a_rerun_with_other_settings_is_refused_naming_the_difference(tmp_path):
         check_same(before, {**before, "set": {"max_num_seqs": 6}}, tmp_path)
     with pytest.raises(InputError, match="levels"):
         check_same(before, {**before, "levels": [4, 8]}, tmp_path)
+
+
+# --- the report's top box -----------------------------------------------------------------
+def _report_folder(tmp_path: Path, held: bool, mean: float = 47.0) -> Path:
+    run = tmp_path / "run"
+    (run / "report" / "twin").mkdir(parents=True)
+    (run / "report" / "twin" / "twin.json").write_text(json.dumps({
+        "fit": {"verdict": "twin fits"},
+        "remedies": {"focus": {"concurrency": 8},
+                     "recommendation": {"setting": "lower_max_num_seqs", "trusted": True,
+                                        "overrides": {"max_num_seqs": 5},
+                                        "text": "lower_max_num_seqs (max_num_seqs=5): +48%"}}}))
+    (run / "verify").mkdir()
+    level = {"concurrency": 8, "held": held, "why": "measured far from the prediction",
+             "measured": {"mean_pct": mean, "interval_pct": [mean - 16.4, mean + 16.3],
+                          "pairs": 4, "sign": 1},
+             "predicted": {"change_pct": 48.3, "interval_pct": [30.0, 66.0]}}
+    (run / "verify" / "verify.json").write_text(json.dumps({
+        "settings": {"set": {"max_num_seqs": 5}}, "levels": [
+            {**level, "concurrency": 4}, level]}))
+    return run / "report"
+
+
+def test_the_top_box_says_what_the_verification_measured(tmp_path):
+    from kvpressure.pipeline.verdict import _twin_recommendation
+
+    rec = _twin_recommendation(_report_folder(tmp_path, True))
+    assert rec["text"].endswith(
+        "Verified: +47.0% measured (+30.6% to +63.3%) vs +48.3% predicted, at concurrency 8, "
+        "4 paired rounds on the server (max_num_seqs=5).")
+    rec = _twin_recommendation(_report_folder(tmp_path / "b", False, mean=20.0))
+    assert "The prediction did not hold: +20.0% measured (+3.6% to +36.3%) vs +48.3% " \
+           "predicted" in rec["text"]
+
+
+def test_a_verification_of_another_setting_says_nothing(tmp_path):
+    from kvpressure.pipeline.verdict import _twin_recommendation
+
+    folder = _report_folder(tmp_path, True)
+    path = folder.parent / "verify" / "verify.json"
+    doc = json.loads(path.read_text())
+    doc["settings"]["set"] = {"max_num_seqs": 6}
+    path.write_text(json.dumps(doc))
+    assert "erified" not in _twin_recommendation(folder)["text"]
