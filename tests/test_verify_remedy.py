@@ -321,3 +321,73 @@ def test_a_verification_of_another_setting_says_nothing(tmp_path):
     doc["settings"]["set"] = {"max_num_seqs": 6}
     path.write_text(json.dumps(doc))
     assert "erified" not in _twin_recommendation(folder)["text"]
+
+
+# --- the whole verification on stand-in servers -------------------------------------------
+REAL_RUN = Path(__file__).parent / "data" / "twin_saved" / "quiet" / "pool64_firstchunk"
+FAKE = Path(__file__).parent / "fake_serve.py"
+
+
+def _opts(out: Path, port: int, **kw) -> VerifyOptions:
+    import sys
+
+    base = dict(run_dir=REAL_RUN, serve_cmd=f"{sys.executable} {FAKE} m --max-num-seqs 8",
+                sets={"max_num_seqs": "4"}, out=out, levels=[6], rounds=2, mode="restart",
+                port=port, input_len=16, output_len=8, prompts_per_level=12, warmup=1,
+                cooldown_s=0.0, ready_timeout_s=30.0, bootstrap=10)
+    return VerifyOptions(**{**base, **kw})
+
+
+def test_restarted_servers_measure_the_change_and_a_rerun_continues(tmp_path):
+    import io
+
+    from kvpressure.live.verify_remedy import verify
+    from prometheus_server import free_port
+
+    out = tmp_path / "v"
+    log = io.StringIO()
+    doc, code = verify(_opts(out, free_port()), log)
+    assert code == 0, log.getvalue()[-2000:]
+    (row,) = doc["levels"]
+    # the stand-in serves tokens twice as fast with max_num_seqs <= 4
+    assert row["measured"]["pairs"] == 2 and row["measured"]["mean_pct"] > 30
+    assert log.getvalue().count("server ready") == 4  # restart: one start per arm and round
+    assert doc["settings"]["remedy_cmd"][-2:] == ["--max-num-seqs", "4"]
+    assert doc["rounds_done"] == 2 and (out / "verify.md").is_file()
+    first = run_folder(out, 0, 6, "remedy") / "levels.json"
+    stamp = first.stat().st_mtime_ns
+    # a run stopped part way (its levels.json never finished) runs again; finished ones stay
+    (run_folder(out, 1, 6, "baseline") / "levels.json").unlink()
+    log = io.StringIO()
+    doc, code = verify(_opts(out, free_port(), rounds=3), log)
+    assert code == 0, log.getvalue()[-2000:]
+    assert first.stat().st_mtime_ns == stamp
+    assert log.getvalue().count("round 2, concurrency 6, baseline") == 1
+    assert "round 2, concurrency 6, remedy" not in log.getvalue()
+    assert log.getvalue().count("round 3, concurrency 6") == 2
+    assert doc["levels"][0]["measured"]["pairs"] == 3
+    # other settings into the same folder are refused, naming the difference
+    with pytest.raises(InputError, match="max_num_seqs"):
+        verify(_opts(out, free_port(), sets={"max_num_seqs": "2"}), io.StringIO())
+
+
+def test_until_known_stops_at_the_first_rounds_that_tell_the_sign(tmp_path):
+    import io
+
+    from kvpressure.live.verify_remedy import verify
+    from prometheus_server import free_port
+
+    log = io.StringIO()
+    doc, code = verify(_opts(tmp_path / "v", free_port(), mode="ports", until_known=True,
+                             max_rounds=5), log)
+    assert code == 0, log.getvalue()[-2000:]
+    m = doc["levels"][0]["measured"]
+    assert doc["rounds_done"] == doc["rounds_planned"] == m["pairs"]
+    assert "a round takes" in log.getvalue()
+    if m["pairs"] < 5:  # stopped before the cap: known, and not known one round earlier
+        assert "known after" in log.getvalue() and m["sign"] == 1
+        fewer = [x for x in doc["runs"] if x["round"] < m["pairs"] - 1]
+        assert m["pairs"] == 2 or not paired.known(paired.measured_change(fewer, 6), None)
+    else:
+        assert "not known after 5 rounds" in log.getvalue()
+    assert log.getvalue().count("server ready") == 2  # ports: each server started once

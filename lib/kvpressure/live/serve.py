@@ -181,6 +181,7 @@ class Server:
     env: Mapping[str, str] | None = None
     proc: subprocess.Popen | None = field(default=None, repr=False)
     started_at: float | None = None
+    runs: int = 0  # load runs since the start
 
     @property
     def url(self) -> str:
@@ -208,6 +209,7 @@ class Server:
         finally:
             fh.close()
         self.started_at = time.monotonic()
+        self.runs = 0
 
     def tail(self, n: int = 30) -> str:
         try:

@@ -154,7 +154,9 @@ def _tables_dir(run_dir: Path, out: Path) -> Path:
     ``--no-report``, its bench results and scrape log ingested into ``out/measured``."""
     if (run_dir / "runs.csv").is_file() or (run_dir / "report" / "runs.csv").is_file():
         return run_dir
-    bench, log = run_dir / "bench", run_dir / "metrics.prom.jsonl"
+    bench = run_dir / "bench"
+    log = next((p for p in (run_dir / "metrics.prom.jsonl", run_dir / "metrics.prom.jsonl.gz")
+                if p.is_file()), run_dir / "metrics.prom.jsonl")
     if not (bench.is_dir() and log.is_file()):
         raise InputError(f"{run_dir}: no runs.csv (nor report/runs.csv), and no bench/ with a "
                          "metrics.prom.jsonl to ingest: give a folder of `kvpressure collect`, "
@@ -571,21 +573,20 @@ def _rounds(opts: VerifyOptions, servers: Mapping[str, Server], levels: list[int
             if not finished(r, c, arm)]
     if not todo:
         return
-    warm: set[str] = set()
-
     def run(r: int, c: int, arm: str) -> None:
+        # The first run after a server's start warms it up (not measured).
         got = one_run(servers[arm], run_folder(opts.out, r, c, arm), r, c, arm, load, opts,
-                      engine[arm], arm not in warm, stream)
-        warm.add(arm)
+                      engine[arm], servers[arm].runs == 0, stream)
+        servers[arm].runs += 1
         runs.append(got)
         save("running")
 
     first_round_t: float | None = None
     if opts.mode == "ports":
-        for arm in ARMS:
-            if servers[arm].proc is None:
-                servers[arm].start()
-        for arm in ARMS:
+        new = [arm for arm in ARMS if servers[arm].proc is None]
+        for arm in new:
+            servers[arm].start()
+        for arm in new:
             t = servers[arm].wait_ready(opts.ready_timeout_s)
             print(f"{arm} server ready on port {servers[arm].port} in {t:.0f} s",
                   file=stream, flush=True)
@@ -613,7 +614,6 @@ def _rounds(opts: VerifyOptions, servers: Mapping[str, Server], levels: list[int
                 t = server.wait_ready(opts.ready_timeout_s)
                 print(f"{arm} server ready on port {server.port} in {t:.0f} s", file=stream,
                       flush=True)
-                warm.discard(arm)
                 for c in mine:
                     run(r, c, arm)
             finally:
