@@ -192,8 +192,9 @@ def predictions(run_dir: Path, out: Path, cmd_settings: Mapping[str, Any],
     if twin.open_loop:
         raise InputError(f"{run_dir}: an open loop (request rates); verify-remedy replays "
                          "closed loops at concurrency levels")
-    first = twin.predict_remedies(candidates={"remedy": dict(overrides)})
-    focus = first["focus"]["concurrency"]
+    from kvpressure.pipeline.focus import focus_level
+
+    focus, rule = focus_level(twin.measured.levels)
     chosen = list(levels) if levels else [int(focus)]
     missing = [c for c in chosen if c not in twin.workloads]
     if missing:
@@ -201,9 +202,9 @@ def predictions(run_dir: Path, out: Path, cmd_settings: Mapping[str, Any],
                          f"({', '.join(str(c) for c in sorted(twin.workloads))}); the twin "
                          "predicts at the measured levels")
     out_levels: dict[int, dict[str, Any]] = {}
+    got: dict[str, Any] = {}
     for c in chosen:
-        got = first if c == focus else twin.predict_remedies(
-            focus=c, candidates={"remedy": dict(overrides)})
+        got = twin.predict_remedies(focus=c, candidates={"remedy": dict(overrides)})
         row = next((r for r in got["candidates"] if r["setting"] == "remedy"), None)
         base = twin.predict_level(c, {})
         rem = twin.predict_level(c, overrides)
@@ -222,8 +223,8 @@ def predictions(run_dir: Path, out: Path, cmd_settings: Mapping[str, Any],
             ttft_p95_s_baseline=base["ttft_p95_s"], ttft_p95_s_remedy=rem["ttft_p95_s"],
             itl_p95_s_baseline=base["itl_p95_s"], itl_p95_s_remedy=rem["itl_p95_s"])
     about = {"fit": report.verdict.text, "fits": bool(report.verdict.fits),
-             "focus": first["focus"], "recommendation": first["recommendation"],
-             "noise": first["noise"], "settings_given": dict(cmd_settings)}
+             "focus": {"concurrency": focus, "rule": rule}, "noise": got["noise"],
+             "settings_given": dict(cmd_settings)}
     return chosen, out_levels, about
 
 
