@@ -391,3 +391,40 @@ def test_until_known_stops_at_the_first_rounds_that_tell_the_sign(tmp_path):
     else:
         assert "not known after 5 rounds" in log.getvalue()
     assert log.getvalue().count("server ready") == 2  # ports: each server started once
+
+
+def test_sigterm_mid_verification_stops_both_servers_and_keeps_the_finished_rounds(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from kvpressure.live.serve import port_free
+    from prometheus_server import free_port
+
+    port = free_port()
+    out = tmp_path / "v"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvpressure.cli", "verify-remedy", str(REAL_RUN), "--serve-cmd",
+         f"{sys.executable} {FAKE} m --max-num-seqs 8", "--set", "max_num_seqs=4", "--levels",
+         "6", "--rounds", "50", "--port", str(port), "--input-len", "16", "--output-len", "8",
+         "--prompts-per-level", "12", "--warmup", "1", "--cooldown", "0", "--bootstrap", "10",
+         "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("round 3,"):
+                break
+        assert any(x.startswith("round 3,") for x in seen), "".join(seen)[-2000:]
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130
+    assert port_free("127.0.0.1", port) and port_free("127.0.0.1", port + 1)
+    doc = json.loads((out / "verify.json").read_text())
+    assert doc["state"] == "interrupted" and doc["rounds_done"] >= 2

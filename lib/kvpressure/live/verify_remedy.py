@@ -31,6 +31,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -313,7 +314,15 @@ def one_run(server: Server, folder: Path, r: int, c: int, arm: str, load: Mappin
         request_timeout_s=opts.request_timeout_s, max_ttft_s=None, seed=int(load["seed"] or 0),
         token_ids=tuple(load["token_ids"]), load_engine="builtin",
         engine_args={k: v for k, v in engine_args.items() if k in ENGINE_ARGS or k in ALIASES})
-    outcome = run_collect(co, stream=stream)
+    # The runner's event loop takes SIGINT and SIGTERM for the run and leaves the defaults
+    # behind: put back this process's own, so a later SIGTERM still stops the servers.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        outcome = run_collect(co, stream=stream)
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
     if outcome.interrupted:
         raise Interrupted
     got = read_run(folder, r, c, arm)
