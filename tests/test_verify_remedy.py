@@ -421,9 +421,13 @@ def test_sigterm_mid_verification_stops_both_servers_and_keeps_the_finished_roun
         os.kill(proc.pid, signal.SIGTERM)
         proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:  # a failure above: SIGTERM first, so it stops its servers
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     assert proc.returncode == 130
     assert port_free("127.0.0.1", port) and port_free("127.0.0.1", port + 1)
     doc = json.loads((out / "verify.json").read_text())
