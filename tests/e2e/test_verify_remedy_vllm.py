@@ -13,7 +13,7 @@ lie within 10 points of its prediction. (``max_num_seqs`` lowered to 5, the benc
 noise of a shared machine.) Raising ``max_num_seqs`` above the concurrency (64 to 128 at 8
 clients) cannot act: its measured change must be no measurable effect (the interval holds 0).
 The servers start with ``-O0`` (no compilation: no minute of compiling per setting); one
-short sweep of 3 levels, two verifications of 3 rounds at one level.
+short sweep of 4 levels, two verifications of 3 rounds at one level.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from prometheus_server import free_port
 
 pytestmark = pytest.mark.e2e
 
-LEVELS = "2,4,8"
+LEVELS = "2,4,6,8"
 AT = 8
 LOAD = ["--input-len", "256", "--output-len", "128", "--range-ratio", "0.25",
         "--prompts-per-level", "16"]
