@@ -388,8 +388,8 @@ def test_until_known_stops_at_the_first_rounds_that_tell_the_sign(tmp_path):
         assert "known after" in log.getvalue() and m["sign"] == 1
         fewer = [x for x in doc["runs"] if x["round"] < m["pairs"] - 1]
         assert m["pairs"] == 2 or not paired.known(paired.measured_change(fewer, 6), None)
-    else:
-        assert "not known after 5 rounds" in log.getvalue()
+    else:  # the cap: known at the last round, or not known
+        assert "known after 5 rounds" in log.getvalue()
     assert log.getvalue().count("server ready") == 2  # ports: each server started once
 
 

@@ -594,6 +594,13 @@ def _rounds(opts: VerifyOptions, servers: Mapping[str, Server], levels: list[int
     first_round_t: float | None = None
     if opts.mode == "ports":
         new = [arm for arm in ARMS if servers[arm].proc is None]
+        from kvpressure.live.serve import host_in, port_free
+
+        for arm in new:  # both ports checked before either server starts
+            s = servers[arm]
+            if not port_free(host_in(s.argv), s.port):
+                raise InputError(f"port {s.port} (the {arm} server's) is in use: give --port "
+                                 "with two free ports from it")
         for arm in new:
             servers[arm].start()
         for arm in new:
