@@ -537,7 +537,7 @@ def verify(opts: VerifyOptions, stream: TextIO | None = None) -> tuple[dict[str,
                            out / "servers" / f"{arm}.log", opts.env) for arm in ARMS}
     engine = {"baseline": cmd_settings, "remedy": {**cmd_settings, **opts.overrides}}
     code = 0
-    state = "complete"
+    state = "stopped"  # until the rounds end: an error not caught below leaves it so
     save("running")
     try:
         target = opts.rounds
@@ -555,6 +555,7 @@ def verify(opts: VerifyOptions, stream: TextIO | None = None) -> tuple[dict[str,
                 break
             target += 1
         doc["rounds_planned"] = target
+        state = "complete"
     except (Interrupted, KeyboardInterrupt):
         state, code = "interrupted", 130
         print("\ninterrupted: the finished rounds are kept in " + str(out) + "; the same "
