@@ -535,12 +535,14 @@ def ab(remedies: list[str], rounds: int, work: Path, port: int,
     the rounds). The machine's speed drifts between runs by as much as a small remedy changes
     throughput, and a drift slower than a round cancels in each pair's own change (the remedy
     against the baseline of the same round and level): the change per level is the mean over
-    the rounds with its 95% interval (``twin.validation.paired_change``). c=4 is the control
+    the rounds with its 95% interval (``live.paired``, as ``kvpressure verify-remedy`` reads
+    it). c=4 is the control
     for a remedy on ``max_num_seqs`` (at or above what the pool holds) or on the pool (nothing
     preempted there). The idle servers wait on their request queues.
 
     The twin is fitted on the setup's sweep measured by ``--real`` (8 levels on a restarted
     server) and predicts each remedy against the baseline at each level."""
+    from kvpressure.live.paired import arm_order, measured_change
     from kvpressure.twin.api import build_twin
     from kvpressure.twin.validation import paired_change
 
@@ -574,8 +576,7 @@ def ab(remedies: list[str], rounds: int, work: Path, port: int,
         for r in range(rounds):
             print(f"(ab) {setup['name']} round {r} ({_uptime()})", flush=True)
             for k, c in enumerate(AB_LEVELS):
-                shift = (r + k) % len(names)
-                for arm in names[shift:] + names[:shift]:
+                for arm in arm_order(names, r, k):
                     folder = base / f"r{r}_c{c}_{arm}"
                     _collect(ports[arm], folder, (c,), engines[arm])
                     got = _bench_result(folder, c)
@@ -613,7 +614,7 @@ def ab(remedies: list[str], rounds: int, work: Path, port: int,
         rows = []
         print(f"    {name} {ov}:", flush=True)
         for c in AB_LEVELS:
-            change = paired_change(arm_values("baseline", c), arm_values(name, c))
+            change = measured_change(runs, c, "baseline", name)
             pred = _pct(predicted[c], baseline_twin[c])
             rows.append({"concurrency": c, "measured": change, "predicted_change_pct": pred,
                          "preemptions_baseline": arm_values("baseline", c, "preemptions"),

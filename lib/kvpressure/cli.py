@@ -34,6 +34,8 @@ SUBCOMMANDS: dict[str, str] = {
     "profiles": "list the built-in hardware, model and experiment profiles",
     "init": "write a project folder for JupyterLab: the notebooks, an experiment, a README",
     "twin": "fit a simulated twin to a measured run folder, check it, predict remedies",
+    "verify-remedy": "measure a remedy against the baseline on the user's own server in paired "
+                     "rounds, next to the twin's prediction",
     "tune": "search engine settings under latency limits (serially, on local processes or "
             "on a Dask cluster)",
     "compare": "two run folders side by side: the curves, the knee's shift with its noise, "

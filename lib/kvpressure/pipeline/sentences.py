@@ -506,3 +506,23 @@ def _or_dash(v: Any) -> str:
 
 def _or_count(v: Any) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else count(v)
+
+
+def verification_sentence(level: Mapping[str, Any], setting: str) -> str:
+    """A ``kvpressure verify-remedy`` level as the top box says it: the measured change with its
+    interval next to the prediction, and whether the prediction held. Plain text: it ends the
+    recommendation's own sentence, which the page prints as it is."""
+    m, p = level.get("measured") or {}, level.get("predicted") or {}
+    mean, pred = finite(m.get("mean_pct")), finite(p.get("change_pct"))
+    lo, hi = (finite(x) for x in (m.get("interval_pct") or [None, None]))
+    rounds = int(m.get("pairs") or 0)
+    at = f"at concurrency {num(level.get('concurrency'))}, {rounds} paired rounds on the server"
+    if mean is None or lo is None or hi is None or pred is None:
+        return f"Not verified yet: {setting} measured over {rounds} round(s), too few for an interval."
+    got = f"{mean:+.1f}% measured ({lo:+.1f}% to {hi:+.1f}%) vs {pred:+.1f}% predicted"
+    if level.get("held"):
+        if lo <= 0 <= hi:
+            return f"Verified: no measurable effect, {got}, {at} ({setting})."
+        return f"Verified: {got}, {at} ({setting})."
+    return (f"The prediction did not hold: {got}, {at} ({setting}: "
+            f"{level.get('why') or 'outside the interval'}).")

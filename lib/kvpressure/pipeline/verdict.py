@@ -168,11 +168,39 @@ def _twin_recommendation(run_dir: str | os.PathLike[str]) -> dict[str, Any] | No
     rec = (doc.get("remedies") or {}).get("recommendation") or {}
     if not rec.get("text"):
         return None
+    checked = _verification(run_dir, rec.get("overrides") or {},
+                            ((doc.get("remedies") or {}).get("focus") or {}).get("concurrency"))
     # The fit travels with the prediction, so the page states it first.
     return {"source": "twin", "simulated": True, "remedy": rec.get("setting"),
             "text": ("Do this (the fitted twin's what-if): " if rec.get("trusted") else
-                     "Twin's what-if, not trusted: ") + rec["text"] + ".",
+                     "Twin's what-if, not trusted: ") + rec["text"] + "."
+            + (" " + checked if checked else ""),
             "twin_fit": (doc.get("fit") or {}).get("verdict"), "trusted": bool(rec.get("trusted"))}
+
+
+def _verification(run_dir: str | os.PathLike[str], overrides: dict[str, Any],
+                  focus: Any) -> str | None:
+    """What ``kvpressure verify-remedy`` measured of this recommendation, when its folder is
+    ``verify/`` in the run folder or beside it (a collect folder's ``report/``): the level at
+    the twin's focus, else the first verified."""
+    import json
+
+    from kvpressure.pipeline.sentences import verification_sentence
+
+    for folder in (Path(run_dir), Path(run_dir).parent):
+        path = folder / "verify" / "verify.json"
+        if not overrides or not path.is_file():
+            continue
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            continue
+        if (doc.get("settings") or {}).get("set") != overrides or not doc.get("levels"):
+            continue
+        level = next((lv for lv in doc["levels"] if lv.get("concurrency") == focus),
+                     doc["levels"][0])
+        return verification_sentence(level, ", ".join(f"{k}={v}" for k, v in overrides.items()))
+    return None
 
 
 def _twin_refusal(run_dir: str | os.PathLike[str]) -> str | None:
