@@ -10,7 +10,7 @@ EXIT_BUG = 1            # a bug in the kit: one line on screen, the traceback in
 EXIT_INPUT = 2          # the input's fault: a file, field, line or option named
 EXIT_WOULD_NOT_START = 3  # capacity: vLLM would refuse to start with these settings
 EXIT_DIVERGES = 4       # verify-vllm: a workload's steps differ from vLLM's
-EXIT_INCOMPLETE = 5     # collect: a level ended early (the server failed it), the sweep stopped
+EXIT_INCOMPLETE = 5     # collect, verify-remedy: a live run ended early (a server failed it)
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM
 
 

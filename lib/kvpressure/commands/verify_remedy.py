@@ -19,7 +19,7 @@ throughput with its 95% Student-t interval over the rounds, the twin's predicted
 interval, both arms' preemptions, TTFT and ITL, whether the prediction held), rounds/ (one
 collect folder a run), servers/ (each server's log).
 
-exit codes: 0 done; 3 a server did not start or a run did not complete (the finished runs are
+exit codes: 0 done; 5 a server did not start or a run did not complete (the finished runs are
 kept); 130 Ctrl-C (the finished runs are kept: the same command continues them); 2 bad input
 (a setting with no vLLM flag, a folder holding another verification, a busy port).
 """

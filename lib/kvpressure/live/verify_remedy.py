@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from kvpressure.errors import InputError
+from kvpressure.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, InputError
 from kvpressure.live import paired
 from kvpressure.live.serve import (
     Server,
@@ -481,8 +481,8 @@ def _estimate_round_s(run_dir: Path, levels: list[int], cooldown_s: float) -> fl
 
 
 def verify(opts: VerifyOptions, stream: TextIO | None = None) -> tuple[dict[str, Any], int]:
-    """The verification; returns ``(verify.json's content, exit code)``: 0 done, 3 a run did
-    not complete, 130 interrupted (finished runs kept)."""
+    """The verification; returns ``(verify.json's content, exit code)``: 0 done,
+    ``EXIT_INCOMPLETE`` a run did not complete, ``EXIT_INTERRUPTED`` (finished runs kept)."""
     stream = stream or sys.stderr
     opts.check()
     run_dir = Path(opts.run_dir)
@@ -557,11 +557,11 @@ def verify(opts: VerifyOptions, stream: TextIO | None = None) -> tuple[dict[str,
         doc["rounds_planned"] = target
         state = "complete"
     except (Interrupted, KeyboardInterrupt):
-        state, code = "interrupted", 130
+        state, code = "interrupted", EXIT_INTERRUPTED
         print("\ninterrupted: the finished rounds are kept in " + str(out) + "; the same "
               "command continues them", file=stream, flush=True)
     except (RunIncomplete, ServerFailed) as exc:
-        state, code = "stopped", 3
+        state, code = "stopped", EXIT_INCOMPLETE
         doc["stopped"] = str(exc)
         print(f"stopped: {exc}", file=stream, flush=True)
     finally:
