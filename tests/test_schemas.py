@@ -39,3 +39,22 @@ def test_a_file_breaking_the_schema_is_refused_naming_the_field(tmp_path, capsys
     assert f"{bad}: not a valid experiment" in err and "engine.max_num_seqs:" in err
     assert main(["schema", "record"]) == 0
     assert '"title": "kvpressure investigation record (record.yaml)"' in capsys.readouterr().out
+
+
+def test_every_record_written_is_checked_against_the_shipped_schema(tmp_path, monkeypatch):
+    from kvpressure import schemas
+    from kvpressure.record.io import validate_record, write_record
+    from report_helpers import valid_record
+
+    record = validate_record(valid_record())
+    write_record(record, tmp_path / "record.yaml")  # the shipped schema holds it
+    drifted = dict(schemas.shipped("record"))
+    drifted["required"] = [*drifted["required"], "a_field_the_model_lacks"]
+    monkeypatch.setattr(schemas, "shipped", lambda name: drifted)
+    schemas._validator.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="breaks data/schemas/record.schema.json"):
+            write_record(record, tmp_path / "again.yaml")
+        assert not (tmp_path / "again.yaml").exists()
+    finally:
+        schemas._validator.cache_clear()

@@ -9,6 +9,7 @@ files against the shipped schema, naming the file and each bad field's path.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -49,11 +50,16 @@ def schema_text(schema: dict[str, Any]) -> str:
     return json.dumps(schema, indent=1, sort_keys=True) + "\n"
 
 
-def problems(name: str, data: Any) -> list[str]:
-    """Each way ``data`` breaks the shipped schema, as ``field.path: message``."""
+@functools.cache
+def _validator(name: str) -> Any:
     from jsonschema import Draft202012Validator
 
-    validator = Draft202012Validator(shipped(name))
+    return Draft202012Validator(shipped(name))
+
+
+def problems(name: str, data: Any) -> list[str]:
+    """Each way ``data`` breaks the shipped schema, as ``field.path: message``."""
+    validator = _validator(name)
     out = []
     for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.path))):
         where = ".".join(str(p) for p in err.path) or "(top level)"

@@ -69,9 +69,15 @@ def write_record(record: Record | dict[str, Any], path: str | os.PathLike[str]) 
     """Validate ``record`` and write it as YAML to ``path`` (atomically), with its Prometheus
     rules beside it (``prometheus_rules.py``). Returns the record's path."""
     from kvpressure.record.prometheus_rules import RULES_FILE, rules_text
+    from kvpressure.schemas import problems
 
     path = Path(path)
     valid = validate_record(record, where=str(path))
+    # The shipped schema is what other tools check a record with: one the kit wrote must pass.
+    drift = problems("record", valid.model_dump(mode="json"))
+    if drift:
+        raise RuntimeError(f"{path}: the record breaks data/schemas/record.schema.json "
+                           f"(regenerate it: python -m kvpressure.schemas): {drift[0]}")
     path.parent.mkdir(parents=True, exist_ok=True)
     for target, text in ((path, record_to_yaml(valid)),
                          (path.with_name(RULES_FILE), rules_text(valid))):
