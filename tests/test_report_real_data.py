@@ -155,12 +155,14 @@ def test_bench_sweep_with_one_log_is_investigated_like_the_simulation(full, swee
     # The focus level's requests, exactly, from the bench result's per-request lengths.
     lens = pd.read_csv(points / "c32" / "requests.csv")["prompt_len"]
     assert rec.workload.input_len_distribution.mean == pytest.approx(lens.mean())
-    # Everything measured: the only nulls are the comparison the data does not hold.
+    # Everything measured: the only nulls are what the data does not hold (the comparison, the
+    # seeds, the device its server ran on).
     data = load_record(full.record_path).model_dump(mode="json")
     assert list(empty_fields(data)) == ["scheduler.async_scheduling",
                                          "perf.knee.same_schedule_from", "evidence.comparison",
                                          "provenance.seed", "provenance.vllm_version_served",
-                                         "provenance.seeds", "missing"]
+                                         "provenance.seeds", "provenance.platform",
+                                         "missing"]
     page = full.index_path.read_text()
     assert KV_BOUND in page and "not confirmed" in page and "Not measured" not in page
     from kvpressure.pipeline.page_check import page_problems
