@@ -95,7 +95,7 @@ DEEP = "[" * 200_000 + "]" * 200_000
 DEEP_YAML_MAP = "".join(" " * i + f"k{i}:\n" for i in range(100)) + " " * 100 + "v: 1\n"
 LAUGHS = ('a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
           + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n"
-                    for p, c in zip("abcdefgh", "bcdefghi")))
+                    for p, c in zip("abcdefgh", "bcdefghi", strict=True)))
 PAYLOADS = ("<script>alert(1)</script>", '"><img src=x onerror=alert(2)>',
             "<svg onload=alert(3)>", "<img src=x onerror=alert(4)>")
 RAW_MARKUP = ("<script>alert", "<img src=x", "<svg onload")
@@ -144,6 +144,12 @@ def _set_counter(text: str, metric: str, value: float) -> str:
 def _vllm_only(text: str) -> str:
     return "".join(line + "\n" for line in text.splitlines()
                    if line.startswith(("vllm:", "# HELP vllm:", "# TYPE vllm:")))
+
+
+# A twin's run folder: a real sweep saved by vllm bench serve, ingested first.
+TWIN_PRE = [["ingest", str(TESTS / "twin_saved" / "pool64_firstchunk" / "bench"),
+             str(TESTS / "twin_saved" / "pool64_firstchunk" / "metrics.prom.jsonl.gz"),
+             "--out", "run"]]
 
 
 def _runs_col(name: str, expected: float) -> Callable[[Path], str | None]:
@@ -678,18 +684,20 @@ def capacity_cases() -> list[Case]:
 def cli_value_cases() -> list[Case]:
     """Options of simulate, sweep, knee, profiles, twin and tune given wrong values."""
     sim = ["simulate", "exp.yaml", "--out", "o", "--no-metrics"]
-    files = {"exp.yaml": CI_SMALL}
+    files = {"exp.yaml": CI_SMALL, "open.yaml": _sub(_sub(
+        CI_SMALL, "  concurrency: [4, 8, 16, 24, 32, 48]", "  request_rates: [1, 2]"),
+        "focus:\n  concurrency: 32", "focus: {}")}
     sim_opts: list[tuple[str, list[str], tuple[str, ...]]] = [
         ("concurrency-zero", ["--concurrency", "0"], ("--concurrency",)),
         ("concurrency-negative", ["--concurrency", "-4"], ("--concurrency",)),
         ("concurrency-huge", ["--concurrency", "1e400"], ("--concurrency",)),
         ("concurrency-text", ["--concurrency", "many"], ("--concurrency",)),
         ("concurrency-beyond", ["--concurrency", "100000000000"], ("--concurrency",)),
-        ("rate-nan", ["--request-rate", "nan"], ("--request-rate",)),
-        ("rate-negative", ["--request-rate", "-1"], ("--request-rate",)),
-        ("rate-zero", ["--request-rate", "0"], ("--request-rate",)),
+        ("rate-nan", ["open.yaml", "--request-rate", "nan"], ("--request-rate",)),
+        ("rate-negative", ["open.yaml", "--request-rate", "-1"], ("--request-rate",)),
+        ("rate-zero", ["open.yaml", "--request-rate", "0"], ("--request-rate",)),
         ("rate-and-concurrency", ["--request-rate", "2", "--concurrency", "4"],
-         ("--request-rate",)),
+         ("request rate",)),
         ("set-text-for-number", ["--set", "max_num_seqs=abc", "--concurrency", "4"],
          ("max_num_seqs",)),
         ("set-unknown-key", ["--set", "max_num_seq=8", "--concurrency", "4"], ("max_num_seq",)),
@@ -715,8 +723,10 @@ def cli_value_cases() -> list[Case]:
         ("trace-time-unit-unknown", ["--trace", "t.csv", "--trace-time-unit", "h"],
          ("--trace-time-unit",)),
     ]
-    cases = [Case(f"simulate/{cid}", [*sim, *argv], names=names, files=dict(files))
-             for cid, argv, names in sim_opts]
+    cases = []
+    for cid, argv, names in sim_opts:
+        first = ["simulate", argv.pop(0), *sim[2:]] if argv[0].endswith(".yaml") else sim
+        cases.append(Case(f"simulate/{cid}", [*first, *argv], names=names, files=dict(files)))
     cases.append(Case("simulate/scenario-missing", ["simulate", "nowhere.json", "--out", "o"],
                       names=("nowhere.json",)))
     cases.append(Case("simulate/scenario-a-folder", ["simulate", ".", "--out", "o"],
@@ -741,14 +751,17 @@ def cli_value_cases() -> list[Case]:
     runs = ("variant,concurrency,output_throughput\nbaseline,4,100\nbaseline,8,180\n"
             "baseline,16,240\nbaseline,32,230\n")
     for cid, text, argv, names in [
-        ("ragged-row", runs + "baseline,64\n", [], ("runs.csv",)),
-        ("text-concurrency", runs.replace("baseline,8,", "baseline,eight,"), [], ("runs.csv",)),
+        ("ragged-row-named-not-placed", runs + "baseline,64\n", "accept", ("runs.csv",)),
+        ("text-concurrency-named-not-placed", runs.replace("baseline,8,", "baseline,eight,"),
+         "accept", ("runs.csv",)),
         ("empty", "", [], ("runs.csv",)),
         ("header-only", "variant,concurrency,output_throughput\n", [], ("runs.csv",)),
         ("negative-throughput", runs.replace(",240", ",-240"), [], ("runs.csv",
                                                                    "output_throughput")),
-        ("nan-throughput", runs.replace(",240", ",nan"), [], ("runs.csv",)),
-        ("repeated-level", runs.replace("baseline,16,", "baseline,8,"), [], ("runs.csv",)),
+        ("nan-throughput-named-not-placed", runs.replace(",240", ",nan"), "accept",
+         ("runs.csv",)),
+        ("repeated-level-as-repeats", runs.replace("baseline,16,", "baseline,8,"), "accept",
+         ("runs.csv",)),
         ("latin1", runs.replace("baseline", "caf\xe9").encode("latin-1"), [],
          ("runs.csv", "UTF-8")),
         ("binary", bytes(range(256)) * 4, [], ("runs.csv",)),
@@ -765,8 +778,11 @@ def cli_value_cases() -> list[Case]:
         ("columns-unknown-target", runs, ["--columns", "concurency=concurrency"],
          ("concurency",)),
     ]:
+        expect = "refuse"
+        if argv == "accept":
+            expect, argv = "accept", []
         cases.append(Case(f"knee/{cid}", ["knee", "runs.csv", *argv], names=names,
-                          files={"runs.csv": text}))
+                          files={"runs.csv": text}, expect=expect))
     cases.append(Case("knee/missing-file", ["knee", "nowhere.csv"], names=("nowhere.csv",)))
     cases.append(Case("knee/valid-control", ["knee", "runs.csv"], expect="accept",
                       files={"runs.csv": runs}))
@@ -802,8 +818,12 @@ def cli_value_cases() -> list[Case]:
          ("none.log",)),
         ("out-a-file", ["twin", "empty", "--out", "exp.yaml"], ("--out",)),
     ]:
+        pre: list[list[str]] = []
+        if not cid.startswith("run-dir"):  # a real run folder: the option is what is wrong
+            argv = [a if a != "empty" else "run" for a in argv] + ["--no-remedies"]
+            pre = TWIN_PRE
         cases.append(Case(f"twin/{cid}", argv, names=names, files=dict(files), dirs=("empty",),
-                          protect=("exp.yaml",)))
+                          protect=("exp.yaml",), pre=pre))
     tune = ["tune", "exp.yaml", "--out", "t", "--limits", "ttft_p95=60s"]
     for cid, argv, names in [
         ("param-no-values", ["--param", "max_num_seqs="], ("max_num_seqs",)),
@@ -1015,7 +1035,8 @@ def ingest_cases() -> list[Case]:
              dirs=("empty",)),
         Case("ingest/gzip-cut", ["ingest", "s.jsonl.gz", "--out", "o"], names=("s.jsonl.gz",),
              files={"s.jsonl.gz": gzip.compress(log2.encode())[:200]}),
-        Case("ingest/csv-runs-ragged", ["ingest", "runs.csv", "--out", "o"], names=("runs.csv",),
+        Case("ingest/csv-runs-ragged-named-not-placed", ["ingest", "runs.csv", "--out", "o"],
+             expect="accept",
              files={"runs.csv": "concurrency,output_throughput\n4,100\n8\n16,240,7\n"}),
         Case("ingest/csv-runs-unmapped", ["ingest", "runs.csv", "--out", "o"],
              names=("runs.csv",), files={"runs.csv": "conc,tok_s\n4,100\n8,180\n"}),
@@ -1166,12 +1187,9 @@ def out_cases() -> list[Case]:
         cases.append(Case(f"out/{cmd}-parent-is-a-file", [*argv, "--out", "notes.txt/sub"],
                           names=("notes.txt",), files=user, protect=("notes.txt",)))
         cases.append(Case(f"out/{cmd}-symlink-to-user-folder-force",
-                          [*argv, "--out", "link", "--force"], names=("link",), files=user,
+                          [*argv, "--out", "link", "--force"], names=("--out",), files=user,
                           protect=("mine",), dirs=("link->mine",)))
-    # The twin's run folder comes from an ingest run first.
-    twin_pre = [["ingest", str(TESTS / "twin_saved" / "pool64_firstchunk" / "bench"),
-                 str(TESTS / "twin_saved" / "pool64_firstchunk" / "metrics.prom.jsonl.gz"),
-                 "--out", "run"]]
+    twin_pre = TWIN_PRE
     for c in cases:
         if c.id.startswith("out/twin"):
             c.pre = twin_pre
@@ -1221,7 +1239,7 @@ def html_cases() -> list[Case]:
     exp = _sub(exp, "  seeds: 3", f"  seeds: 1\n  note: '{p[0]}'")
     exp = _sub(exp, "    values: [true]", f"    values: [true]\n    note: '{p[1]}'")
     # x_notes is not a key of the experiment: keep the file valid by dropping it
-    exp = re.sub(r"(?ms)^x_notes: >-\n(?:  .*\n)+", "", exp)
+    exp = re.sub(r"(?m)^x_notes: >-\n(?:  .*\n)+", "", exp)
     bench = json.loads(BENCH)
     bench_files = {}
     for c in (4, 8, 16, 32):
@@ -1550,7 +1568,7 @@ class Runner:
             return ("silently accepted" if code == 0 else "wrong exit code",
                     f"exit {code} where 3 is documented: {message.strip()[-200:]}")
         if code == 0:
-            return "silently accepted", (out.strip() or err.strip())[-200:]
+            return "silently accepted", " ".join((out.strip() or err.strip()).split())[-200:]
         if code != 2:
             return "wrong exit code", f"exit {code}: {message.strip()[-200:]}"
         names = [self._fill(n, home) for n in case.names]
