@@ -134,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     group = args.group or ("variant" if "variant" in frame.columns else None)
     if group == "none":
         group = None
+    if not 0 <= args.plateau_tol < 1:  # nan fails this too
+        raise InputError(f"--plateau-tol: must be a fraction in [0, 1), got {args.plateau_tol}")
     for option, column in (("--x", args.x), ("--y", args.y), ("--group", group)):
         if column is not None and column not in frame.columns:
             guess = nearest(column, frame.columns)

@@ -384,6 +384,12 @@ def ingest(
         times = _distinct_times(frame)
         origin = _decide_origin(acc, times, counter_origin)
         info = _run_report(acc, frame, times, label_info, origin)
+        if name not in server_logs and not any(
+                str(f).startswith((names.PREFIX, names.ESCAPED_PREFIX)) for f in acc.seen_families):
+            # Python's or the process's own metrics alone: not a vLLM server's /metrics, and
+            # a run of nothing but missing values would read as an idle server.
+            raise InputError(f"{', '.join(acc_sources.get(name, [name]))}: no sample of a vLLM "
+                             "metric (vllm:...) in it; is it a vLLM server's /metrics?")
         presence = presence_notes(frame, times, name)
         if presence:
             info["series_presence"] = presence

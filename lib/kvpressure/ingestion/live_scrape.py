@@ -107,6 +107,27 @@ def _fresh_line(path: Path) -> None:
             fh.write(b"\n")
 
 
+def _check_appendable(path: Path) -> None:
+    """The log is appended to: an existing file must be a scrape log already (a user's notes
+    or a compressed log would be changed for good by the first line written)."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(f"--out {path}: cannot read: {exc.strerror or exc}") from None
+    if not first.strip():
+        return
+    try:
+        record = json.loads(first)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or "t" not in record:
+        raise InputError(f"--out {path}: exists and is not a scrape log (its first line is no "
+                         "{\"t\": ...} scrape); it is never appended to, give a new file")
+
+
 class Scraper:
     """Scrapes one endpoint into one log; :meth:`run` loops, :meth:`poke` asks for a scrape now
     (from another thread: the load runner marks a level's start and end with one)."""
@@ -223,6 +244,7 @@ class Scraper:
         path = self.log.path
         if path.is_dir():
             raise InputError(f"--out {path}: is a folder; give the scrape log's file name")
+        _check_appendable(path)
         http = self._client or httpx.Client(
             timeout=httpx.Timeout(self.timeout_s), headers={"Accept": ACCEPT}
         )

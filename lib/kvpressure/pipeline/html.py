@@ -127,7 +127,8 @@ def _markdown(text: str) -> str:
 
 
 def _rows(rows: Iterable[tuple[str, str]], css: str = "") -> str:
-    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    # The values are text: a run's name (a bench result's label, a folder) is the user's.
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
     cls = f' class="{css}"' if css else ""
     return f'<div class="table-wrap"><table{cls}>{body}</table></div>'
 

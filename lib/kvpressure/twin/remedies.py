@@ -57,8 +57,8 @@ def parse_limits(text: str | None) -> dict[str, float]:
                 f"{', '.join(n.removesuffix('_s') for n in LIMIT_NAMES)} and VALUE in s or ms "
                 "(e.g. ttft_p95=2s,itl_p95=80ms)")
         out[f"{name}_s"] = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-        if out[f"{name}_s"] <= 0:
-            raise InputError(f"--limits {part.strip()!r}: the limit must be > 0")
+        if not 0 < out[f"{name}_s"] < math.inf:
+            raise InputError(f"--limits {part.strip()!r}: the limit must be a finite time > 0")
     return out
 
 
