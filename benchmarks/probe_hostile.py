@@ -1322,7 +1322,7 @@ class Misbehaving(BaseHTTPRequestHandler):
     """The first path segment says how to fail: /500/..., /garbage/..., /hang/... ."""
 
     protocol_version = "HTTP/1.1"
-    metrics = _vllm_only(DUMP)
+    metrics = _vllm_only(DUMP_IDLE)  # an idle engine: the cool-down does not wait
 
     def log_message(self, *args) -> None:  # quiet
         pass

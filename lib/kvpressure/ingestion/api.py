@@ -388,8 +388,12 @@ def ingest(
                 str(f).startswith((names.PREFIX, names.ESCAPED_PREFIX)) for f in acc.seen_families):
             # Python's or the process's own metrics alone: not a vLLM server's /metrics, and
             # a run of nothing but missing values would read as an idle server.
-            raise InputError(f"{', '.join(acc_sources.get(name, [name]))}: no sample of a vLLM "
-                             "metric (vllm:...) in it; is it a vLLM server's /metrics?")
+            declared = acc.missing_families()
+            raise InputError(
+                f"{', '.join(acc_sources.get(name, [name]))}: no sample of a vLLM metric in it"
+                + (f": {len(declared)} metric families are declared (# TYPE) without a single "
+                   "sample, so nothing was measured; scrape the server while it serves"
+                   if declared else " (vllm:...); is it a vLLM server's /metrics?"))
         presence = presence_notes(frame, times, name)
         if presence:
             info["series_presence"] = presence

@@ -110,20 +110,25 @@ def _fresh_line(path: Path) -> None:
 def _check_appendable(path: Path) -> None:
     """The log is appended to: an existing file must be a scrape log already (a user's notes
     or a compressed log would be changed for good by the first line written)."""
+    if not path.is_file():  # new, or a device such as /dev/full: nothing of the user's in it
+        return
     try:
         with open(path, "rb") as fh:
-            first = fh.readline()
-    except FileNotFoundError:
-        return
+            head = fh.read(1 << 16)
     except OSError as exc:
         raise InputError(f"--out {path}: cannot read: {exc.strerror or exc}") from None
-    if not first.strip():
+    if not head.strip():
         return
-    try:
-        record = json.loads(first)
-    except ValueError:
-        record = None
-    if not isinstance(record, dict) or "t" not in record:
+    # The scraper's own lines start with "t" (a first line cut by a kill, or longer than the
+    # head, too); another writer's scrape is a JSON object holding "t".
+    ok = re.match(rb'\s*\{\s*"t"\s*:', head) is not None
+    if not ok:
+        try:
+            record = json.loads(head.partition(b"\n")[0])
+        except ValueError:
+            record = None
+        ok = isinstance(record, dict) and "t" in record
+    if not ok:
         raise InputError(f"--out {path}: exists and is not a scrape log (its first line is no "
                          "{\"t\": ...} scrape); it is never appended to, give a new file")
 
