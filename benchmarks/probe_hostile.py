@@ -979,7 +979,6 @@ def ingest_cases() -> list[Case]:
          ("b.json", "output_throughput")),
         ("bench-string-completed", b(completed="200"), ("b.json", "completed")),
         ("bench-negative-completed", b(completed=-1), ("b.json", "completed")),
-        ("bench-completed-above-prompts", b(completed=400), ("b.json", "completed")),
         ("bench-tokens-negative", b(total_output_tokens=-5), ("b.json", "total_output_tokens")),
         ("bench-concurrency-zero", b(max_concurrency=0), ("b.json", "max_concurrency")),
         ("bench-date-garbage", b(date="yesterday"), ("b.json", "date")),

@@ -142,9 +142,6 @@ def bench_row(
         _checked(res, key, where, positive=True)
     if not isinstance(res.get("request_rate"), str):
         _checked(res, "request_rate", where, positive=True)
-    if _checked(res, "completed", where) > _checked(res, "num_prompts", where):
-        raise InputError(f"{where}: field 'completed' ({res['completed']}) is more than "
-                         f"'num_prompts' ({res['num_prompts']})")
     duration = _num(res["duration"])
     metadata_variant = res.get("variant")
     label = res.get("label")
