@@ -257,3 +257,42 @@ def test_capacity_sequence_lengths_and_startup_log(tmp_path, capsys):
     refused(capsys, [*base, "--from-log", log], "--from-log", str(log), "UTF-8")
     assert main([*base, "--num-gpu-blocks-override", "1000000000000000", "--json"]) == 0
     assert "more than the card" in json.dumps(json.loads(capsys.readouterr().out))
+
+
+def test_knee_refuses_a_negative_throughput_naming_the_row(tmp_path, capsys):
+    runs = tmp_path / "runs.csv"
+    runs.write_text("concurrency,output_throughput\n4,100\n8,180\n16,-240\n32,230\n")
+    refused(capsys, ["knee", runs], str(runs), "row 3", "never negative")
+
+
+def test_a_set_value_nested_past_the_stack_names_the_option(tmp_path, capsys):
+    deep = "[" * 5000 + "]" * 5000
+    refused(capsys, ["simulate", CI_SMALL, "--out", tmp_path / "o", "--no-metrics",
+                     "--set", f"max_num_seqs={deep}"], "--set max_num_seqs", "nested")
+
+
+def test_collect_refuses_a_metrics_endpoint_that_is_no_prometheus_text():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from kvpressure.live.server import probe
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            body = (b'{"data": [{"id": "m"}]}' if self.path == "/v1/models"
+                    else b"<html>login</html>")
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(InputError, match=r"/metrics: not Prometheus text"):
+            probe(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=5)
+    finally:
+        server.shutdown()

@@ -106,6 +106,11 @@ def knee_table(
                 frame = frame.assign(**{col: frame[alias]})
                 continue
             raise InputError(f"{source}: missing column '{col}'")
+    ys = pd.to_numeric(frame[y], errors="coerce")
+    if (ys < 0).any():  # a throughput is never negative: a sign lost or a column mixed up
+        row = int((ys < 0).to_numpy().argmax())
+        raise InputError(f"{source}: row {row + 1}: {y} is {frame[y].iloc[row]}; a throughput "
+                         "is never negative")
     out = []
     groups = frame.groupby(group, sort=True, dropna=False) if group else [(None, frame)]
     for key, part in groups:

@@ -97,9 +97,9 @@ def _parse_overrides(items: list[str], experiment: bool) -> dict:
     """``KEY=VALUE`` pairs. A step-level workload knows only the scheduler's settings; an
     experiment accepts every engine argument (its own validation names a bad key)."""
     if experiment:
-        import yaml
+        from kvpressure.user_files import parse_user_yaml
 
-        parse = lambda key, value: yaml.safe_load(value)  # noqa: E731
+        parse = lambda key, value: parse_user_yaml(value, f"--set {key}")  # noqa: E731
     else:
         from kvpressure.simulation.scenario import parse_setting_value as parse
     out = {}
