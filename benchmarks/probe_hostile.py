@@ -23,6 +23,8 @@ The fixtures come from this script's checkout, so two checkouts run the same cat
 
     .venv/bin/python benchmarks/probe_hostile.py                       # this checkout
     .venv/bin/python benchmarks/probe_hostile.py --root ../other --label before
+    .venv/bin/python benchmarks/probe_hostile.py --compare benchmarks/out/probe_hostile_before.json \
+        benchmarks/out/probe_hostile_after.json
 
 It prints the counts per command and per outcome and every case that is not clean, and writes
 ``benchmarks/out/probe_hostile_<label>.json``.
@@ -1611,14 +1613,41 @@ def table(results: list[dict]) -> tuple[str, dict]:
     return "\n".join(lines), summary
 
 
+def compare(before_path: Path, after_path: Path) -> str:
+    """Markdown: the counts per outcome and per command of two runs of the catalogue."""
+    runs = [json.loads(Path(p).read_text()) for p in (before_path, after_path)]
+    order = [*CLEAN, "unsupported"]
+    outcomes = sorted({o for r in runs for o in r["outcomes"]},
+                      key=lambda o: (o not in order, order.index(o) if o in order else 0, o))
+    lines = [f"| outcome | before ({runs[0]['commit']}) | after ({runs[1]['commit']}) |",
+             "|---|---:|---:|"]
+    lines += [f"| {o} | {runs[0]['outcomes'].get(o, 0)} | {runs[1]['outcomes'].get(o, 0)} |"
+              for o in outcomes]
+    lines.append(f"| **cases** | {runs[0]['cases']} | {runs[1]['cases']} |")
+    lines += ["", "| command | cases | clean before | clean after | not clean before | "
+              "not clean after | unsupported before |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for cmd in sorted(runs[1]["per_command"]):
+        b, a = (r["per_command"].get(cmd, {}) for r in runs)
+        clean = [sum(x.get(o, 0) for o in CLEAN) for x in (b, a)]
+        bad = [sum(v for o, v in x.items() if o not in order) for x in (b, a)]
+        lines.append(f"| {cmd} | {sum(a.values())} | {clean[0]} | {clean[1]} | {bad[0]} | "
+                     f"{bad[1]} | {b.get('unsupported', 0)} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE.json", "AFTER.json"),
+                    help="print the two runs' counts side by side (markdown) and exit")
     ap.add_argument("--root", type=Path, default=HERE, help="the checkout whose CLI is probed")
     ap.add_argument("--label", default="after", help="name of the output (probe_hostile_LABEL)")
     ap.add_argument("--jobs", type=int, default=2, help="cases run side by side (default 2)")
     ap.add_argument("--only", default="", help="run only cases whose id contains this")
     ap.add_argument("--timeout-scale", type=float, default=1.0)
     args = ap.parse_args()
+    if args.compare:
+        print(compare(*args.compare))
+        return 0
     root = args.root.resolve()
     if not (root / ".venv" / "bin" / "kvpressure").exists():
         print(f"{root}/.venv/bin/kvpressure: missing (make .venv/.synced there)", file=sys.stderr)
