@@ -47,8 +47,8 @@ def test_cli_twin_recommends_the_best_setting_within_the_limits(tmp_path, capsys
                  "--bootstrap", "30"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["fit"].startswith("twin fits within")
-    assert sorted(p.name for p in out.iterdir()) == ["fit_table.csv", "twin.json", "twin.md",
-                                                     "twin.png"]
+    assert sorted(p.name for p in out.iterdir()) == [".kvpressure.json", "fit_table.csv",
+                                                     "twin.json", "twin.md", "twin.png"]
     doc = json.loads((out / "twin.json").read_text())
     rem = doc["remedies"]
     # the report's focus: the first level past the record's knee of the measured curve

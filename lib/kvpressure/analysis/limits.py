@@ -10,6 +10,7 @@ requests, an experiment's cost model), and a limit on one it does not price is r
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 
@@ -39,8 +40,8 @@ def parse_limits(text: str | None, option: str = "--limits") -> dict[str, float]
                 f"{option} {part.strip()!r}: give NAME=VALUE with NAME one of "
                 f"{_short(LIMIT_NAMES)} and VALUE in s, ms or us (e.g. ttft_p95=2s,itl_p95=80ms)")
         limit = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-        if not limit > 0:
-            raise InputError(f"{option} {part.strip()!r}: the limit must be > 0")
+        if not 0 < limit < math.inf:
+            raise InputError(f"{option} {part.strip()!r}: the limit must be a finite time > 0")
         out[key] = limit
     return out
 
@@ -89,7 +90,7 @@ def parse_goodput(items: Iterable[str], option: str = "--goodput") -> dict[str, 
                     f"{', '.join(GOODPUT_KEYS)} and VALUE in milliseconds, as vllm bench serve "
                     "takes it (e.g. --goodput ttft:500 tpot:50)")
             limit = float(m.group(1)) / 1000.0
-            if not limit > 0:
+            if not 0 < limit < math.inf:
                 raise InputError(f"{option} {part!r}: the limit must be > 0")
             out[GOODPUT_KEYS[key.strip().lower()]] = limit
     if all(v is None for v in out.values()):

@@ -104,7 +104,10 @@ def _run(args: argparse.Namespace) -> int:
     kv_dtype = None if args.kv_cache_dtype == "auto" else dtype_bytes(
         args.kv_cache_dtype, "--kv-cache-dtype"
     )
-    log = read_startup_log(args.from_log) if args.from_log else None
+    try:
+        log = read_startup_log(args.from_log) if args.from_log else None
+    except InputError as exc:
+        raise InputError(f"--from-log {exc}") from None
     tp = args.tp if args.tp is not None else (log and log.tensor_parallel_size) or 1
     pp = args.pp if args.pp is not None else (log and log.pipeline_parallel_size) or 1
     max_len = args.max_model_len if args.max_model_len is not None else (
@@ -133,6 +136,10 @@ def _run(args: argparse.Namespace) -> int:
             num_gpu_blocks_override=args.num_gpu_blocks_override,
             kv_cache_memory_bytes=kv_bytes, **measured,
         )
+    for n in args.avg_seq_len or []:
+        if not 1 <= n <= sizing.max_model_len:  # no sequence is longer than max_model_len
+            raise InputError(f"--avg-seq-len {n}: must be from 1 to max_model_len "
+                             f"({sizing.max_model_len:,} tokens)")
     lens = args.avg_seq_len or [n for n in DEFAULT_AVG_SEQ_LENS if n <= sizing.max_model_len]
     rows = [
         {

@@ -146,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
         engine_args=_engine_args(args.engine_args), prometheus=args.prometheus,
         server_log=args.server_log,
     )
+    if args.jobs < 1:
+        from kvpressure.errors import InputError
+
+        raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
     params = parse_params(args.param)
     outcome = run_collect(opts)
     _summary(outcome, sys.stderr)

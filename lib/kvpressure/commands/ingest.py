@@ -77,11 +77,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Each option's value, refused naming the option (before any source is read)."""
+    import math
+
+    from kvpressure.errors import InputError
+    from kvpressure.ingestion.api import bench_tzinfo
+    from kvpressure.ingestion.live_scrape import MAX_TIMEOUT_S
+    from kvpressure.profiles.kvpool import KERNEL_BLOCK_MULTIPLE
+
+    if not 0 < args.timeout <= MAX_TIMEOUT_S:  # nan fails too
+        raise InputError(f"--timeout: must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+                         f"got {args.timeout}")
+    if args.step is not None and not 0 < args.step < math.inf:
+        raise InputError(f"--step must be a positive number of seconds, got {args.step}")
+    if args.num_gpu_blocks is not None and args.num_gpu_blocks < 1:
+        raise InputError(f"--num-gpu-blocks: must be >= 1, got {args.num_gpu_blocks}")
+    if args.block_size is not None and (args.block_size < 1
+                                        or args.block_size % KERNEL_BLOCK_MULTIPLE):
+        raise InputError(f"--block-size {args.block_size}: no block size vLLM 0.33.0's attention "
+                         f"backends take (a multiple of {KERNEL_BLOCK_MULTIPLE}: 16, 32, 64...)")
+    if args.log_year is not None and not 1970 <= args.log_year <= 9999:
+        raise InputError(f"--log-year: a year from 1970 to 9999, got {args.log_year}")
+    if args.run is not None and not args.run.strip():
+        raise InputError("--run: give the run a name (or leave the option out)")
+    for option, zone in (("--bench-timezone", args.bench_timezone),
+                         ("--log-timezone", args.log_timezone)):
+        try:
+            bench_tzinfo(zone)
+        except InputError as exc:
+            raise InputError(f"{option}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from kvpressure.ingestion.api import ingest
     from kvpressure.pipeline.output_folder import check_replaceable, output_folder
 
     out: Path = args.out
+    check_options(args)
     check_replaceable(out, args.force, "ingest")
     result = ingest(
         args.sources,

@@ -106,6 +106,11 @@ def knee_table(
                 frame = frame.assign(**{col: frame[alias]})
                 continue
             raise InputError(f"{source}: missing column '{col}'")
+    ys = pd.to_numeric(frame[y], errors="coerce")
+    if (ys < 0).any():  # a throughput is never negative: a sign lost or a column mixed up
+        row = int((ys < 0).to_numpy().argmax())
+        raise InputError(f"{source}: row {row + 1}: {y} is {frame[y].iloc[row]}; a throughput "
+                         "is never negative")
     out = []
     groups = frame.groupby(group, sort=True, dropna=False) if group else [(None, frame)]
     for key, part in groups:
@@ -134,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     group = args.group or ("variant" if "variant" in frame.columns else None)
     if group == "none":
         group = None
+    if not 0 <= args.plateau_tol < 1:  # nan fails this too
+        raise InputError(f"--plateau-tol: must be a fraction in [0, 1), got {args.plateau_tol}")
     for option, column in (("--x", args.x), ("--y", args.y), ("--group", group)):
         if column is not None and column not in frame.columns:
             guess = nearest(column, frame.columns)

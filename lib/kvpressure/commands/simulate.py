@@ -68,15 +68,21 @@ def parse_stages(text: str) -> list[dict[str, float]]:
     return stages
 
 
+# Far past any server's clients; a typo of a few digits more would only exhaust the memory.
+MAX_CLIENTS = 1_000_000
+
+
 def apply_load_options(exp, args: argparse.Namespace, replay: bool):
     """The experiment with the command line's trace and stages; the files they read."""
     inputs = []
+    if not args.time_scale > 0 or not math.isfinite(args.time_scale):
+        raise InputError(f"--time-scale: must be a finite number > 0, got {args.time_scale}")
+    if args.time_scale != 1.0 and not args.trace:
+        raise InputError("--time-scale scales a trace's gaps: give it with --trace")
     if args.trace:
         trace = Path(args.trace)
         if not trace.is_file():
             raise InputError(f"--trace {args.trace}: file not found")
-        if not args.time_scale > 0 or not math.isfinite(args.time_scale):
-            raise InputError(f"--time-scale: must be a finite number > 0, got {args.time_scale}")
         own_times = replay and not (getattr(args, "stages", None) or args.concurrency
                                     or getattr(args, "request_rate", None))
         exp = exp.with_trace({"path": str(trace.resolve()), "time_scale": args.time_scale,
@@ -91,9 +97,9 @@ def _parse_overrides(items: list[str], experiment: bool) -> dict:
     """``KEY=VALUE`` pairs. A step-level workload knows only the scheduler's settings; an
     experiment accepts every engine argument (its own validation names a bad key)."""
     if experiment:
-        import yaml
+        from kvpressure.user_files import parse_user_yaml
 
-        parse = lambda key, value: yaml.safe_load(value)  # noqa: E731
+        parse = lambda key, value: parse_user_yaml(value, f"--set {key}")  # noqa: E731
     else:
         from kvpressure.simulation.scenario import parse_setting_value as parse
     out = {}
@@ -118,6 +124,12 @@ def run(args: argparse.Namespace) -> int:
     is_experiment = path.suffix.lower() in (".yaml", ".yml")
     overrides = _parse_overrides(args.overrides, is_experiment)
     inputs = [path]
+    if args.concurrency is not None and not 1 <= args.concurrency <= MAX_CLIENTS:
+        raise InputError(f"--concurrency: must be a whole number from 1 to {MAX_CLIENTS:,}, "
+                         f"got {args.concurrency}")
+    if args.request_rate is not None and not args.request_rate > 0:
+        raise InputError(f"--request-rate: must be > 0 requests per second (inf: all at "
+                         f"once), got {args.request_rate}")
     if is_experiment:
         from kvpressure.simulation import experiment
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from kvpressure.errors import InputError
@@ -22,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an ingested run folder: runs.csv (+ series.csv, ingest.json), as "
                              "written by ingest, report --source, collect or sweep")
     parser.add_argument("--out", required=True, type=Path, help="output folder of the twin")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an earlier run of another command in --out")
     parser.add_argument("--limits", default="",
                         help="latency limits of the recommendation, e.g. "
                              "ttft_p95=2s,itl_p95=80ms (ttft and itl mean, p50, p95, p99; "
@@ -66,8 +69,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--return-steps must be >= 0, got {args.return_steps}")
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
-    if args.out.exists() and not args.out.is_dir():
-        raise InputError(f"--out {args.out}: exists and is not a folder")
+    if args.focus is not None and not 0 < args.focus < math.inf:
+        raise InputError(f"--focus: must be a concurrency or request rate > 0, got {args.focus}")
+    if args.tp < 1:
+        raise InputError(f"--tp: must be >= 1, got {args.tp}")
+    from kvpressure.pipeline.output_folder import check_replaceable, output_folder
+
+    # The twin's folder is the kit's like any other --out: a user's twin.md is never replaced.
+    check_replaceable(args.out, args.force, "twin", rerun_ok=True)
     cost_model = None
     if args.hardware or args.model:
         if not (args.hardware and args.model):
@@ -78,10 +87,13 @@ def run(args: argparse.Namespace) -> int:
 
         cost_model = StepCostModel.from_profiles(load_hardware(args.hardware),
                                                  load_model(args.model), args.tp)
-    summary = make_twin_folder(args.run_dir, args.out, limits=limits, focus=args.focus,
-                               overrides=parse_set(args.overrides), cost_model=cost_model,
-                               variant=args.variant, bootstrap=args.bootstrap, seed=args.seed,
-                               remedies=not args.no_remedies, server_log=args.server_log,
-                               return_steps=args.return_steps)
+    inputs = [p for p in (args.run_dir / "runs.csv", args.server_log) if p is not None]
+    with output_folder(args.out, "twin", inputs=inputs, force=args.force, rerun_ok=True) as work:
+        summary = make_twin_folder(args.run_dir, work, limits=limits, focus=args.focus,
+                                   overrides=parse_set(args.overrides), cost_model=cost_model,
+                                   variant=args.variant, bootstrap=args.bootstrap,
+                                   seed=args.seed, remedies=not args.no_remedies,
+                                   server_log=args.server_log, return_steps=args.return_steps)
+    summary["out"] = str(args.out)
     print(json.dumps(summary, indent=2, default=str))
     return 0

@@ -329,6 +329,7 @@ def ingest(
     }
     accs: dict[str, RunSamples] = {}
     acc_sources: dict[str, list[str]] = {}
+    scraped: set[str] = set()  # runs read from /metrics text (a dump, a folder, a log, a URL)
     bench_rows: list[dict[str, Any]] = []
     server_logs: dict[str, dict[str, Any]] = {}
 
@@ -357,6 +358,8 @@ def ingest(
             else:
                 acc = acc_for(name)
                 acc_sources.setdefault(name, []).append(src.location)
+                if src.kind in ("prom_jsonl", "prom_dir", "prom_text", "metrics_url"):
+                    scraped.add(name)
                 _read_prom(src, acc, entry, warnings, report, start, end, step, timeout)
             report["sources"].append(entry)
 
@@ -374,6 +377,16 @@ def ingest(
         times = _distinct_times(frame)
         origin = _decide_origin(acc, times, counter_origin)
         info = _run_report(acc, frame, times, label_info, origin)
+        if name in scraped and name not in server_logs and not any(
+                str(f).startswith((names.PREFIX, names.ESCAPED_PREFIX)) for f in acc.seen_families):
+            # Python's or the process's own metrics alone: not a vLLM server's /metrics, and
+            # a run of nothing but missing values would read as an idle server.
+            declared = acc.missing_families()
+            raise InputError(
+                f"{', '.join(acc_sources.get(name, [name]))}: no sample of a vLLM metric in it"
+                + (f": {len(declared)} metric families are declared (# TYPE) without a single "
+                   "sample, so nothing was measured; scrape the server while it serves"
+                   if declared else " (vllm:...); is it a vLLM server's /metrics?"))
         presence = presence_notes(frame, times, name)
         if presence:
             info["series_presence"] = presence

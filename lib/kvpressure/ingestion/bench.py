@@ -78,6 +78,25 @@ def _num(value: Any) -> float:
     return NaN
 
 
+def _checked(res: dict[str, Any], key: str, where: str, *, positive: bool = False) -> float:
+    """A count, rate or time of the result, NaN when absent or null; InputError naming the field
+    for what vllm bench serve never writes: true/false, text, NaN or a negative number (and 0
+    where ``positive``)."""
+    value = res.get(key)
+    if value is None:
+        return NaN
+    if isinstance(value, str) and value.strip().lower() in ("inf", "+inf"):
+        number = math.inf
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{where}: field '{key}' must be a number, got {value!r}")
+    else:
+        number = float(value)
+    if not (number > 0 if positive else number >= 0):
+        raise InputError(f"{where}: field '{key}' must be {'> 0' if positive else '>= 0'}, "
+                         f"got {value!r}")
+    return number
+
+
 def _float_or_nan(text: str) -> float:
     try:
         return float(text)
@@ -115,6 +134,14 @@ def bench_row(
         raise InputError(
             f"{where}: not a 'vllm bench serve' result: missing field(s) {', '.join(missing)}"
         )
+    for key in ("completed", "failed", "num_prompts", "total_input_tokens",
+                "total_output_tokens", "request_throughput", "output_throughput",
+                "total_token_throughput", *(f for f, _, _ in _LATENCIES.values())):
+        _checked(res, key, where)
+    for key in ("duration", "max_concurrency"):
+        _checked(res, key, where, positive=True)
+    if not isinstance(res.get("request_rate"), str):
+        _checked(res, "request_rate", where, positive=True)
     duration = _num(res["duration"])
     metadata_variant = res.get("variant")
     label = res.get("label")

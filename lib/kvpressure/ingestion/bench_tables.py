@@ -156,8 +156,8 @@ def table_format(path: Path) -> str | None:
         try:
             with open_text(path) as fh:
                 obj = json.load(fh)
-        except (json.JSONDecodeError, OSError, EOFError):
-            return None
+        except (json.JSONDecodeError, OSError, EOFError, RecursionError):
+            return None  # the readers name what is wrong with it
         return sniff_table(path, head, obj)
     return sniff_table(path, head)
 

@@ -107,6 +107,32 @@ def _fresh_line(path: Path) -> None:
             fh.write(b"\n")
 
 
+def _check_appendable(path: Path) -> None:
+    """The log is appended to: an existing file must be a scrape log already (a user's notes
+    or a compressed log would be changed for good by the first line written)."""
+    if not path.is_file():  # new, or a device such as /dev/full: nothing of the user's in it
+        return
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 16)
+    except OSError as exc:
+        raise InputError(f"--out {path}: cannot read: {exc.strerror or exc}") from None
+    if not head.strip():
+        return
+    # The scraper's own lines start with "t" (a first line cut by a kill, or longer than the
+    # head, too); another writer's scrape is a JSON object holding "t".
+    ok = re.match(rb'\s*\{\s*"t"\s*:', head) is not None
+    if not ok:
+        try:
+            record = json.loads(head.partition(b"\n")[0])
+        except ValueError:
+            record = None
+        ok = isinstance(record, dict) and "t" in record
+    if not ok:
+        raise InputError(f"--out {path}: exists and is not a scrape log (its first line is no "
+                         "{\"t\": ...} scrape); it is never appended to, give a new file")
+
+
 class Scraper:
     """Scrapes one endpoint into one log; :meth:`run` loops, :meth:`poke` asks for a scrape now
     (from another thread: the load runner marks a level's start and end with one)."""
@@ -223,6 +249,7 @@ class Scraper:
         path = self.log.path
         if path.is_dir():
             raise InputError(f"--out {path}: is a folder; give the scrape log's file name")
+        _check_appendable(path)
         http = self._client or httpx.Client(
             timeout=httpx.Timeout(self.timeout_s), headers={"Accept": ACCEPT}
         )

@@ -393,6 +393,11 @@ class RunSamples:
             family_type = cur_type
         sid = self.series_id(name, labels, family_type)
         info = canonical_name(name, family_type)
+        if info.kind == "counter" and not info.created and not value >= 0:
+            # A counter counts up from 0: a negative or NaN one is a broken exporter or an
+            # edited dump, and every increase and estimate made from it would be wrong.
+            raise InputError(f"{where}: line {lineno}: counter {name} is {value:g}; a counter "
+                             "is never negative or NaN")
         if info.created:
             self.created.setdefault(info.family, value)
         if ts is None:

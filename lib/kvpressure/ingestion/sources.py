@@ -26,6 +26,7 @@ import datetime as _dt
 import gzip
 import io
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -62,12 +63,28 @@ class Source:
 
 
 def open_text(path: Path) -> io.TextIOBase:
-    """A text stream over ``path``, gunzipped when it is gzip."""
+    """A text stream over ``path``, gunzipped when it is gzip; a byte that is not UTF-8 is an
+    InputError naming the file (Latin-1 read as text would put wrong names in the tables)."""
     with open(path, "rb") as fh:
         magic = fh.read(2)
+    errors = _not_utf8_handler(path)
     if magic == _GZIP_MAGIC:
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors=errors)
+    return open(path, encoding="utf-8", errors=errors)
+
+
+def _not_utf8_handler(path: Path) -> str:
+    """The name of a codec error handler refusing ``path``'s first byte that is not UTF-8."""
+    import codecs
+
+    name = f"kvpressure-utf8:{path}"
+
+    def refuse(exc: UnicodeError) -> tuple[str, int]:
+        byte = exc.object[exc.start] if isinstance(exc, UnicodeDecodeError) else 0
+        raise InputError(f"{path}: not UTF-8 text (byte 0x{byte:02x}); save the file as UTF-8")
+
+    codecs.register_error(name, refuse)
+    return name
 
 
 def parse_json(text: str, path: Path) -> Any:
@@ -76,6 +93,14 @@ def parse_json(text: str, path: Path) -> Any:
     from kvpressure.user_files import parse_user_json
 
     return parse_user_json(text, path)
+
+
+def _refuse_deep(path: Path) -> None:
+    """The strict reader's refusal of a file nested past the stack, naming file and line."""
+    from kvpressure.user_files import parse_user_json, read_user_text
+
+    parse_user_json(read_user_text(path), path)
+    raise InputError(f"{path}: nested too deep to read")
 
 
 def _head(path: Path, size: int = 65536) -> str:
@@ -133,6 +158,8 @@ def sniff_file(path: Path) -> str:
             obj = json.loads(first)
         except json.JSONDecodeError:
             obj = None
+        except RecursionError:
+            _refuse_deep(path)
         if isinstance(obj, dict):
             if "text" in obj and any(k in obj for k in ("t", "time", "timestamp")):
                 return "prom_jsonl"
@@ -149,6 +176,8 @@ def sniff_file(path: Path) -> str:
                 obj = json.load(fh)
         except (json.JSONDecodeError, OSError, EOFError):
             return "json_broken"
+        except RecursionError:
+            _refuse_deep(path)
         if isinstance(obj, dict):
             if obj.get("status") in ("success", "error") and ("data" in obj or "error" in obj):
                 return "query_range"
@@ -294,8 +323,18 @@ def _jsonl_scrape(
     path: Path, lineno: int, raw: str, *, last: bool, warnings: list[str]
 ) -> Scrape:
     where = f"{path}: line {lineno}"
+    repeated = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal repeated
+        out = dict(items)
+        repeated = repeated or len(out) != len(items)
+        return out
+
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, object_pairs_hook=pairs)
+    except RecursionError:
+        obj, repeated = None, True
     except json.JSONDecodeError as exc:
         if last and not raw.endswith("\n"):
             warnings.append(
@@ -309,6 +348,10 @@ def _jsonl_scrape(
                             "writing it); the scrapes around it are kept")
             return Scrape(float("nan"), "", where, 1, last=last)
         raise InputError(f"{where}: not a JSON scrape ({exc.msg} at column {exc.colno})") from None
+    if repeated:  # a key given twice or nesting past the stack: the strict reader names it
+        from kvpressure.user_files import parse_user_json
+
+        parse_user_json(raw, where)
     if isinstance(obj, dict) and "gap" in obj and "text" not in obj:
         # `kvpressure scrape` writes a failed scrape as a gap with its reason.
         warnings.append(f"{where}: the scraper recorded a gap: {obj['gap']}")
@@ -318,7 +361,7 @@ def _jsonl_scrape(
     t = obj.get("t", obj.get("time", obj.get("timestamp")))
     if isinstance(t, str):
         t = parse_time(t, f"{where}: field 't'")
-    if not isinstance(t, int | float) or isinstance(t, bool):
+    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t):
         raise InputError(f"{where}: field 't' must be a number of seconds, got {t!r}")
     if not isinstance(obj["text"], str):
         raise InputError(f"{where}: field 'text' must be a string")

@@ -123,6 +123,21 @@ class CollectOptions:
 
         # A typo found after an hour-long sweep would cost the report: refuse it now.
         refuse_unknown(self.engine_args, [*ENGINE_ARGS, *ALIASES], "--engine-args")
+        from pydantic import ValidationError
+
+        from kvpressure.simulation.experiment import EngineArgs
+
+        try:  # the experiment's own strict types: max_num_seqs: true is no count
+            EngineArgs.model_validate({ALIASES.get(k, k): v for k, v in self.engine_args.items()})
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise InputError(f"--engine-args: {'.'.join(map(str, err['loc']))}: {err['msg']}, "
+                             f"got {err.get('input')!r}") from None
+        for name, value in (("--input-len", self.input_len), ("--output-len", self.output_len)):
+            if value < 1:
+                raise InputError(f"{name}: must be >= 1 tokens, got {value}")
+        if not 0 <= self.range_ratio < 1:  # nan fails too
+            raise InputError(f"--range-ratio: must be in [0, 1), got {self.range_ratio}")
 
     def prompts_for(self, concurrency: int) -> int | None:
         if self.duration_per_level_s is not None:

@@ -157,6 +157,11 @@ def probe(url: str, *, model: str | None = None, timeout_s: float = 10.0) -> Ser
         if metrics.status_code != 200:
             raise InputError(f"URL {base}/metrics: answered HTTP {metrics.status_code}; the "
                              "investigation needs the server's Prometheus metrics")
+        from kvpressure.ingestion.live_scrape import exposition_problem
+
+        problem = exposition_problem(metrics.content, metrics.headers.get("content-type", ""))
+        if problem:  # a proxy's page or garbage: no level could be measured on it
+            raise InputError(f"URL {base}/metrics: not Prometheus text ({problem})")
         version = None
         try:
             v = http.get(base + "/version")

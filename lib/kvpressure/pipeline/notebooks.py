@@ -242,6 +242,12 @@ def _execute(
 
 def parameter_names(path: str | os.PathLike[str]) -> set[str]:
     """Names assigned in a notebook's ``parameters`` cell."""
+    return set(parameter_defaults(path))
+
+
+def parameter_defaults(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Each name assigned in a notebook's ``parameters`` cell, with its default (None where
+    the default is no literal)."""
     import ast
 
     import nbformat
@@ -249,13 +255,17 @@ def parameter_names(path: str | os.PathLike[str]) -> set[str]:
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
-            names: set[str] = set()
+            out: dict[str, Any] = {}
             for node in ast.parse(cell.source).body:
                 targets = node.targets if isinstance(node, ast.Assign) else (
                     [node.target] if isinstance(node, ast.AnnAssign) else [])
-                names.update(t.id for t in targets if isinstance(t, ast.Name))
-            return names
-    return set()
+                try:
+                    value = ast.literal_eval(node.value) if node.value is not None else None
+                except (ValueError, AttributeError, TypeError, SyntaxError):
+                    value = None
+                out.update((t.id, value) for t in targets if isinstance(t, ast.Name))
+            return out
+    return {}
 
 
 def _waves(notebooks: Sequence[str]) -> list[list[str]]:

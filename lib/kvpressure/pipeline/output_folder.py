@@ -137,6 +137,9 @@ def check_replaceable(out: Path, force: bool, command: str, option: str = "--out
     shown, out = out, Path(out).absolute()
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise InputError(f"{option} {shown}: exists and is not a folder")
+    blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise InputError(f"{option} {shown}: {blocked} is a file, not a folder to create it in")
     why = _protected(out.resolve())
     if why:
         raise InputError(f"{option} {shown}: {why}; choose another folder")

@@ -16,18 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 from kvpressure.errors import InputError
 from kvpressure.pipeline.notebooks import (
     NOTEBOOK_SOURCE_DIR,
     NOTEBOOKS,
     NotebookRun,
+    parameter_defaults,
     parameter_names,
     run_notebooks,
 )
 from kvpressure.pipeline.output_folder import check_replaceable, output_folder, point_paths_at
 from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML, display_path
+from kvpressure.user_files import parse_user_yaml
 
 # Set by the command itself; a --param may not override them.
 RESERVED = frozenset({"run_dir", "experiment", "source"})
@@ -53,8 +53,10 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
         if key in RESERVED:
             raise InputError(f"--param {key}: set by --experiment/--source/--out, not by --param")
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
+            value = parse_user_yaml(text, f"--param {key}") if text.strip() else ""
+        except InputError:
+            if text.lstrip()[:1] in "{[":  # a mapping or list, written wrong: say so
+                raise
             value = text
         out[key] = value if isinstance(value, str | int | float | bool | list | dict) else text
     return out
@@ -76,6 +78,25 @@ def _check_params(params: Mapping[str, Any], known: Mapping[str, set[str]]) -> N
             f"--param {', '.join(unknown)}: no notebook has such a parameter; "
             f"known: {', '.join(sorted(every - RESERVED))}"
         )
+
+
+def _check_param_types(params: Mapping[str, Any],
+                       notebooks_dir: str | os.PathLike[str] | None) -> None:
+    """A parameter whose default is a whole number takes one (``focus_concurrency=abc`` would
+    otherwise fail inside a notebook); one whose default is a mapping takes a mapping."""
+    source_dir = Path(notebooks_dir) if notebooks_dir else NOTEBOOK_SOURCE_DIR
+    defaults: dict[str, Any] = {}
+    for name in NOTEBOOKS:
+        defaults.update(parameter_defaults(source_dir / f"{name}.ipynb"))
+    for key, value in params.items():
+        default = defaults.get(key)
+        if isinstance(default, bool) or default is None:
+            continue
+        if isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InputError(f"--param {key}={value!r}: expected a whole number")
+        if isinstance(default, dict) and not isinstance(value, dict):
+            raise InputError(f"--param {key}={value!r}: expected a mapping, e.g. "
+                             f"{key}={{max_num_seqs: 256}}")
 
 
 def experiment_file(experiment: str | os.PathLike[str]) -> Path:
@@ -145,6 +166,7 @@ def make_report(
     check_replaceable(run_dir, force, "report", rerun_ok=True)
     params = dict(params or {})
     _check_params(params, notebook_parameters(notebooks_dir=notebooks_dir))
+    _check_param_types(params, notebooks_dir)
 
     parameters: dict[str, Any] = {
         **params,

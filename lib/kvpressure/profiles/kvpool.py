@@ -394,6 +394,12 @@ def size_kv_pool(
     else:
         if num_gpu_blocks_override is not None:
             _positive_int("num_gpu_blocks_override", num_gpu_blocks_override)
+            wanted = num_gpu_blocks_override * max(x["block_bytes"] for x in stages)
+            if wanted > total:  # as for kv_cache_memory_bytes: the pool is shown, with why
+                warnings.append(
+                    f"num_gpu_blocks_override {num_gpu_blocks_override:,} blocks take "
+                    f"{wanted / GiB:,.2f} GiB, more than the card's {total / GiB:.2f} GiB: vLLM "
+                    "would run out of memory allocating them")
         # every stage must hold one max_model_len request besides the null block
         budgets = [(num_gpu_blocks_override * x["block_bytes"]
                     if num_gpu_blocks_override is not None else x["available_kv_bytes"])

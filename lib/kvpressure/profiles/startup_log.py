@@ -117,11 +117,10 @@ def read_startup_log(path: str | Path) -> StartupLog:
 
     A file with none of the KV-pool lines is refused with a message naming it.
     """
+    from kvpressure.user_files import read_user_text
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    text = read_user_text(path, "startup log")
     fmt = "v0" if re.search(r"# (?:GPU|CUDA|cuda|NPU|npu) blocks:|total_gpu_memory", text) \
         and "Available KV cache memory" not in text else "v1"
     log = StartupLog(path=str(path), format=fmt)

@@ -252,10 +252,14 @@ def assumed_settings(source: dict[str, str]) -> list[str]:
 
 def parse_set(items: list[str]) -> dict[str, str]:
     """``--set KEY=VALUE`` options as a mapping (the values are checked by ``twin_settings``)."""
+    from kvpressure.errors import refuse_unknown
+
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise InputError(f"--set {item!r}: expected KEY=VALUE")
+        # A misspelt setting would leave the twin on the data's value without a word.
+        refuse_unknown([key.strip()], [*SETTING_NAMES, *ALIASES], f"--set {item!r}")
         out[key.strip()] = value.strip()
     return out
