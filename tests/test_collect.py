@@ -259,3 +259,18 @@ def test_vllm_bench_serve_runs_each_level_and_is_stopped_with_its_children(
     last = int(pids.read_text().split()[-1])
     with pytest.raises(ProcessLookupError):
         os.kill(last, 0)
+
+
+def test_the_server_log_gives_engine_json_its_device_and_version(tmp_path: Path) -> None:
+    log = Path(__file__).parent / "data" / "logs" / "v1_kv_bound.log"
+    out = tmp_path / "run"
+    with fake_vllm(token_s=0.002) as (url, _):
+        assert main(["collect", url, "--levels", "1", "--out", str(out), "--prompts-per-level",
+                     "2", "--server-log", str(log), *FAST]) == 0
+    server = json.loads((out / "engine.json").read_text())["server"]
+    assert server["device"] == "cuda" and server["from_log"] == str(log)
+    assert _levels(out)["options"]["server_log"] == str(log)
+    # a log that is not there is refused before any request, naming it
+    assert main(["collect", url, "--levels", "1", "--out", str(tmp_path / "b"),
+                 "--server-log", str(tmp_path / "none.log"), *FAST]) == 2
+    assert not (tmp_path / "b").exists()

@@ -207,8 +207,8 @@ class _Sweep:
             "url": server.base_url,
             "model": server.model,
             "load_engine": engine,
-            "options": {k: v for k, v in asdict(opts).items()
-                        if k not in ("out", "engine_args")} | {"out": str(opts.out)},
+            "options": {k: str(v) if isinstance(v, Path) else v
+                        for k, v in asdict(opts).items() if k != "engine_args"},
             "state": "running",
             "stopped": None,
             "scrape_log": SCRAPE_LOG,
