@@ -5,7 +5,8 @@ process of its own, in a fresh folder, with ``HOME`` pointing at a fake home tha
 files, and a timeout. An outcome is one of:
 
 clean refusal       exit 2, no traceback, the message names the bad input (file, key, option)
-exit 3              where the README documents it (vLLM would not start; a level incomplete)
+documented exit    the code the README documents (3: vLLM would not start; 5: a level
+                    ended early)
 accepted            exit 0 on valid input (a control), its output checked where it can be
 unnamed refusal     exit 2 whose message names none of what was wrong
 traceback           a Python traceback on screen
@@ -57,7 +58,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent  # the checkout the fixtures come from
 TESTS = HERE / "tests" / "data"
 DATA = HERE / "data"
-CLEAN = ("clean refusal", "exit 3", "accepted")
+CLEAN = ("clean refusal", "documented exit", "accepted")
 
 
 # --------------------------------------------------------------------------- cases
@@ -65,7 +66,7 @@ CLEAN = ("clean refusal", "exit 3", "accepted")
 class Case:
     id: str
     argv: list[str]  # after ``kvpressure``; {repo}, {home}, {url} are filled in at run time
-    expect: str = "refuse"  # refuse | exit3 | accept
+    expect: str = "refuse"  # refuse | exit3 | exit5 (a documented code) | accept
     names: tuple[str, ...] = ()  # every one appears in the error message (case-insensitive)
     files: dict[str, bytes | str] = field(default_factory=dict)  # written into the case folder
     pre: list[list[str]] = field(default_factory=list)  # commands run first (must exit 0)
@@ -1112,11 +1113,11 @@ def live_cases() -> list[Case]:
         cases.append(Case(f"collect/server-{mode}", ["collect", f"{{url}}/{mode}", *collect],
                           names=("{url}",), timeout=60))
     # No cache_config_info: the pool is unknown ("?") and the run goes on; the fake server
-    # then answers no completion, which ends the level incomplete (exit 3, documented).
-    cases.append(Case("collect/server-nocache-exit-3", ["collect", "{url}/nocache", *collect],
-                      expect="exit3", timeout=60))
-    cases.append(Case("collect/completions-500-exit-3", ["collect", "{url}/comp500", *collect],
-                      expect="exit3", timeout=60))
+    # then answers no completion, which ends the level early (exit 5, documented).
+    cases.append(Case("collect/server-nocache-exit-5", ["collect", "{url}/nocache", *collect],
+                      expect="exit5", timeout=60))
+    cases.append(Case("collect/completions-500-exit-5", ["collect", "{url}/comp500", *collect],
+                      expect="exit5", timeout=60))
     for cid, argv, names in [
         ("levels-empty", ["--levels", ""], ("--levels",)),
         ("levels-zero", ["--levels", "0"], ("--levels",)),
@@ -1578,11 +1579,12 @@ class Runner:
                 if problem:
                     return "silently wrong", problem
             return "accepted", ""
-        if case.expect == "exit3":
-            if code == 3:
-                return "exit 3", ""
+        if case.expect.startswith("exit"):
+            want = int(case.expect.removeprefix("exit"))
+            if code == want:
+                return "documented exit", ""
             return ("silently accepted" if code == 0 else "wrong exit code",
-                    f"exit {code} where 3 is documented: {message.strip()[-200:]}")
+                    f"exit {code} where {want} is documented: {message.strip()[-200:]}")
         if code == 0:
             return "silently accepted", " ".join((out.strip() or err.strip()).split())[-200:]
         if code != 2:
