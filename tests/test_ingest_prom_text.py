@@ -222,6 +222,9 @@ def test_unsorted_and_duplicate_timestamps(tmp_path: Path) -> None:
     assert s["value"].tolist() == [10.0, 20.0, 31.0]  # the last one read wins
     assert result.report["runs"]["r"]["duplicates_dropped"] == 1
     assert any("repeated a series" in w for w in result.report["warnings"])
+    # the first line out of order is named
+    assert any("line 2: t 1.000 is earlier than line 1's 2.000" in w
+               for w in result.report["warnings"])
 
 
 def test_nan_and_inf_values_are_kept_and_reported(tmp_path: Path) -> None:

@@ -142,6 +142,16 @@ def bench_row(
         _checked(res, key, where, positive=True)
     if not isinstance(res.get("request_rate"), str):
         _checked(res, "request_rate", where, positive=True)
+    date = res.get("date")
+    if date is not None:
+        import datetime as _dt
+
+        # vllm bench serve stamps when the run ended; its window in a scrape log hangs on it
+        try:
+            _dt.datetime.strptime(str(date), "%Y%m%d-%H%M%S")
+        except ValueError:
+            raise InputError(f"{where}: field 'date' {date!r} is not vllm bench serve's "
+                             "YYYYmmdd-HHMMSS (the run's end, local time)") from None
     duration = _num(res["duration"])
     metadata_variant = res.get("variant")
     label = res.get("label")

@@ -295,15 +295,33 @@ class Scrape:
 
 
 def iter_jsonl(path: Path, warnings: list[str]) -> Iterator[Scrape]:
-    """Scrapes of a JSONL log. A cut last line (or gzip stream) is reported and skipped."""
+    """Scrapes of a JSONL log. A cut last line (or gzip stream) is reported and skipped; lines
+    out of time order (logs run together) are read sorted by ``t``, the first such line named
+    in a warning."""
     pending: tuple[int, str] | None = None
     lineno = 0
+    before: tuple[float, int] | None = None
+    said = False
+
+    def forward(scrape: Scrape, at: int) -> Scrape:
+        nonlocal before, said
+        if math.isfinite(scrape.t):
+            if before is not None and scrape.t < before[0] and not said:
+                warnings.append(
+                    f"{path}: line {at}: t {scrape.t:.3f} is earlier than line {before[1]}'s "
+                    f"{before[0]:.3f}: the log's lines are out of time order (logs run "
+                    "together?); they are read sorted by t")
+                said = True
+            before = (scrape.t, at)
+        return scrape
+
     try:
         with open_text(path) as fh:
             for raw in fh:
                 lineno += 1
                 if pending is not None:
-                    yield _jsonl_scrape(path, *pending, last=False, warnings=warnings)
+                    yield forward(_jsonl_scrape(path, *pending, last=False, warnings=warnings),
+                                  pending[0])
                     pending = None
                 if raw.strip():
                     pending = (lineno, raw)
@@ -316,7 +334,7 @@ def iter_jsonl(path: Path, warnings: list[str]) -> Iterator[Scrape]:
             warnings.append(f"{path}: line {pending[0]}: incomplete scrape dropped")
             return
     if pending is not None:
-        yield _jsonl_scrape(path, *pending, last=True, warnings=warnings)
+        yield forward(_jsonl_scrape(path, *pending, last=True, warnings=warnings), pending[0])
 
 
 def _jsonl_scrape(

@@ -28,7 +28,7 @@ DURATION = 100.0
 # ---------------------------------------------------------------- vllm bench sweep serve
 def vllm_result(c, run_number):
     r = {
-        "date": f"20260301-10{c:02d}00",
+        "date": f"20260301-{10 + c // 60:02d}{c % 60:02d}00",
         "endpoint_type": "vllm",
         "backend": "vllm",
         "label": None,
