@@ -3,7 +3,8 @@
 The verdict comes first (status, key numbers, the knee, the evidence and the remedies, all from
 ``record.yaml``), then each executed notebook's outputs in the investigation's order: its
 Markdown, generated sentences, tables and figures (PNG embedded as base64). Inputs, the
-parameters cells and stderr streams are left out.
+parameters cells and stderr streams are left out. This module gathers what the page shows;
+``templates/report.html.j2`` lays it out, the template engine escaping every value.
 """
 
 from __future__ import annotations
