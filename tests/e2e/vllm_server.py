@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from kvpressure.live.serve import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_SCRIPT = REPO / "scripts" / "vllm-env.sh"
@@ -42,25 +43,6 @@ def tiny_model(python: Path) -> Path:
         subprocess.run([str(python), str(MODEL_SCRIPT), str(folder)], check=True,
                        capture_output=True, text=True)
     return folder
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """Stop the process group led by ``proc``: SIGTERM, then SIGKILL."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the engine core, if it outlived its parent
-    except ProcessLookupError:
-        pass
-    if proc.poll() is None:
-        proc.wait(timeout=10)
 
 
 @dataclass

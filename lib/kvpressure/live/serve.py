@@ -243,25 +243,29 @@ class Server:
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM to the group, SIGKILL to what is left after ``grace_s``."""
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the engine core, if it outlived its parent
-        except (ProcessLookupError, PermissionError):
-            pass
-        if proc.poll() is None:
-            proc.wait(timeout=10)
+        if self.proc is not None:
+            stop_group(self.proc, grace_s)
         self.proc = None
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """Stop the process group ``proc`` leads (a server started in a session of its own):
+    SIGTERM, then SIGKILL to what is left after ``grace_s``."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the engine core, if it outlived its parent
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
 
 
 class ServerFailed(RuntimeError):
