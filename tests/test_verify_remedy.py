@@ -391,6 +391,8 @@ def test_until_known_stops_at_the_first_rounds_that_tell_the_sign(tmp_path):
     else:  # the cap: known at the last round, or not known
         assert "known after 5 rounds" in log.getvalue()
     assert log.getvalue().count("server ready") == 2  # ports: each server started once
+    # what the interval of two servers running throughout cannot hold, said
+    assert "not in the interval; `--mode restart`" in (tmp_path / "v" / "verify.md").read_text()
 
 
 def test_sigterm_mid_verification_stops_both_servers_and_keeps_the_finished_rounds(tmp_path):

@@ -463,7 +463,12 @@ def markdown(doc: Mapping[str, Any]) -> str:
               "in that round (the arms back to back, their order rotating); the interval is "
               "Student-t over the rounds. A prediction held when the measured interval covers "
               f"it, or both agree within {paired.HELD_TOLERANCE_PP:g} points with the same sign; "
-              f"an interval that holds 0 is {paired.NO_EFFECT}.", ""]
+              f"an interval that holds 0 is {paired.NO_EFFECT}."
+              + (" Both servers ran throughout (`--mode ports`): a steady difference between "
+                 "the two server processes themselves (a few percent, as a restart of one "
+                 "server can show) is in every round alike and so not in the interval; "
+                 "`--mode restart` starts them again each round and puts it there."
+                 if s["mode"] == "ports" else ""), ""]
     return "\n".join(lines)
 
 
