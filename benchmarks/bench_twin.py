@@ -52,7 +52,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -279,13 +278,9 @@ def _wait(port: int, proc: subprocess.Popen, log: Path, timeout: float = 600.0) 
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    from kvpressure.live.serve import stop_group
+
+    stop_group(proc, grace_s=60)
 
 
 def _measure(venv: Path, model: Path, blocks: int, engine: dict, folder: Path, port: int,

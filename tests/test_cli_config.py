@@ -7,12 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvpressure.cli import build_parser, main
+from kvpressure.cli import command_parser, main
 from kvpressure.cli_config import config_argv
-
-
-def _sub(command):
-    return build_parser(command)._subparsers._group_actions[0].choices[command]
 
 
 def test_a_sweep_from_a_config_file_and_the_command_line_wins(tmp_path, capsys):
@@ -31,13 +27,13 @@ def test_each_kind_of_option_becomes_its_tokens(tmp_path):
     cfg = tmp_path / "twin.yaml"
     cfg.write_text("run_dir: runs/a\n--out: twins/a\nset: [max_num_seqs=8, num_gpu_blocks=64]\n"
                    "no-remedies: true\nbootstrap: 50\nlimits: ttft_p95=2s\n")
-    positional, options = config_argv(_sub("twin"), cfg)
+    positional, options = config_argv(command_parser("twin"), cfg)
     assert positional == ["runs/a"]
     assert options == ["--out", "twins/a", "--set", "max_num_seqs=8", "--set",
                        "num_gpu_blocks=64", "--no-remedies", "--bootstrap", "50", "--limits",
                        "ttft_p95=2s"]
     cfg.write_text("run_dir: runs/a\nno_remedies: false\n")
-    assert config_argv(_sub("twin"), cfg) == (["runs/a"], [])
+    assert config_argv(command_parser("twin"), cfg) == (["runs/a"], [])
 
 
 @pytest.mark.parametrize("text, words", [

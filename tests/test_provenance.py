@@ -27,21 +27,28 @@ def test_the_device_from_a_server_logs_engine_configuration():
     assert served_platform({"r": {"runs": {"a": {"server_log": {"version": "0.33.0"}}}}}) is None
 
 
+def _tool(path):
+    """load_tool as ingestion calls it: the source and the bench files it holds."""
+    from kvpressure.ingestion.sources import detect
+
+    return load_tool([str(path)], [s.location for s in detect(str(path)) if s.kind == "bench"])
+
+
 def test_the_load_tool_from_each_kind_of_source(tmp_path):
-    assert load_tool([str(TABLES / "guidellm" / "benchmarks.json")], {"bench"}) == "GuideLLM 0.5.0"
-    assert load_tool([str(TABLES / "guidellm" / "benchmarks.csv")], {"bench"}) == "GuideLLM"
-    assert load_tool([str(TABLES / "aiperf")], {"bench"}) == "AIPerf"
-    assert load_tool([str(TABLES / "vllm_sweep")], {"bench"}) == "vllm bench sweep"
+    assert _tool(TABLES / "guidellm" / "benchmarks.json") == "GuideLLM 0.5.0"
+    assert _tool(TABLES / "guidellm" / "benchmarks.csv") == "GuideLLM"
+    assert _tool(TABLES / "aiperf") == "AIPerf"
+    assert _tool(TABLES / "vllm_sweep") == "vllm bench sweep"
     saved = DATA / "twin_saved" / "quiet" / "pool64_fullisl"
-    assert load_tool([str(saved / "bench")], {"bench"}) == "vllm bench serve"
+    assert _tool(saved / "bench") == "vllm bench serve"
     # scrapes alone do not say what loaded the server
-    assert load_tool([str(saved / "metrics.prom.jsonl.gz")], {"prom_jsonl"}) is None
+    assert _tool(saved / "metrics.prom.jsonl.gz") is None
     # a kvpressure collect folder names its client
     folder = tmp_path / "collect"
     shutil.copytree(saved / "bench", folder / "bench")
     (folder / "engine.json").write_text(json.dumps({"client": {"name": "builtin client",
                                                                "kvpressure": "0.1.0"}}))
-    assert load_tool([str(folder / "bench")], {"bench"}) == (
+    assert _tool(folder / "bench") == (
         "kvpressure collect 0.1.0 (builtin client)")
 
 

@@ -127,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous_term)
 
 
+def command_parser(command: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand (its options, as ``--config FILE`` maps onto them)."""
+    parser = build_parser(command)
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
 def _with_config(command: str, argv: list[str]) -> list[str]:
     """``argv`` with the options of its ``--config FILE`` (``cli_config.py``) in place."""
     from kvpressure.cli_config import config_argv, split_config
@@ -134,8 +141,7 @@ def _with_config(command: str, argv: list[str]) -> list[str]:
     rest, path = split_config(argv[1:])
     if path is None:
         return argv
-    sub = build_parser(command)._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
-    positional, options = config_argv(sub, path)
+    positional, options = config_argv(command_parser(command), path)
     return [command, *positional, *options, *rest]
 
 

@@ -60,6 +60,11 @@ def _cli(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+# The largest change a restart of the same server made to a level's throughput on this machine
+# (tests/data/twin_saved/README.md, the control), rounded up.
+RESTART_NOISE_PCT = 10.0
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> dict:
     """The baseline server's sweep (collect --no-report; verify-remedy ingests it)."""
@@ -126,11 +131,6 @@ def test_the_remedy_measures_the_predicted_change(sweep):
     else:
         assert lo <= p["change_pct"] <= hi, row["why"]
     assert row["held"] is True
-
-
-# The largest change a restart of the same server made to a level's throughput on this machine
-# (tests/data/twin_saved/README.md, the control), rounded up.
-RESTART_NOISE_PCT = 10.0
 
 
 def test_a_control_that_cannot_act_measures_inside_its_noise(sweep):

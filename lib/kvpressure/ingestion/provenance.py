@@ -80,10 +80,11 @@ def served_platform(reports: dict[str, Any], sources: list[str] = ()
     return (build, f"the build of the served version ({served[0]})") if build else None
 
 
-def load_tool(sources: list[str], kinds: set[str]) -> str | None:
-    """What produced the load: a sweep table's tool (GuideLLM, AIPerf, vllm bench sweep),
-    ``kvpressure collect`` for its own folders, ``vllm bench serve`` for its result JSON;
-    None for scrapes or logs alone (the data does not say what loaded the server)."""
+def load_tool(sources: list[str], bench_files: list[str]) -> str | None:
+    """What produced the load: ``kvpressure collect`` for its own folders (``sources``), else
+    the tool of the first sweep table among the bench files ingestion read (GuideLLM, AIPerf,
+    vllm bench sweep), else ``vllm bench serve`` for its result JSON; None for scrapes or logs
+    alone (the data does not say what loaded the server)."""
     from kvpressure.ingestion.bench_tables import table_format
 
     found = _engine_json(sources)
@@ -93,16 +94,13 @@ def load_tool(sources: list[str], kinds: set[str]) -> str | None:
         version, how = client.get("kvpressure"), client.get("name")
         return ("kvpressure collect" + (f" {version}" if isinstance(version, str) else "")
                 + (f" ({how})" if isinstance(how, str) and how else ""))
-    for source in sources:
-        path = Path(source)
-        for f in [path] if path.is_file() else sorted(path.rglob("*")):
-            if f.is_file():
-                fmt = table_format(f) or ""
-                if fmt in _TABLE_TOOLS:
-                    version = _tool_version(f, fmt)
-                    return _TABLE_TOOLS[fmt] + (f" {version}" if version else "")
+    for f in map(Path, bench_files):
+        fmt = table_format(f) or ""
+        if fmt in _TABLE_TOOLS:
+            version = _tool_version(f, fmt)
+            return _TABLE_TOOLS[fmt] + (f" {version}" if version else "")
     # vllm bench serve's result JSON does not record vLLM's version
-    return "vllm bench serve" if "bench" in kinds else None
+    return "vllm bench serve" if bench_files else None
 
 
 def _tool_version(path: Path, fmt: str) -> str | None:

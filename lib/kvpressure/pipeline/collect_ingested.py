@@ -259,7 +259,9 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "server_version_from": served[1] if served else None,
         "server_platform": platform[0] if platform else None,
         "server_platform_from": platform[1] if platform else None,
-        "load_tool": load_tool(sources, kinds),
+        "load_tool": load_tool(sources, [
+            s["location"] for s in (reports.get("other") or {}).get("sources", [])
+            if s.get("kind") == "bench"]),
         "settings_from": settings_from,
         "name": run_dir.name,
         "description": "ingested metrics",

@@ -493,19 +493,14 @@ def two_runs_markdown(result: Mapping[str, Any]) -> str:
         change = r.get("output_throughput_change_pct")
         said = ("" if change is None else
                 (signed_pct(change) if r.get("beyond_noise") else "no measurable change"))
-        lines.append(f"| {num(r['concurrency'])} | {_or_dash(ta)} | {_or_dash(tb)} | {said} | "
-                     f"{_or_count(pa)} | {_or_count(pb)} |")
+        # a table cell of a level one folder did not measure: a dash, not "no data"
+        cells = [("-" if finite(v) is None else fmt(v))
+                 for v, fmt in ((ta, num), (tb, num), (pa, count), (pb, count))]
+        lines.append(f"| {num(r['concurrency'])} | {cells[0]} | {cells[1]} | {said} | "
+                     f"{cells[2]} | {cells[3]} |")
     if result["notes"]:
         lines += [""] + [f"Note: {n}." for n in result["notes"]]
     return "\n".join(lines) + "\n"
-
-
-def _or_dash(v: Any) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else num(v)
-
-
-def _or_count(v: Any) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else count(v)
 
 
 def verification_sentence(level: Mapping[str, Any], setting: str) -> str:
