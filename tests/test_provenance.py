@@ -84,3 +84,13 @@ def test_a_collect_folders_server_log_gives_the_device(tmp_path):
     (folder / "engine.json").write_text(json.dumps({"server": {"version": "0.32.0", **facts}}))
     device, where = served_platform({}, [str(folder / "bench")])
     assert device == "cuda" and "collect --server-log" in where
+
+
+def test_a_real_vllm_log_names_its_version_and_device():
+    """The log vLLM 0.32.0's CPU build wrote (tests/data/logs/vllm_cpu_0.32.0.log.gz)."""
+    from kvpressure.ingestion.server_log import startup_facts
+
+    facts = startup_facts(DATA / "logs" / "vllm_cpu_0.32.0.log.gz")
+    assert (facts["version"], facts["device"]) == ("0.32.0", "cpu")
+    got = ingest([DATA / "logs" / "vllm_cpu_0.32.0.log.gz"])
+    assert served_platform({"log": got.report})[0] == "cpu"
