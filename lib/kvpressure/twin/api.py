@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
-from kvpressure.twin.basis import LevelBasis, simulate_basis
+from kvpressure.simulation.engine import simulate
+from kvpressure.twin.basis import LevelBasis, build_scenario, simulate_basis
 from kvpressure.twin.fit import PARAMETERS, TwinFit, fit_step_time
 from kvpressure.twin.fit_report import FitVerdict, comparison_table, verdict
 from kvpressure.twin.lengths import MEANS, PER_REQUEST
@@ -36,7 +37,7 @@ from kvpressure.twin.measured import Measured, ingested_sources, level_name, loa
 from kvpressure.twin.return_lag import ReturnLag, from_step_trace, from_turnaround, given
 from kvpressure.twin.settings import assumed_settings, twin_settings
 from kvpressure.twin.simulate import simulate_level
-from kvpressure.twin.workload import LevelWorkload, level_workloads
+from kvpressure.twin.workload import REDRAWS, LevelWorkload, level_workloads
 
 
 class TwinNotFitted(InputError):
@@ -59,6 +60,7 @@ class Twin:
     priors: dict[str, float] | None = None
     prior_source: str = "profile"
     bases: dict[int, LevelBasis] = field(default_factory=dict)
+    redrawn_preemptions: dict[Any, np.ndarray] = field(default_factory=dict)
     fitted: TwinFit | None = None
     report: FitReport | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -157,6 +159,7 @@ class Twin:
         self.return_lag = lag
         self.workloads = lag.apply(self.workloads)
         self.bases.clear()
+        self.redrawn_preemptions.clear()
         self.fitted = None
         self.report = None
 
@@ -202,6 +205,18 @@ class Twin:
                 "ttft_p95_s": np.percentile(ttft, 95, axis=0, method="inverted_cdf"),
                 "preemptions": np.full(len(fit.samples), float(basis.preemptions))}
 
+    def preemptions_redrawn(self, level: Any) -> np.ndarray:
+        """A closed-loop level's preemptions over ``REDRAWS`` versions the data cannot tell
+        from the measured one (``LevelWorkload.redrawn``); its decisions do not depend on the
+        step time, so each is simulated in steps."""
+        if level not in self.redrawn_preemptions:
+            settings = self.settings
+            self.redrawn_preemptions[level] = np.array(
+                [simulate(build_scenario(settings, self.workloads[level].redrawn(seed)),
+                          fast_path="leap").summary["preemptions"]
+                 for seed in range(1, REDRAWS + 1)], dtype=float)
+        return self.redrawn_preemptions[level]
+
     def throughput_band(self, level: Any) -> tuple[float, float]:
         """The 5-95% band of a level's output throughput over the fit's draws."""
         return _band(self.level_draws(level)["output_throughput"], 5, 95)
@@ -215,10 +230,12 @@ class Twin:
         twin_levels = {c: self.predict_level(c) for c in chosen}
         draws = {c: self.level_draws(c) for c in chosen}
         band = {c: _band(d["output_throughput"], 5, 95) for c, d in draws.items()}
-        # An open loop's preemptions move with the step times: their whole range over the
-        # replays is what a measured count is read against.
+        # An open loop's preemptions move with the step times, a closed loop's with the order
+        # its requests sent at once reach the engine: their whole range over the replays is
+        # what a measured count is read against.
         spread = ({c: _band(d["preemptions"], 0, 100) for c, d in draws.items()}
-                  if self.open_loop else None)
+                  if self.open_loop else
+                  {c: _band(self.preemptions_redrawn(c), 0, 100) for c in chosen})
         sub = self.measured.levels[self.measured.levels[self.key].isin(chosen)]
         table = comparison_table(sub, twin_levels, band, key=self.key,
                                  preemption_range=spread)
@@ -246,8 +263,14 @@ class Twin:
         out = [f"{k} = {self.settings[k]}: {self.settings_source[k]}"
                for k in self.assumed_settings]
         out.extend(self.lengths_assumptions())
-        out.append(self.arrival_assumption() if self.open_loop
-                   else self.turnaround_assumption())
+        if self.open_loop:
+            out.append(self.arrival_assumption())
+        else:
+            out.append(self.turnaround_assumption())
+            out.append(f"the requests a level sends at once (its first C) reach the engine in "
+                       f"the order sent; no result records that order, so each level's "
+                       f"preemptions are read against {REDRAWS} other orders (seeded) and a "
+                       "remedy's interval holds their spread")
         if self.fitted is not None:
             for p in PARAMETERS:
                 if self.fitted.source[p] != "fitted":

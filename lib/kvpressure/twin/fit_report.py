@@ -7,9 +7,12 @@ within one level, where "the knee" is the record's knee of each curve (``analysi
 the report's knee stage finds; a curve without one counts as past its last level). Latency percentiles are shown with their errors and, beyond 25%, named as a
 caveat of any latency limit checked on the twin.
 
-An open loop's preemptions near its knee swing from run to run with a few steps' timing (a
-cascade starts a few steps earlier or later): there the measured count is checked against
-the range of the twin's replays (``open_loop.py``), with the same tolerance on each side. Where
+Past the pool's capacity a level's preemptions are not one number the data pins down. An open
+loop's swing from run to run with a few steps' timing (a cascade starts a few steps earlier or
+later: ``open_loop.py``'s replays); a closed loop's with the order in which the requests it
+sends at once reach the engine, which no result records (``LevelWorkload.redrawn``: the same
+lengths in other orders move a level's count by up to a fifth). The measured count is checked
+against the range of the twin's replays, with the same tolerance on each side. Where
 the replays themselves span more than a factor of ``UNSTABLE_RANGE``, the count is not a
 property of the level but of one run's timing: a measured count outside them is named as a
 caveat, not held against the fit.
