@@ -116,6 +116,9 @@ def _figure(twin: Any, remedies: dict[str, Any] | None, path: Path) -> None:
     ax = axes[1]
     ax.plot(x, t["preemptions_measured"], "o-", color="black", label="measured")
     ax.plot(x, t["preemptions_twin"], "s--", color="tab:red", label="twin")
+    if "preemptions_twin_low" in t:
+        ax.fill_between(x, t["preemptions_twin_low"], t["preemptions_twin_high"],
+                        color="tab:red", alpha=0.2, lw=0, label="twin, over its replays")
     ax.set(xlabel=xlabel, ylabel="preemptions", title="preemptions")
     ax.legend(fontsize=8)
     ax = axes[2]
@@ -143,8 +146,8 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 
 def twin_preemptions(r: dict[str, Any]) -> str:
-    """The twin's preemptions at a level, with the range of its replays where it has one (an
-    open loop)."""
+    """The twin's preemptions at a level, with the range of its replays (an open loop's timing,
+    a closed loop's arrival orders) where they differ."""
     def finite(v: Any) -> bool:
         return isinstance(v, int | float) and math.isfinite(v)
 
