@@ -300,7 +300,7 @@ def find_knee(
     elif len(xs) < MIN_KNEE_LEVELS:
         knee, method = None, f"none: {len(xs)} level{'s' if len(xs) > 1 else ''}"
         notes.append(few_levels_note(len(xs)))
-    elif knee_kn is not None and abs(
+    elif knee_kn is not None and knee_bs is not None and abs(
         int(np.searchsorted(xs, knee_kn)) - int(np.searchsorted(xs, knee_bs))
     ) <= 1:
         knee, method = knee_kn, "kneedle (agrees with the broken-stick fit)"

@@ -15,6 +15,7 @@ simulation's ``steps``; the curve and the ITL spread across concurrency come fro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -71,8 +72,8 @@ class Symptom:
     id: str
     name: str
     verdict: Verdict
-    evidence: dict = field(default_factory=dict)
-    threshold: dict = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    threshold: dict[str, Any] = field(default_factory=dict)
 
     @property
     def present(self) -> bool:
@@ -151,7 +152,8 @@ def _gauge_symptoms(
 
     out = []
     name = "vllm:num_requests_waiting stays > 0"
-    thr = {"waiting_frac": th.waiting_frac}
+    thr: dict[str, Any] = {"waiting_frac": th.waiting_frac}
+    ev: dict[str, Any]
     if wr is None or wr.frac_waiting is None:
         out.append(Symptom("waiting_persists", name, "no data",
                            {"missing": "vllm:num_requests_waiting"}, thr))

@@ -18,6 +18,7 @@ Levels are the measured closed loops, keyed by concurrency, or, for a folder of 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ class Twin:
     measured: Measured
     settings: dict[str, Any]
     settings_source: dict[str, str]
-    workloads: dict[int, LevelWorkload]
+    workloads: dict[Any, LevelWorkload]
     priors: dict[str, float] | None = None
     prior_source: str = "profile"
     bases: dict[int, LevelBasis] = field(default_factory=dict)
@@ -115,7 +116,7 @@ class Twin:
         bases = {c: self.basis(c) for c in chosen}
         self.timings["basis_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        kw = {} if min_levels is None else {"min_levels": min_levels}
+        kw: dict[str, Any] = {} if min_levels is None else {"min_levels": min_levels}
         sub = self.measured.levels[self.measured.levels["concurrency"].isin(chosen)]
         if self.step_trace is not None:
             from kvpressure.twin.step_trace import fit_on_levels
@@ -130,17 +131,18 @@ class Twin:
         self.timings["fit_s"] = time.perf_counter() - t
         self.report = None
         if self.return_lag is None:
-            self._lag_from_turnaround(chosen)
-            if any(self.return_lag.return_steps.values()):
+            lag = self._lag_from_turnaround(chosen)
+            if any(lag.return_steps.values()):
                 # The lag changes the decisions the bases hold: simulate and fit again.
                 return self.fit(levels=levels, bootstrap=bootstrap, seed=seed,
                                 min_levels=min_levels)
         return self.fitted
 
-    def _lag_from_turnaround(self, levels: list[int]) -> None:
+    def _lag_from_turnaround(self, levels: list[int]) -> ReturnLag:
         """The return lag from the client-side turnaround over the fitted mean step time of
         each fitted level (the others take the median of those)."""
-        coef = np.array(list(self.fitted.step_coefficients().values()), dtype=float)
+        fitted = self.require_fit("the clients' return lag")
+        coef = np.array(list(fitted.step_coefficients().values()), dtype=float)
         step_s = {c: float(self.bases[c].time("duration", coef)) / max(self.bases[c].steps, 1)
                   for c in levels}
         gaps = {c: v["client_gap_s"] for c, v in self.turnaround()["per_level"].items()}
@@ -153,6 +155,7 @@ class Twin:
             self.set_return_lag(lag)
         else:
             self.return_lag = lag  # no lag: the bases and the fit stand
+        return lag
 
     def set_return_lag(self, lag: ReturnLag) -> None:
         """Use ``lag`` for every level from now on (kept bases are simulated again)."""
@@ -243,7 +246,7 @@ class Twin:
         self.timings["report_s"] = time.perf_counter() - t
         return self.report
 
-    def predict_remedies(self, *, focus: int | None = None,
+    def predict_remedies(self, *, focus: float | None = None,
                          limits: Mapping[str, float] | None = None,
                          candidates: Mapping[str, Mapping[str, Any]] | None = None,
                          latency_tolerance_pct: float | None = None) -> dict[str, Any]:
@@ -377,7 +380,7 @@ def _band(values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None,
+def build_twin(run_dir: str | os.PathLike[str], *, overrides: Mapping[str, Any] | None = None,
                variant: str | None = None, cost_model: Any = None,
                workloads: Mapping[int, LevelWorkload] | None = None,
                server_log: str | Path | None = None,

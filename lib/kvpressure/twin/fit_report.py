@@ -189,19 +189,19 @@ def verdict(table: pd.DataFrame, key: str = "concurrency") -> FitVerdict:
         text = (f"twin fits within {math.ceil(max_err)}% (output throughput, every level); "
                 f"{pre}; knee within {KNEE_TOL_LEVELS} level")
     else:
-        where = []
+        misses: list[str] = []
         if thr_miss:
-            where.append("throughput at " + ", ".join(
+            misses.append("throughput at " + ", ".join(
                 f"{at}{m[key]:g} ({m['error_pct']:+.0f}%)" for m in thr_miss))
         if pre_miss:
-            where.append("preemptions at " + ", ".join(
+            misses.append("preemptions at " + ", ".join(
                 f"{at}{m[key]:g} ({m['measured']:.0f} measured, {m['twin']:.0f} twin"
                 + (f", {m['twin_range'][0]:.0f}-{m['twin_range'][1]:.0f} over its replays"
                    if "twin_range" in m else "") + ")"
                 for m in pre_miss))
         if not knee["ok"]:
-            where.append(f"knee at {_knee_name(at, mk)} measured, {_knee_name(at, tk)} twin")
-        text = "does not fit: " + "; ".join(where)
+            misses.append(f"knee at {_knee_name(at, mk)} measured, {_knee_name(at, tk)} twin")
+        text = "does not fit: " + "; ".join(misses)
     if unstable:
         text += ("; caveat: preemptions swing with the steps' timing at " + ", ".join(
             f"{at}{m[key]:g} (the twin's replays {m['twin_range'][0]:.0f}-"

@@ -73,7 +73,7 @@ def _meets(point: Mapping[str, Any], limits: Mapping[str, float]) -> tuple[bool,
     return not out, out
 
 
-def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float],
+def predict_remedies(twin: Any, *, focus: float | None, limits: Mapping[str, float],
                      candidates: Mapping[str, Mapping[str, Any]] | None = None,
                      latency_tolerance_pct: float | None = None,
                      min_gain_pct: float = 2.0) -> dict[str, Any]:

@@ -151,15 +151,15 @@ def level_workloads(measured: Any) -> dict[Any, LevelWorkload]:
                     "with --save-detailed)")
             made = from_means(int(round(n)), p, o)
             ins, outs, exact = made.prompt_lens, made.output_lens, False
-        said = {"lengths_source": made.source, "lengths_detail": made.detail,
-                "drawn_from": made if made.drawn else None}
+        said = LevelWorkload(c, ins, outs, exact, lengths_source=made.source,
+                             lengths_detail=made.detail, drawn_from=made if made.drawn else None)
         if not measured.open_loop:
-            out[c] = LevelWorkload(c, ins, outs, exact, **said)
+            out[c] = said
             continue
         sent = measured.arrivals.get(c)
         measured_times = sent is not None and len(sent) == len(ins)
         times = (tuple(sent) if measured_times else
                  drawn_arrivals(len(ins), c, measured.burstiness.get(c, 1.0)))
-        out[c] = LevelWorkload(0, ins, outs, exact, request_rate=c, arrival_times_s=times,
-                               arrivals_measured=measured_times, **said)
+        out[c] = dataclasses.replace(said, concurrency=0, request_rate=c,
+                                     arrival_times_s=times, arrivals_measured=measured_times)
     return out
