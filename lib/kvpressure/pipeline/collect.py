@@ -49,8 +49,13 @@ class Tables:
         """Every row of the baseline variant (all repeats), by level then repeat."""
         base = self.info.baseline_variant
         part = self.runs[self.runs["variant"].astype(str) == base]
-        keys = [c for c in ("concurrency", REPEAT) if c in part.columns]
+        keys = [c for c in (self.x, REPEAT) if c in part.columns]
         return part.sort_values(keys, kind="stable").reset_index(drop=True)
+
+    @property
+    def x(self) -> str:
+        """The runs column of the sweep's levels: ``concurrency`` or ``request_rate``."""
+        return self.info.level_axis
 
     @property
     def repeats(self) -> int:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pandas as pd
-
 from typing import Any
+
+import pandas as pd
 
 from kvpressure.errors import InputError
 

@@ -403,8 +403,35 @@ def knee_stage_sentences(res: Any) -> list[str]:
            f"{knee_txt}; {held}; {fall}. {latency} {noise}"]
     if same_from is not None and res.x != "request_rate":
         out.append(same_schedule_sentence(levels, same_from))
+    if res.latency_knees:
+        out.append(latency_knee_sentence(res.latency_knees, last))
     out += [f"Note: {note}." for note in k["notes"]]
     return out
+
+
+_LATENCY_NAMES = {"ttft_p95_s": "TTFT p95", "itl_p95_s": "ITL p95"}
+
+
+def latency_knee_sentence(knees: Mapping[str, Any], last: Any) -> str:
+    """Where each latency turns up against offered load (``analysis.knee.latency_knee``)."""
+    words = level_words("request_rate")
+    parts = []
+    for col, k in knees.items():
+        if not k:
+            continue
+        name = _LATENCY_NAMES.get(col, col)
+        band = f"{num(k['factor'])}x its {ms(k['base'])} at the lightest load"
+        if k.get("turn_x") is None:
+            parts.append(f"{name} stays within {band} up to {words.at(last)}")
+        elif k.get("knee_x") is None:
+            parts.append(f"{name} is past {band} from the second level on")
+        else:
+            parts.append(f"{name} holds within {band} up to {words.at(k['knee_x'], bold=True)} "
+                         f"and is past it from {words.at(k['turn_x'])}")
+    if not parts:
+        return ""
+    return ("**Latency against offered load**: " + "; ".join(parts) + ". Past the latency "
+            "knee requests queue for admission: more load arrives than the server drains.")
 
 
 # --------------------------------------------------------------------------- stage 01

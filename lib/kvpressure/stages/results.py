@@ -247,6 +247,9 @@ class KneeResult(StageResult):
     focus_request_rate: Number | None = None
     x: LevelAxis = "concurrency"
     """The curve's level column (``request_rate`` on a request-rate sweep)."""
+    latency_knees: dict[str, Any] | None = None
+    """On a request-rate sweep, per latency column (TTFT p95, ITL p95) where it turns up
+    against offered load (``analysis.knee.latency_knee``)."""
     itl_mean_s: Number | None
     itl_p95_s: Number | None
     ttft_p95_s: Number | None
