@@ -272,8 +272,8 @@ def goodput_sentence(gp: Any, ttft_limit_s: float | None, tpot_limit_s: float | 
     return (head + f"; highest at {w.at(best[axis], bold=True)}, "
             f"{best[col]:.2f} requests/s ({best['within limits']:.0%} of its requests within "
             f"{'both limits' if len(given) == 2 else 'the limits'}). TTFT counts from the "
-            f"request's arrival, so at a high {w.singular} it is mostly time queued for "
-            "admission, not prefill.")
+            f"request's arrival, so at {'high concurrency' if axis == 'concurrency' else 'a high request rate'} "  # noqa: E501
+            "it is mostly time queued for admission, not prefill.")
 
 
 # --------------------------------------------------------------------------- the lead
