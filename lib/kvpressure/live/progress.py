@@ -32,7 +32,7 @@ class LevelProgress:
 
     @property
     def name(self) -> str:
-        return f"{self.label:<6}" if self.label else f"c={self.concurrency:<4}"
+        return f"{self.label:<8}" if self.label else f"c={self.concurrency:<4}"
 
     @property
     def tty(self) -> bool:
