@@ -385,7 +385,9 @@ def variant_table(result: ComparisonResult, x: str = "concurrency") -> pd.DataFr
             "variant": v["variant"], f"knee ({unit})": at(v["knee_x"], last),
             "knee range": span(v["knee_range"], last),
             f"holds to ({unit})": at(v["sustained_end"], last),
-            "declines from": at(v["decline_onset"], last),
+            # No decline inside the sweep: the turn, if any, lies past its largest level.
+            "declines from": (at(v["decline_onset"], last) if v["decline_onset"] is not None
+                              else f"past {num(last)}"),
             "holds-to range": span(v["sustained_range"], last),
             "peak (tok/s)": v["peak_y"], "noise (tok/s per run)": v["noise_sd"],
             "runs averaged": v["repeats"]})
