@@ -96,3 +96,12 @@ def test_simulated_rate_experiment_through_the_report(tmp_path: Path):
             assert tput == pytest.approx(rate * out_len, rel=0.2), rate
     assert curve[max(curve)] < 0.5 * max(curve) * out_len
     assert (tmp_path / "run" / "points" / "baseline" / f"r{w['request_rate']:g}").is_dir()
+
+
+def test_the_focus_rate_can_be_given(tmp_path: Path):
+    record_path = analyse(tmp_path / "run", source=str(DATA / "capped_sweep.csv"),
+                          focus_request_rate=1.0)
+    record = yaml.safe_load(record_path.read_text())
+    assert record["workload"]["request_rate"] == 1.0
+    collect = json.loads((tmp_path / "run" / "analysis" / "collect.json").read_text())
+    assert collect["focus"]["why"] == "given as a parameter"

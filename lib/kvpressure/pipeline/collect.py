@@ -100,6 +100,7 @@ def collect(
     source: Any = "",
     *,
     focus_concurrency: int = 0,
+    focus_request_rate: float = 0.0,
     engine_args: Mapping[str, Any] | None = None,
     model_name: str = "",
     bench_timezone: str = "",
@@ -119,12 +120,14 @@ def collect(
     say = progress or (lambda _m: None)
     if sources:
         info = collect_ingested(run_dir, sources, focus_concurrency, engine_args or {},
-                                 model_name, bench_timezone, columns, log_year, log_timezone)
+                                 model_name, bench_timezone, columns, log_year, log_timezone,
+                                 focus_request_rate=focus_request_rate)
     else:
         if not experiment:
             raise InputError("collect: give an experiment file or a source")
         info = collect_simulation(run_dir, os.fspath(experiment), focus_concurrency,
-                                   max(1, int(jobs)), say)
+                                   max(1, int(jobs)), say,
+                                   focus_request_rate=focus_request_rate)
     write_stage(run_dir, info)
     return read_stage(run_dir, CollectInfo)
 

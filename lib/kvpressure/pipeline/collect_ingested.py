@@ -106,7 +106,8 @@ def _run_names(runs: pd.DataFrame) -> list[str]:
 def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
                       engine_args: Mapping[str, Any], model_name: str,
                       bench_timezone: str = "", columns: Any = "", log_year: int = 0,
-                      log_timezone: str = "") -> CollectInfo:
+                      log_timezone: str = "", *, focus_request_rate: float = 0.0
+                      ) -> CollectInfo:
     """Ingested data in one of four shapes:
 
     * scrape folders laid out as ``<variant>/c<C>/metrics.prom.jsonl``: one run per point;
@@ -210,7 +211,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
                             "give focus_concurrency)")
         focus_row = base_runs.iloc[0]
     elif rates:
-        level, why = focus_level(measured, None, axis)
+        level, why = focus_level(measured, focus_request_rate or None, axis)
         focus_row = measured[measured[axis] == level].iloc[0]
     else:
         level, why = focus_level(measured, focus_concurrency)

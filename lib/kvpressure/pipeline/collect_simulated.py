@@ -57,7 +57,8 @@ def _point_dir(run_dir: Path, variant: str, concurrency: int | None,
 
 
 def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: int,
-                        jobs: int, progress: Callable[[str], None]) -> CollectInfo:
+                        jobs: int, progress: Callable[[str], None], *,
+                        focus_request_rate: float = 0.0) -> CollectInfo:
     from kvpressure.ingestion.api import ingest
     from kvpressure.simulation.experiment import load_experiment
 
@@ -79,7 +80,7 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
     focus_variant = exp.config.focus.variant if exp.config.focus.variant in variants else base
     base_runs = runs[runs["variant"].astype(str) == focus_variant]
     if rates:
-        requested = exp.config.focus.request_rate
+        requested = focus_request_rate or exp.config.focus.request_rate
         level, why = focus_level(base_runs, requested, x)
         point = _point_dir(run_dir, focus_variant, None, level)
     else:
