@@ -8,7 +8,10 @@ well below saturation to well past it. The checks:
 
 * the rate sweep's report reads its curve on the rate axis and finds a knee inside it; the
   server's own counters agree with each level's tokens;
-* a dataset of token counts and a Mooncake-style trace are sent with exactly their lengths (the
+* ``vllm bench serve`` as the load engine runs a rate level under a cap, with ``--bench-args``
+  passed through;
+* a dataset of token counts, a ShareGPT file and a Mooncake-style trace are sent with exactly
+  their lengths (the
   server's ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total`` and
   ``vllm:request_success_total`` grow by the file's sums and count), the trace's requests at its
   times (within a tolerance).
@@ -178,3 +181,25 @@ def test_a_sharegpt_dataset_is_tokenized_by_the_server_and_sent_as_its_lengths(
             == sum(replies))
     bench = json.loads((out / "bench" / "c3.json").read_text())
     assert sorted(bench["output_lens"]) == sorted(replies)
+
+
+def test_vllm_bench_serve_runs_rate_levels_with_the_options_passed_through(
+        server: VllmServer, tmp_path: Path) -> None:
+    vllm = vllm_python().parent / "vllm"
+    out = tmp_path / "vllm_bench_rates"
+    before = _settled(server.url)
+    # One level: vllm bench serve takes most of a minute to start on 2 shared cores.
+    proc = run_cli(["collect", server.url, "--request-rate", "2", "--max-concurrency", "3",
+                    "--prompts-per-level", "6", "--input-len", "64", "--output-len", "32",
+                    "--out", str(out), "--warmup", "0", "--cooldown", "1",
+                    "--load-engine", "vllm-bench", "--vllm", str(vllm),
+                    "--bench-args", "--label kvp-rate-check", "--no-report"], timeout_s=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = _settled(server.url)
+    result = json.loads((out / "bench" / "r2.json").read_text())
+    # vLLM's own writer, at the rate and the cap asked for, with the option passed through.
+    assert result["request_rate"] == 2 and result["max_concurrency"] == 3
+    assert result["label"] == "kvp-rate-check" and result["completed"] == 6
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] \
+        == 6 * 32
+    assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == 6
