@@ -105,3 +105,26 @@ def test_the_focus_rate_can_be_given(tmp_path: Path):
     assert record["workload"]["request_rate"] == 1.0
     collect = json.loads((tmp_path / "run" / "analysis" / "collect.json").read_text())
     assert collect["focus"]["why"] == "given as a parameter"
+
+
+@pytest.mark.slow
+def test_remedies_on_the_rate_axis_are_simulated_at_the_focus_rate(tmp_path: Path):
+    from kvpressure.analysis.recommendation import recommend
+    from kvpressure.analysis.remedies import evaluate_remedies
+    from kvpressure.pipeline.collect import load_tables
+    from kvpressure.pipeline.verdict import _remedy_rows, _simulate_levels
+
+    exp = REPO / "data" / "experiments" / "rate_small.yaml"
+    analyse(tmp_path / "run", experiment=str(exp))
+    tables = load_tables(tmp_path / "run")
+    info = tables.info
+    report = evaluate_remedies(
+        tables.baseline_runs, _simulate_levels(str(exp), info.levels),
+        settings=info.settings, target_concurrency=info.focus.level, x="request_rate",
+        remedies={"scheduler_reserve_full_isl": {"scheduler_reserve_full_isl": True}},
+    ).to_dict()
+    assert report["target_concurrency"] == 1.0
+    rows = _remedy_rows(report, info.settings, tables.repeats, "request_rate")
+    assert rows and all("at request rate 1 req/s" in r["effect"] for r in rows)
+    rec = recommend(report, info.settings, axis="request_rate")
+    assert "concurrency" not in rec["text"] and "request rate 1 req/s" in rec["text"]
