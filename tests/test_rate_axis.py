@@ -56,6 +56,9 @@ def test_ingested_rate_sweep_gets_the_investigation(tmp_path: Path):
     assert perf["knee"]["knee_x"] == 1.5
     assert [p["request_rate"] for p in perf["throughput_by_request_rate"]] == w["request_rates"]
     assert perf["throughput_by_concurrency"] is None
+    check = record["evidence"]["checks"][0]
+    assert check["name"].endswith("with offered load")
+    assert check["metric"] == "output_throughput by request rate"
     # A concurrency sweep's nulls would need a reason; on this axis they are by design.
     assert not any(k.startswith(("workload.concurrency", "perf.throughput_by_concurrency"))
                    for k in record.get("missing", {}))
