@@ -108,7 +108,8 @@ def _verdict(ok: bool) -> Verdict:
 
 
 def _curve(runs: pd.DataFrame | None, th: Thresholds, x: str, y: str) -> Symptom:
-    name = "throughput rises, flattens, then falls with concurrency"
+    name = ("throughput rises, flattens, then falls with concurrency" if x == "concurrency"
+            else "throughput rises, flattens, then falls with offered load")
     thr = {"decline_pct": th.decline_pct, "beyond_noise": True}
     if runs is None or x not in runs or y not in runs:
         return Symptom("curve_falls", name, "no data", {"missing": f"runs with {x}, {y}"}, thr)

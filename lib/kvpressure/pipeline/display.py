@@ -149,6 +149,7 @@ def plot_band(ax: Any, frame: Any, y: str = "output_throughput", x: str = "concu
 # Column names as a reader sees them, with units; ITL columns are shown in milliseconds.
 COLUMN_NAMES = {
     "variant": "variant", "concurrency": "concurrency (clients)",
+    "request_rate": "request rate (req/s)",
     "output_throughput": "output throughput (tok/s)", "request_throughput": "requests/s",
     "total_token_throughput": "total throughput (tok/s)",
     "ttft_mean_s": "TTFT mean (s)", "ttft_p95_s": "TTFT p95 (s)", "e2e_mean_s": "E2E mean (s)",
