@@ -52,7 +52,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     python = vllm_python()
     model = tiny_model(python)
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    srv = start_vllm(python, model, free_port(), log, **POOL)
+    # Its steps logged, as an open loop's twin is fitted on them.
+    srv = start_vllm(python, model, free_port(), log, **POOL,
+                     extra_args=("--enable-logging-iteration-details",))
     try:
         yield srv
     finally:
@@ -86,7 +88,8 @@ def test_a_rate_sweep_gives_a_report_with_a_knee_on_the_rate_axis(
                         "--duration-per-level", "8", "--input-len", str(INPUT_LEN),
                         "--output-len", str(OUTPUT_LEN), "--out", str(out), "--cooldown", "1",
                         "--warmup", "2", "--engine-args", ENGINE_ARGS, "--load-engine",
-                        "builtin", "--max-ttft", "0"], timeout_s=420)
+                        "builtin", "--max-ttft", "0", "--server-log", str(server.log)],
+                       timeout_s=420)
         time.sleep(0.5)
     sys.stderr.write(proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -116,6 +119,12 @@ def test_a_rate_sweep_gives_a_report_with_a_knee_on_the_rate_axis(
     assert curve[max(RATES)] < 0.7 * max(RATES) * OUTPUT_LEN
     page = (out / "report" / "index.html").read_text()
     assert "request rate" in page and "req/s" in page
+    # The server's log went to the report with the sweep: the twin of the open loop, keyed by
+    # request rate, fitted on the server's own steps.
+    twin = json.loads((out / "report" / "twin" / "twin.json").read_text())
+    assert "refused" not in twin, twin.get("refused")
+    rates = sorted(r["request_rate"] for r in twin["fit"]["levels"])
+    assert rates == [float(r) for r in RATES]
 
 
 def test_a_dataset_of_token_counts_is_sent_with_exactly_its_lengths(

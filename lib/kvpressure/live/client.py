@@ -201,8 +201,9 @@ async def closed_loop(
                 for _ in range(cut)
             )
         for task in done:
-            if task.exception() is not None:
-                raise task.exception()
+            failed = task.exception()
+            if failed is not None:
+                raise failed
     except asyncio.CancelledError:
         for task in tasks:
             task.cancel()
@@ -285,8 +286,9 @@ async def open_loop(
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         for task in tasks:
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()
+            failed = None if task.cancelled() else task.exception()
+            if failed is not None:
+                raise failed
     except asyncio.CancelledError:
         send.cancel()
         for task in tasks:

@@ -180,8 +180,9 @@ def read_dataset(path: Path, default_output: int) -> list[DatasetRequest]:
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError as exc:
-                raise InputError(f"{path}: line {i}: not JSON ({exc.msg})") from None
+            except ValueError as exc:  # a JSON syntax error, or a number past Python's limits
+                raise InputError(f"{path}: line {i}: not JSON ({getattr(exc, 'msg', exc)})"
+                                 ) from None
             out.append(_from_mapping(obj, f"{path}: line {i}", default_output))
             if len(out) >= MAX_DATASET:
                 break
@@ -219,8 +220,8 @@ def read_trace(path: Path) -> list[TraceRequest]:
         where = f"{path}: line {i}"
         try:
             obj = json.loads(line)
-        except ValueError as exc:
-            raise InputError(f"{where}: not JSON ({exc.msg})") from None
+        except ValueError as exc:  # a JSON syntax error, or a number past Python's limits
+            raise InputError(f"{where}: not JSON ({getattr(exc, 'msg', exc)})") from None
         if not isinstance(obj, dict):
             raise InputError(f"{where}: each line is a JSON object")
         for key in ("timestamp", "input_length", "output_length"):

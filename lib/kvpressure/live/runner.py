@@ -212,6 +212,9 @@ class CollectOutcome:
     interrupted: bool
     report: Path | None = None
     notes: list[str] = field(default_factory=list)
+    server_log: Path | None = None
+    """The server's log given to collect: the report reads it too (start-up facts, and the
+    step trace an open loop's twin is fitted on when the server logs iteration details)."""
 
     @property
     def complete_levels(self) -> list[Any]:
@@ -812,7 +815,7 @@ def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
         sweep.doc["prometheus"] = _fetch_prometheus(sweep, t_first, t_last)
         sweep.save()
     return CollectOutcome(out, sweep.doc["levels"], sweep.stopped, sweep.interrupted,
-                          notes=late)
+                          notes=late, server_log=opts.server_log)
 
 
 def report_on(outcome: CollectOutcome, *, jobs: int = 2,
@@ -832,6 +835,8 @@ def report_on(outcome: CollectOutcome, *, jobs: int = 2,
     with open(log, encoding="utf-8", errors="replace") as fh:
         has_scrapes = any('"text"' in line for line in fh)
     sources = [out / BENCH_DIR, log] if has_scrapes else [out / BENCH_DIR]
+    if outcome.server_log is not None and Path(outcome.server_log).is_file():
+        sources.append(Path(outcome.server_log))
     result = make_report(out / REPORT_DIR, sources=sources, params=merged, jobs=jobs)
     outcome.report = result.index_path
     return result.index_path

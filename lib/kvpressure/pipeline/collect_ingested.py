@@ -94,7 +94,8 @@ def _kinds(sources: list[str]) -> set[str]:
 def _run_names(runs: pd.DataFrame) -> list[str]:
     """``<variant>/c<C>`` per row (``#2``, ``#3`` for repeated runs of a level); rows of an
     unknown concurrency keep their ingested name."""
-    names, seen = [], {}
+    names: list[str] = []
+    seen: dict[Any, int] = {}
     for _, r in runs.iterrows():
         c = r["concurrency"]
         name = str(r["run"]) if pd.isna(c) else f"{r['variant']}/c{int(c)}"

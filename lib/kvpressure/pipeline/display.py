@@ -182,7 +182,9 @@ def readable(frame: Any, window: str = "") -> Any:
         return frame
     out = frame.copy()
     for col in out.columns:
-        values = pd.to_numeric(out[col], errors="coerce") if col != "variant" else None
+        if col == "variant":
+            continue
+        values = pd.to_numeric(out[col], errors="coerce")
         if col in MS_COLUMNS:
             out[col] = values * 1000.0
         elif col in COUNT_COLUMNS or (col == "concurrency" and values.notna().all()

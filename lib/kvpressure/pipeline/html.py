@@ -188,8 +188,8 @@ def verdict_view(record: Record, headline: str = "", verdict: VerdictResult | No
     from kvpressure import VLLM_BEHAVIOUR_VERSION
 
     warning = version_warning(record.provenance.vllm_version_served, VLLM_BEHAVIOUR_VERSION)
-    ratio = recompute_ratio_text(c.recompute_ratio, *(c.recompute_ratio_range or (None, None)),
-                                 exact=c.recompute_exact)
+    low, high = c.recompute_ratio_range or (None, None)
+    ratio = recompute_ratio_text(c.recompute_ratio, low, high, exact=c.recompute_exact)
 
     def one(v: float | None) -> str:
         return _or(v, lambda x: f"{x:.1f}")

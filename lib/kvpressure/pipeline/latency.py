@@ -73,7 +73,7 @@ def _bench(info: CollectInfo) -> pd.DataFrame:
             itls = _array(res, "itls", n, None)
             e2e = _array(res, "latencies", n, None)
             out_lens = _array(res, "output_lens", n, None)
-            if any(a is None for a in (errors, itls, e2e, out_lens)):
+            if errors is None or itls is None or e2e is None or out_lens is None:
                 continue
             ok = [not e for e in errors]
             level = res.get("max_concurrency" if x == "concurrency" else "request_rate")

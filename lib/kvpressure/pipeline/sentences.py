@@ -347,8 +347,8 @@ def lead_sentence(record: Any, max_num_seqs_note: str = "") -> str:
     def one(v: Any) -> str:
         return NO_DATA if finite(v) is None else f"{v:.1f}"
 
-    ratio = recompute_ratio_text(c.recompute_ratio, *(c.recompute_ratio_range or (None, None)),
-                                 exact=c.recompute_exact)
+    low, high = c.recompute_ratio_range or (None, None)
+    ratio = recompute_ratio_text(c.recompute_ratio, low, high, exact=c.recompute_exact)
     parts.append(
         f"{at}, {one(c.num_requests_running)} sequences run on average (at most "
         f"{num(s.max_num_seqs_effective)}) against {mns}{max_num_seqs_note}, "

@@ -148,11 +148,13 @@ def recompute_stage(tables: Tables) -> StageOutput:
     waiting = waiting_from_series(tables.series, g0, g1, max_num_seqs=mns)
     if tables.steps is not None:
         rec = recompute_from_steps(tables.steps, t0, t1)
-        recomputed = float(rec.recomputed_tokens)
-        low = high = recomputed
-        ratio = rec.recompute_ratio or 0.0
-        ratio_low = ratio_high = ratio
-        preemptions = float(rec.preemptions)
+        recomputed: float | None = float(rec.recomputed_tokens)
+        low: float | None = recomputed
+        high: float | None = recomputed
+        ratio: float | None = rec.recompute_ratio or 0.0
+        ratio_low: float | None = ratio
+        ratio_high: float | None = ratio
+        preemptions: float | None = float(rec.preemptions)
         exact = True
         detail = rec.to_dict()
     else:
