@@ -32,7 +32,7 @@ def _predict(run, setting):
 
 
 def test_the_request_path_brings_ttft_to_the_real_servers(run):
-    real = s2r.measured(run["stages"][0])
+    real = s2r.measured(run["stages"][0], s2r.engine_output_len(run))
     before, after = _predict(run, "before"), _predict(run, "after")
     # The engine core alone ends TTFT at the prefill step: short of the real server's.
     assert before["ttft_mean"] < after["ttft_mean"]
