@@ -42,7 +42,7 @@ from kvpressure.simulation.engine import simulate  # noqa: E402
 from kvpressure.simulation.experiment import experiment_from_dict  # noqa: E402
 
 DATA = ROOT / "data" / "sim_to_real"
-HARDWARE = {"H100 SXM 80GB": "h100-80g"}
+HARDWARE = {"H100 SXM 80GB": "h100-80g", "A100 SXM 80GB": "a100-80g", "L40S 48GB": "l40s"}
 CALIBRATION_WORKLOADS = ("codegen",)
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p99",
            "output_tps")
@@ -63,7 +63,8 @@ def load_runs() -> list[dict]:
         data = json.loads(path.read_text())
         src = data["source"]
         for run in data["runs"]:
-            runs.append({**run, "hardware": HARDWARE[src["hardware"].split(" (")[0]],
+            card = run.get("hardware", src["hardware"]).split(" (")[0]
+            runs.append({**run, "hardware": HARDWARE[card],
                          "file": path.name, "repository": src["repository"]})
     return runs
 
@@ -138,7 +139,9 @@ def measured(stage: dict, output_len: int) -> dict:
     return {"ttft_mean": t["mean"], "ttft_p90": t["p90"], "ttft_p99": t["p99"],
             "itl_mean": (e["mean"] - t["mean"]) / max(output_len - 1, 1),
             "e2e_mean": e["mean"], "e2e_p99": e["p99"],
-            "output_tps": stage["requests_per_s"] * output_len}
+            # Not every source gives the served rate: no throughput to compare then.
+            "output_tps": (None if stage.get("requests_per_s") is None
+                           else stage["requests_per_s"] * output_len)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.split and split != args.split:
             continue
         predicted = {}
-        overloaded = [st["failures"] > OVERLOAD_FAILURES * (st["failures"] + st["successes"])
+        overloaded = [st["failures"] > OVERLOAD_FAILURES * (st["failures"] + (st["successes"] or 0))
                       for st in run["stages"]]
         if all(overloaded):
             # The real server timed its clients out: nothing to compare (and the simulated
@@ -187,17 +190,29 @@ def ape(pred: float, real: float) -> float:
     return abs(pred - real) / abs(real) * 100
 
 
+def mape(rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """MAPE of ``before`` and ``after`` per metric over the rows that measured it."""
+    out = {}
+    for m in METRICS:
+        have = [r for r in rows if r["measured"][m] is not None]
+        if have:
+            out[m] = tuple(float(np.mean([ape(r[s][m], r["measured"][m]) for r in have]))
+                           for s in ("before", "after"))
+    return out
+
+
 def print_report(rows: list[dict], wall: float) -> None:
     ms = {"ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p99"}
-    print("| run | stage rate | split | metric | measured | before | after |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | hardware | stage rate | split | metric | measured | before | after |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         tag = " (overload, not scored)" if r["overload"] else ""
         for m in METRICS:
             scale, unit = (1e3, " ms") if m in ms else (1.0, " tok/s")
-            print(f"| {r['run']}{tag} | {r['rate']:g} req/s | {r['split']} | {m} | "
-                  f"{r['measured'][m] * scale:.1f}{unit} | {r['before'][m] * scale:.1f} | "
-                  f"{r['after'][m] * scale:.1f} |")
+            real = r["measured"][m]
+            shown = "-" if real is None else f"{real * scale:.1f}{unit}"
+            print(f"| {r['run']}{tag} | {r['hardware']} | {r['rate']:g} req/s | {r['split']} | "
+                  f"{m} | {shown} | {r['before'][m] * scale:.1f} | {r['after'][m] * scale:.1f} |")
     print()
     for split in ("calibration", "held-out"):
         scored = [r for r in rows if r["split"] == split and not r["overload"]]
@@ -205,9 +220,7 @@ def print_report(rows: list[dict], wall: float) -> None:
             continue
         print(f"MAPE, {split} ({len(scored)} stages of "
               f"{len({r['run'] for r in scored})} runs):")
-        for m in METRICS:
-            b = np.mean([ape(r["before"][m], r["measured"][m]) for r in scored])
-            a = np.mean([ape(r["after"][m], r["measured"][m]) for r in scored])
+        for m, (b, a) in mape(scored).items():
             print(f"  {m:10s} before {b:6.1f}%   after {a:6.1f}%")
         for s in SETTINGS:
             queued = [f"{r['run']}@{r['rate']:g}" for r in scored
