@@ -123,6 +123,11 @@ def stage_metrics(result, stages: list[dict]) -> list[dict]:
     return rows
 
 
+def workload_name(run: dict) -> str:
+    """The load generator's workload of the run (its id ends with it where not given)."""
+    return run["workload"].get("name") or run["id"].rsplit("-", 1)[-1]
+
+
 def engine_output_len(run: dict) -> int:
     """Tokens the engine generates for every request of the run: the load generator sends
     the workload's ``output_len`` as ``max_tokens`` with ``ignore_eos``, so vLLM stops at
@@ -155,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     t_wall = time.perf_counter()
     for run in runs:
-        split = "calibration" if run["id"].rsplit("-", 1)[-1] in CALIBRATION_WORKLOADS \
-            else "held-out"
+        split = "calibration" if workload_name(run) in CALIBRATION_WORKLOADS else "held-out"
         if args.split and split != args.split:
             continue
         predicted = {}
