@@ -28,6 +28,12 @@ HELD_OUT = (
 )
 
 
+# MAPE after the request path and the measured all-reduce on these five stages (first minute):
+# TTFT mean 10.5%, ITL mean 5.4%, E2E mean 5.4%, E2E p99 14.1% (with the ring all-reduce and
+# t0 2 ms: ITL and E2E mean 7.0%); the bounds leave a little room.
+BOUNDS = {"ttft_mean": 13.0, "itl_mean": 6.5, "e2e_mean": 6.5, "e2e_p99": 17.0}
+
+
 def _minute(run: dict) -> dict:
     # One minute of the first stage: the servers' steady state at these rates is reached in
     # seconds.
@@ -76,8 +82,7 @@ def test_held_out_mape_stays_within_bounds(runs):
                      "before": _predict(run, "before"), "after": _predict(run, "after")})
     mape = s2r.mape(rows)
     after = {m: a for m, (_, a) in mape.items()}
-    # Bounds a little above what the model reaches on these five (README.md, tests row),
-    # so a change of the cost model or the request path that loses fidelity fails here.
+    # A change of the cost model or the request path that loses fidelity fails here.
     assert after["ttft_mean"] < BOUNDS["ttft_mean"]
     assert after["itl_mean"] < BOUNDS["itl_mean"]
     assert after["e2e_mean"] < BOUNDS["e2e_mean"]
