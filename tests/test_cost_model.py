@@ -56,8 +56,9 @@ def test_decode_is_memory_bound_and_prefill_compute_bound(llama8b_h100):
     attn = 4 * 32 * 4096 * (8192 * 4096) / (0.5 * 989e12)
     assert terms["t_comp"] == pytest.approx(gemm + attn, rel=1e-12)
     assert gemm == pytest.approx(0.17055, rel=1e-4)
-    # step = compute + fixed overhead (2 ms) + one sequence (30 us); no all-reduce at TP 1
-    assert llama8b_h100.step_time(prefill) == pytest.approx(gemm + attn + 2e-3 + 30e-6)
+    # step = compute + fixed overhead + one sequence; no all-reduce at TP 1
+    c = llama8b_h100.coefficients
+    assert llama8b_h100.step_time(prefill) == pytest.approx(gemm + attn + c.t0 + c.t_seq)
 
 
 def test_allreduce_term_matches_spec_example(llama70b_910b):
