@@ -30,6 +30,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -65,6 +66,9 @@ from kvpressure.live.server import ServerInfo, metric_total, probe
 ENGINE_JSON = "engine.json"
 LEVELS_JSON = "levels.json"
 SCRAPE_LOG = "metrics.prom.jsonl"
+# The server's log as it stood when the sweep ended: the running server goes on writing the
+# file given, and the report reads its inputs once, unchanged.
+SERVER_LOG_COPY = "server.log"
 BENCH_DIR = "bench"
 PROMETHEUS_DIR = "prometheus"
 REPORT_DIR = "report"
@@ -213,8 +217,9 @@ class CollectOutcome:
     report: Path | None = None
     notes: list[str] = field(default_factory=list)
     server_log: Path | None = None
-    """The server's log given to collect: the report reads it too (start-up facts, and the
-    step trace an open loop's twin is fitted on when the server logs iteration details)."""
+    """The copy of the server's log given to collect (``server.log`` in the run folder): the
+    report reads it too (start-up facts, and the step trace an open loop's twin is fitted on
+    when the server logs iteration details)."""
 
     @property
     def complete_levels(self) -> list[Any]:
@@ -814,8 +819,12 @@ def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
     if opts.prometheus and not sweep.interrupted:
         sweep.doc["prometheus"] = _fetch_prometheus(sweep, t_first, t_last)
         sweep.save()
+    server_log = None
+    if opts.server_log is not None and Path(opts.server_log).is_file():
+        server_log = out / SERVER_LOG_COPY
+        shutil.copyfile(opts.server_log, server_log)
     return CollectOutcome(out, sweep.doc["levels"], sweep.stopped, sweep.interrupted,
-                          notes=late, server_log=opts.server_log)
+                          notes=late, server_log=server_log)
 
 
 def report_on(outcome: CollectOutcome, *, jobs: int = 2,
