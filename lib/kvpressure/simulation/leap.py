@@ -215,6 +215,17 @@ def _write_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: 
         _append_rows(sim, arrivals, num_running, num_finished, usage, usage_last, t_start,
                      durations, ends, num_waiting, num_preempted, num_deferred)
         return
+    if num_steps <= _RUN_MAX:
+        u = usage[0]
+        duration = float(durations[0]) if durations is not None else 0.0
+        sim.steps.append_run(
+            (sim.step, arrivals, num_running, num_running, num_waiting,
+             num_waiting - num_preempted, num_preempted, num_deferred, u, num_running, 0,
+             num_running, 0, 0, 0, 0, 0, num_running, num_waiting, u, 0, 0, t_start,
+             duration),
+            num_steps, usage, arrivals, num_finished, num_running - num_finished, usage_last,
+            t_start, durations, ends)
+        return
     cols = sim.steps.columns
     step0 = sim.step
     cols["step"].extend(range(step0, step0 + num_steps))
@@ -253,9 +264,12 @@ def _write_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: 
         cols["step_duration_s"].extend(durations.tolist())
 
 
-# Leaps up to this many steps long go into the table row by row (one packed row each,
-# no flush of the rows before them); longer ones by column.
-_ROWS_MAX = 32
+# Leaps up to this many steps long go into the table row by row (one packed row each);
+# up to _RUN_MAX as one run of packed rows (its first row repeated, the columns that differ
+# written over by numpy); longer ones by column (no run of rows that long is held twice
+# in memory while the table joins it).
+_ROWS_MAX = 4
+_RUN_MAX = 16384
 
 
 def _append_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: int,
