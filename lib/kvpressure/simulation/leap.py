@@ -268,7 +268,7 @@ def _write_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: 
 # up to _RUN_MAX as one run of packed rows (its first row repeated, the columns that differ
 # written over by numpy); longer ones by column (no run of rows that long is held twice
 # in memory while the table joins it).
-_ROWS_MAX = 4
+_ROWS_MAX = 16
 _RUN_MAX = 16384
 
 
