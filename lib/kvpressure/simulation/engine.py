@@ -386,7 +386,7 @@ class Simulation:
         # row would be built only to be taken apart).
         self.steps.append((
             step, arrivals, num_running,  # step, arrivals, num_running
-            len(out.scheduled) + num_lazy,  # num_scheduled_reqs
+            len(out.granted) + num_lazy,  # num_scheduled_reqs
             num_waiting, num_waiting - num_waiting_preempted,  # num_waiting, num_waiting_new
             num_waiting_preempted, num_deferred,  # num_waiting_preempted, num_waiting_deferred
             usage, out.num_scheduled_tokens,  # kv_usage, num_scheduled_tokens

@@ -62,7 +62,7 @@ class Request:
         "submit_step", "first_sched_step", "first_token_step", "finish_step",
         "recomputed_tokens", "scheduled_tokens", "prefix_hit_tokens_at_admission",
         "submit_time_s", "first_token_time_s", "finish_time_s", "last_token_time_s",
-        "itl_max_s", "num_itl", "lz_d0", "lz_seq",
+        "itl_max_s", "num_itl", "lz_d0", "lz_seq", "grant", "grant_mark",
     )
 
     def __init__(
@@ -132,6 +132,10 @@ class Request:
         # -1 when the counters above are up to date by themselves.
         self.lz_d0 = -1
         self.lz_seq = 0
+        # This request's grant in the ``schedule()`` call whose mark is ``grant_mark``
+        # (scheduler.py ``SchedulerOutput``): a grant is kept on the request, not in a map.
+        self.grant = 0
+        self.grant_mark = 0
 
     def block_key(self, i: int) -> int:
         """Key of block ``i`` (tokens ``[i*B, (i+1)*B)``), equal across requests exactly when

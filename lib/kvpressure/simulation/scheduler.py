@@ -34,15 +34,19 @@ from kvpressure.simulation.request import (
 class SchedulerOutput:
     """What one ``schedule()`` call decided, in scheduling order."""
 
-    __slots__ = ("scheduled", "admitted", "preempted", "num_scheduled_tokens",
+    __slots__ = ("granted", "mark", "admitted", "preempted", "num_scheduled_tokens",
                  "num_prefill_tokens", "num_decode_tokens", "num_decode_seqs",
                  "num_prefill_seqs", "admitted_new", "resumed", "recomputed_tokens",
                  "prefix_cache_queries", "prefix_cache_hits", "sum_decode_ctx",
                  "sum_prefill_attn", "sum_prefill_ctx", "chunks", "emitted", "finished",
                  "num_lazy")
 
-    def __init__(self) -> None:
-        self.scheduled: dict[Request, int] = {}
+    def __init__(self, mark: int = 0) -> None:
+        # The requests granted tokens, in scheduling order; each carries its grant
+        # (``Request.grant``, valid while ``Request.grant_mark`` is this call's ``mark``):
+        # one list append a grant instead of a map entry.
+        self.granted: list[Request] = []
+        self.mark = mark
         self.admitted: list[Request] = []
         self.preempted: list[Request] = []
         self.num_scheduled_tokens = 0
@@ -66,6 +70,25 @@ class SchedulerOutput:
         # Lazy decode members served this step (one token each, not in ``scheduled`` nor
         # ``emitted``; their finishes are at the head of ``finished``).
         self.num_lazy = 0
+
+    @property
+    def scheduled(self) -> dict[Request, int]:
+        """Request -> tokens granted, in scheduling order (read it before the next
+        ``schedule()``: the grants live on the requests)."""
+        return {r: r.grant for r in self.granted}
+
+    def grant(self, req: Request, n: int) -> None:
+        req.grant = n
+        req.grant_mark = self.mark
+        self.granted.append(req)
+
+    def withdraw(self, req: Request) -> int:
+        """Take back ``req``'s grant of this call, if any (PRIORITY victims); its tokens."""
+        if req.grant_mark != self.mark:
+            return 0
+        req.grant_mark = 0
+        self.granted.remove(req)
+        return req.grant
 
 
 class WaitingQueue:
@@ -143,6 +166,8 @@ class Scheduler:
         self.on_admit: Callable[[Request], None] | None = None
         self.on_preempt: Callable[[Request], None] | None = None
         self.decode: DecodeProgress = decode if decode is not None else DecodeProgress()
+        # Numbers the schedule() calls (SchedulerOutput.mark; 0 is no call's).
+        self.num_calls = 0
         # Whether outputs list their prefill chunks (``SchedulerOutput.chunks``): only a
         # priced step reads them, so the engine turns this off in step mode.
         self.record_chunks = True
@@ -214,7 +239,8 @@ class Scheduler:
     # -- one step -------------------------------------------------------------------------
     def schedule(self, step: int) -> SchedulerOutput:
         """vLLM's ``Scheduler.schedule()``, in its order (docs/scheduler.md section 2)."""
-        out = SchedulerOutput()
+        self.num_calls += 1
+        out = SchedulerOutput(self.num_calls)
         self.finished_req_ids = []  # reported by this call (#loop-drain)
         budget = self.max_num_scheduled_tokens  # #step-budget
         threshold = self.threshold()
@@ -238,7 +264,8 @@ class Scheduler:
         returns the budget left."""
         kv = self.kv
         running = self.running
-        scheduled = out.scheduled
+        granted = out.granted
+        mark = out.mark
         priority = self.priority_policy
         max_model_len = self.max_model_len
         block_size = self.block_size
@@ -255,7 +282,9 @@ class Scheduler:
                     req.blocks.append(pool.pop_one())
                 if caching and (c + 1) % block_size == 0:
                     kv.cache_blocks(req, c + 1)  # #kv-cache-eager
-                scheduled[req] = 1
+                req.grant = 1
+                req.grant_mark = mark
+                granted.append(req)
                 budget -= 1
                 req_index += 1
                 continue
@@ -276,7 +305,7 @@ class Scheduler:
                     if vi < req_index:
                         req_index -= 1
                     victim = running[vi]
-                    budget += scheduled.pop(victim, 0) + self.decode.served(victim)
+                    budget += out.withdraw(victim) + self.decode.served(victim)
                 if self.preempt_at(vi, out) is req:
                     preempted_self = True
                     break
@@ -284,7 +313,9 @@ class Scheduler:
                 if priority:
                     continue
                 break
-            scheduled[req] = n
+            req.grant = n
+            req.grant_mark = mark
+            granted.append(req)
             budget -= n
             req_index += 1
         return budget
@@ -296,7 +327,6 @@ class Scheduler:
         kv = self.kv
         running = self.running
         waiting = self.waiting
-        scheduled = out.scheduled
         max_active = self.max_num_active_seqs
         full_isl = self.reserve_full_isl
         queue = waiting.q
@@ -327,7 +357,7 @@ class Scheduler:
                 out.prefix_cache_hits += h
             req.status = RUNNING
             req.num_computed_tokens = h
-            scheduled[req] = n
+            out.grant(req, n)
             out.admitted.append(req)
             budget -= n
             if self.on_admit is not None:
@@ -347,7 +377,8 @@ class Scheduler:
         finished = out.finished
         chunks = out.chunks
         record_chunks = self.record_chunks
-        for req, n in out.scheduled.items():
+        for req in out.granted:
+            n = req.grant
             start = req.num_computed_tokens
             end = start + n
             total += n
@@ -413,7 +444,7 @@ class Scheduler:
         a finished status)."""
         if out.finished:
             self.finish_requests(out.finished, step)
-        self.decode.extend_head(self.running, out.scheduled)
+        self.decode.extend_head(self.running, out.mark)
         return out.emitted
 
     def finish_requests(self, finished: list[Request], step: int) -> None:
