@@ -19,7 +19,7 @@ identical.
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -268,8 +268,8 @@ def _write_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: 
 # up to _RUN_MAX as one run of packed rows (its first row repeated, the columns that differ
 # written over by numpy); longer ones by column (no run of rows that long is held twice
 # in memory while the table joins it).
-_ROWS_MAX = 16
-_RUN_MAX = 16384
+_ROWS_MAX: Final = 16
+_RUN_MAX: Final = 16384
 
 
 def _append_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: int,

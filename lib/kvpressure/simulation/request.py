@@ -4,7 +4,7 @@ simulation reports about it."""
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any
+from typing import Any, Final
 
 
 class RequestStatus(IntEnum):
@@ -28,16 +28,21 @@ class RequestStatus(IntEnum):
         return status > RequestStatus.PREEMPTED
 
 
-WAITING = RequestStatus.WAITING
-RUNNING = RequestStatus.RUNNING
-PREEMPTED = RequestStatus.PREEMPTED
-FINISHED_LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
+# The states the simulation uses, as plain int constants: compiled code inlines them, where
+# reading an enum member is a lookup in the module's globals at every use.
+WAITING: Final = 1
+RUNNING: Final = 5
+PREEMPTED: Final = 6
+FINISHED_LENGTH_CAPPED: Final = 8
+assert (WAITING, RUNNING, PREEMPTED, FINISHED_LENGTH_CAPPED) == (
+    RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED,
+    RequestStatus.FINISHED_LENGTH_CAPPED)
 
 # Block keys stand in for vLLM's chained block hashes (docs/scheduler.md#kv-keys). A key is an int:
 # blocks that lie wholly inside a prefix group's shared prefix get the group's key for that block
 # index (negative), every other block gets a key unique to (request, block index) (positive). Two
 # blocks share a key exactly when vLLM's chained sha256 hashes would be equal.
-KEY_SHIFT = 32
+KEY_SHIFT: Final = 32
 
 
 # Shared by every request that holds no block / has no such time yet: a million-request run
