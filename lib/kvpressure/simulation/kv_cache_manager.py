@@ -8,6 +8,9 @@ from typing import Any
 from kvpressure.simulation.block_pool import BlockPool, StackBlockPool
 from kvpressure.simulation.request import KEY_SHIFT, NO_BLOCKS, PREEMPTED, WAITING, Request
 
+# The hit of every lookup without prefix caching: shared, as nothing appends to a hit list.
+_NO_HIT: list[int] = []
+
 
 class KVCacheManager:
     """Block accounting for requests; ``allocate_slots`` returning False is vLLM's ``None``
@@ -39,7 +42,7 @@ class KVCacheManager:
     def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
         """Longest run of cached leading blocks, at most ``(L - 1) // B`` of them."""
         if not self.enable_caching:
-            return [], 0
+            return _NO_HIT, 0
         pool = self.pool
         memo = self._hit_memo
         # Still valid: none of its keys changed in the cache (block_pool.py ``watch``), and

@@ -157,7 +157,8 @@ class LazyDecode(DecodeProgress):
         out.num_scheduled_tokens += members
         out.num_decode_tokens += members
         out.sum_decode_ctx += self.sum_off + members * (clock + 1)
-        out.finished.extend(self.pop_finishing(clock))
+        if self.next_finish() == clock:
+            out.finished.extend(self.pop_finishing(clock))
         self.clock = clock + 1
 
     def leave(self, r: Request) -> None:

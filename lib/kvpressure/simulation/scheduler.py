@@ -16,7 +16,6 @@ step (a chunk), ``T`` = the effective ``long_prefill_token_threshold``.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +29,10 @@ from kvpressure.simulation.request import (
     Request,
 )
 
+# ``SchedulerOutput.chunks`` of a scheduler that does not record them: shared, as nothing is
+# appended to it then.
+_NO_CHUNKS: list[tuple[int, int, int]] = []
+
 
 class SchedulerOutput:
     """What one ``schedule()`` call decided, in scheduling order."""
@@ -41,7 +44,7 @@ class SchedulerOutput:
                  "sum_prefill_attn", "sum_prefill_ctx", "chunks", "emitted", "finished",
                  "num_lazy")
 
-    def __init__(self, mark: int = 0) -> None:
+    def __init__(self, mark: int = 0, record_chunks: bool = True) -> None:
         # The requests granted tokens, in scheduling order; each carries its grant
         # (``Request.grant``, valid while ``Request.grant_mark`` is this call's ``mark``):
         # one list append a grant instead of a map entry.
@@ -63,7 +66,7 @@ class SchedulerOutput:
         self.sum_prefill_attn = 0.0
         self.sum_prefill_ctx = 0
         # (start, length, recomputed) of each prefill chunk, for pricing recompute.
-        self.chunks: list[tuple[int, int, int]] = []
+        self.chunks: list[tuple[int, int, int]] = [] if record_chunks else _NO_CHUNKS
         # Requests that sampled a token this step / reached their last one, in order.
         self.emitted: list[Request] = []
         self.finished: list[Request] = []
@@ -92,44 +95,66 @@ class SchedulerOutput:
 
 
 class WaitingQueue:
-    """FCFS deque or PRIORITY heap; ``prepend`` is a heap push under PRIORITY
+    """FCFS queue or PRIORITY heap; ``prepend`` is a heap push under PRIORITY
     (docs/scheduler.md#que-waiting)."""
 
-    __slots__ = ("priority", "q", "num_preempted")
+    __slots__ = ("priority", "fifo", "head", "heap", "num_preempted")
 
     def __init__(self, priority: bool) -> None:
         self.priority = priority
-        # A deque of requests (FCFS) or a heap of (priority, arrival_time, request)
-        # (PRIORITY): typed Any, as every use knows which from ``priority``.
-        self.q: Any = [] if priority else deque()
+        # FCFS: ``fifo[head:]``, head first. A plain list read from an index: pops and
+        # left appends are list reads and writes the compiled code does natively, where a
+        # deque's methods are generic calls. Entries before ``head`` are left over.
+        self.fifo: list[Request] = []
+        self.head = 0
+        # PRIORITY: a heap of (priority, arrival_time, request).
+        self.heap: list[tuple[int, int, Request]] = []
         self.num_preempted = 0
 
     def __len__(self) -> int:
-        return len(self.q)
+        if self.priority:
+            return len(self.heap)
+        return len(self.fifo) - self.head
 
     def add(self, req: Request) -> None:
         if self.priority:
-            heapq.heappush(self.q, (req.priority, req.arrival_time, req))
+            heapq.heappush(self.heap, (req.priority, req.arrival_time, req))
         else:
-            self.q.append(req)
+            self.fifo.append(req)
 
     def prepend(self, req: Request) -> None:
         if self.priority:
-            heapq.heappush(self.q, (req.priority, req.arrival_time, req))
+            heapq.heappush(self.heap, (req.priority, req.arrival_time, req))
+            return
+        head = self.head
+        if head:
+            head -= 1
+            self.fifo[head] = req
+            self.head = head
         else:
-            self.q.appendleft(req)
+            self.fifo.insert(0, req)
 
     def peek(self) -> Request:
-        return self.q[0][2] if self.priority else self.q[0]
+        return self.heap[0][2] if self.priority else self.fifo[self.head]
 
     def pop(self) -> Request:
-        return heapq.heappop(self.q)[2] if self.priority else self.q.popleft()
+        if self.priority:
+            return heapq.heappop(self.heap)[2]
+        fifo = self.fifo
+        head = self.head
+        req = fifo[head]
+        head += 1
+        if head >= 64 and head * 2 >= len(fifo):
+            del fifo[:head]
+            head = 0
+        self.head = head
+        return req
 
     def requests(self) -> list[Request]:
         """In queue order (heap order sorted under PRIORITY)."""
         if self.priority:
-            return [t[2] for t in sorted(self.q)]
-        return list(self.q)
+            return [t[2] for t in sorted(self.heap)]
+        return self.fifo[self.head:]
 
 
 class Scheduler:
@@ -178,7 +203,7 @@ class Scheduler:
         self.waiting.add(req)
 
     def has_requests(self) -> bool:
-        return bool(self.running or self.waiting.q or self.finished_req_ids)
+        return bool(self.running or len(self.waiting) or self.finished_req_ids)
 
     def num_waiting(self) -> int:
         return len(self.waiting)
@@ -187,7 +212,7 @@ class Scheduler:
     def threshold(self) -> int:
         """``T`` of this step: 0 when at most one request is running or waiting
         (docs/scheduler.md#step-threshold)."""
-        if len(self.running) + len(self.waiting.q) <= 1:
+        if len(self.running) + len(self.waiting) <= 1:
             return 0
         return self.long_prefill_token_threshold
 
@@ -240,7 +265,7 @@ class Scheduler:
     def schedule(self, step: int) -> SchedulerOutput:
         """vLLM's ``Scheduler.schedule()``, in its order (docs/scheduler.md section 2)."""
         self.num_calls += 1
-        out = SchedulerOutput(self.num_calls)
+        out = SchedulerOutput(self.num_calls, self.record_chunks)
         self.finished_req_ids = []  # reported by this call (#loop-drain)
         budget = self.max_num_scheduled_tokens  # #step-budget
         threshold = self.threshold()
@@ -251,7 +276,7 @@ class Scheduler:
             req_index, budget, stopped = decode.serve_head(self, out, budget)
         if not stopped:
             budget = self._schedule_running(out, req_index, budget, threshold)
-        if not out.preempted and self.waiting.q:  # #adm-after-preemption
+        if not out.preempted and len(self.waiting):  # #adm-after-preemption
             self._schedule_waiting(out, budget, threshold, step)
         if decode.num_members:
             decode.advance_head(out)
@@ -329,8 +354,7 @@ class Scheduler:
         waiting = self.waiting
         max_active = self.max_num_active_seqs
         full_isl = self.reserve_full_isl
-        queue = waiting.q
-        while budget > 0 and queue:
+        while budget > 0 and len(waiting):
             if len(running) >= max_active:
                 break
             req = waiting.peek()
