@@ -184,15 +184,18 @@ class BlockPool:
                 at += 1
                 pos[b] = -1
                 ref[b] = 1
-                key: int = bh[b]  # type: ignore[assignment]  # blocks in ``lru`` are keyed
+                # The key object itself for the map (an int unboxed and boxed again would
+                # be a new object at each use); blocks in ``lru`` are keyed.
+                kobj: Any = bh[b]
+                key: int = kobj
                 bh[b] = None
                 if key < 0 or key >> KEY_SHIFT == watch:
                     bumps += 1
-                entry = cached.get(key)
-                if entry == b:
-                    del cached[key]
-                elif entry.__class__ is dict:
+                entry = cached.get(kobj)
+                if isinstance(entry, dict):
                     self._evict_shared(key, entry, b)
+                elif isinstance(entry, int) and entry == b:
+                    del cached[kobj]
                 out.append(b)
             self.version += bumps
             self.lru_head = head
@@ -228,15 +231,16 @@ class BlockPool:
         self.free_blocks(blocks)
 
     def _evict(self, b: int) -> None:
-        key: int = self.block_hash[b]  # a block in ``lru`` is keyed
+        kobj: Any = self.block_hash[b]  # a block in ``lru`` is keyed
+        key: int = kobj
         self.block_hash[b] = None
         if key < 0 or key >> KEY_SHIFT == self.watch:
             self.version += 1
-        entry = self.cached.get(key)
-        if entry == b:
-            del self.cached[key]
-        elif entry.__class__ is dict:
+        entry = self.cached.get(kobj)
+        if isinstance(entry, dict):
             self._evict_shared(key, entry, b)
+        elif isinstance(entry, int) and entry == b:
+            del self.cached[kobj]
 
     def _evict_shared(self, key: int, entry: dict[int, None], b: int) -> None:
         entry.pop(b, None)

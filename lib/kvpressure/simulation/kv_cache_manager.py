@@ -64,14 +64,14 @@ class KVCacheManager:
             entry = cached.get(g - i)
             if entry is None:
                 break
-            hit.append(entry if entry.__class__ is not dict else next(iter(entry)))
+            hit.append(next(iter(entry)) if isinstance(entry, dict) else entry)
         else:
             base = req.key_base
             for i in range(s, n):
                 entry = cached.get(base + i)
                 if entry is None:
                     break
-                hit.append(entry if entry.__class__ is not dict else next(iter(entry)))
+                hit.append(next(iter(entry)) if isinstance(entry, dict) else entry)
         h = len(hit) * self.block_size
         pool.watch = req.key_base >> KEY_SHIFT
         self._hit_memo = (req, pool.version, req.num_tokens, hit, h)
@@ -193,13 +193,13 @@ class KVCacheManager:
             for i in range(start, end):
                 b = blocks[i]
                 if bh[b] is None:
-                    key = g - i
+                    key: Any = g - i  # boxed once for the three uses below
                     shared += 1
                     bh[b] = key
                     entry = cached.get(key)
                     if entry is None:
                         cached[key] = b
-                    elif entry.__class__ is dict:
+                    elif isinstance(entry, dict):
                         entry[b] = None
                     else:
                         cached[key] = {entry: None, b: None}
@@ -230,7 +230,7 @@ class KVCacheManager:
             entry = cached.get(key)
             if entry is None:
                 cached[key] = b
-            elif entry.__class__ is dict:
+            elif isinstance(entry, dict):
                 if b not in entry:
                     entry[b] = None
             elif entry != b:
