@@ -12,13 +12,16 @@ from kvpressure.simulation.request import KEY_SHIFT, NO_BLOCKS, PREEMPTED, WAITI
 _NO_HIT: list[int] = []
 
 
+_NO_KEYS: list[Any] = []
+
+
 class KVCacheManager:
     """Block accounting for requests; ``allocate_slots`` returning False is vLLM's ``None``
     (the scheduler then preempts, or stops admitting)."""
 
     __slots__ = ("pool", "block_size", "max_model_len", "enable_caching", "watermark_blocks",
                  "prefix_queries", "prefix_hits", "preempted_queries", "preempted_hits",
-                 "_hit_memo")
+                 "_hit_memo", "_group_keys")
 
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool, watermark: float = 0.0) -> None:
@@ -38,6 +41,10 @@ class KVCacheManager:
         # The last lookup (request, pool version, its length, hit blocks, hit tokens): the
         # head of the waiting queue is looked up again at every step it stays blocked.
         self._hit_memo: tuple | None = None
+        # A prefix group's shared keys as objects, by the group's key base (block i's key at
+        # index i): lookups and caching pass them to the map as they are, where computing a
+        # key boxes a new int at every use.
+        self._group_keys: dict[int, list[Any]] = {}
 
     def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
         """Longest run of cached leading blocks, at most ``(L - 1) // B`` of them."""
@@ -59,9 +66,9 @@ class KVCacheManager:
         s = req.num_shared_blocks
         if s > n:
             s = n
-        g = req.group_key_base - 1
+        keys = self.shared_keys(req) if s else _NO_KEYS
         for i in range(s):
-            entry = cached.get(g - i)
+            entry = cached.get(keys[i])
             if entry is None:
                 break
             hit.append(next(iter(entry)) if isinstance(entry, dict) else entry)
@@ -76,6 +83,16 @@ class KVCacheManager:
         pool.watch = req.key_base >> KEY_SHIFT
         self._hit_memo = (req, pool.version, req.num_tokens, hit, h)
         return hit, h
+
+    def shared_keys(self, req: Request) -> list[Any]:
+        """The keys of the request's shared blocks (``Request.block_key``), as objects."""
+        g = req.group_key_base
+        keys = self._group_keys.get(g)
+        n = req.num_shared_blocks
+        if keys is None or len(keys) < n:
+            keys = [g - i - 1 for i in range(n)]
+            self._group_keys[g] = keys
+        return keys
 
     def num_evictable(self, blocks: list[int]) -> int:
         """Blocks of ``blocks`` that sit in the free queue (no request holds them)."""
@@ -187,13 +204,13 @@ class KVCacheManager:
         if start < s:
             pool = self.pool
             cached = pool.cached
-            g = req.group_key_base - 1
+            keys = self.shared_keys(req)
             end = s if s < num_full else num_full
             shared = 0
             for i in range(start, end):
                 b = blocks[i]
                 if bh[b] is None:
-                    key: Any = g - i  # boxed once for the three uses below
+                    key = keys[i]
                     shared += 1
                     bh[b] = key
                     entry = cached.get(key)
