@@ -235,13 +235,17 @@ class Scheduler:
         running = self.running
         if not self.priority_policy:
             return len(running) - 1
+        # (priority, arrival_time) compared field by field: native int comparisons where
+        # tuples would be built and compared generically for every running request.
         vi = 0
-        best = (running[0].priority, running[0].arrival_time)
+        best_p = running[0].priority
+        best_a = running[0].arrival_time
         for i in range(1, len(running)):
             r = running[i]
-            key = (r.priority, r.arrival_time)
-            if key > best:
-                best = key
+            p = r.priority
+            if p > best_p or (p == best_p and r.arrival_time > best_a):
+                best_p = p
+                best_a = r.arrival_time
                 vi = i
         return vi
 
