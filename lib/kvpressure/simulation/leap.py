@@ -162,9 +162,11 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
         sim.schedule_t = (float(ends[-2]) if num_steps > 1 else t_start) \
             if sim.async_scheduling else t_end
     else:
-        t0, dt, step0 = sim.clock.t0, sim.clock.dt, sim.step
-        times = [t0 + (step0 + j + 1) * dt for j in range(num_steps)]
-        t_end = times[-1]
+        t0, dt, step0 = sim.clock_t0, sim.clock_dt, sim.step
+        # Each step's end, for the recorder only; the last one by the same expression.
+        times = [t0 + (step0 + j + 1) * dt for j in range(num_steps)] \
+            if hooks.recorder is not None else None
+        t_end = t0 + (step0 + num_steps) * dt
     usage = [1.0 - fa / pool.usage_denominator for fa in free_after]
     if finished:
         # The last step's update_from_output.
