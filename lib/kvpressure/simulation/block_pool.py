@@ -4,7 +4,9 @@ and the block-key -> block map of the prefix cache.
 The free queue is vLLM's ``FreeKVCacheBlockQueue`` order kept in three parts, head first:
 
 * ``stack``: blocks freed without a key, top = head. Freeing prepends keyless blocks and
-  nothing else ever reaches the head, so this part is a LIFO stack (a list).
+  nothing else ever reaches the head, so this part is a LIFO stack: ``stack[:top]``, the
+  entries from ``top`` on being left over from earlier pops (a list that pops shrink would
+  be reallocated over and over as a busy pool's stack swings up and down).
 * the never-used ids ``lo..N-1``: vLLM's queue starts as blocks ``1..N-1`` in id order, and a
   block leaves that run only by being popped from the head, so the run is always one range.
 * ``lru``: blocks freed with a key, oldest first. Freeing appends keyed blocks at the tail, a
@@ -33,7 +35,8 @@ from kvpressure.simulation.request import KEY_SHIFT
 class BlockPool:
     """Blocks ``0..N-1``; block 0 is the null block, never allocated nor counted."""
 
-    __slots__ = ("num_gpu_blocks", "enable_caching", "stack", "lru", "lru_head", "lru_base",
+    __slots__ = ("num_gpu_blocks", "enable_caching", "stack", "top", "lru", "lru_head",
+                 "lru_base",
                  "lru_pos", "lru_live", "lo", "num_free_blocks", "ref_cnt", "block_hash",
                  "cached", "usage_denominator", "version", "watch")
 
@@ -44,6 +47,7 @@ class BlockPool:
         # Blocks 1..N-1 in id order (block 0 is taken out at once as the null block).
         self.lo = 1
         self.stack: list[int] = []
+        self.top = 0
         self.lru: list[int] = []
         self.lru_head = 0
         self.lru_base = 0
@@ -69,7 +73,8 @@ class BlockPool:
     # -- free queue -----------------------------------------------------------------------
     def free_queue(self) -> list[int]:
         """The free queue head -> tail (for tests and debugging)."""
-        return self.stack[::-1] + list(range(self.lo, self.num_gpu_blocks)) + self._lru_live()
+        return (self.stack[:self.top][::-1] + list(range(self.lo, self.num_gpu_blocks))
+                + self._lru_live())
 
     def _lru_live(self) -> list[int]:
         """The live entries of ``lru``, oldest first."""
@@ -137,16 +142,18 @@ class BlockPool:
         # compiled step indexes them natively.
         ref: list[int] = self.ref_cnt
         self.num_free_blocks -= num_blocks
-        s = len(stack)
+        s = self.top
         if num_blocks <= s:
-            out = stack[-num_blocks:]
-            del stack[-num_blocks:]
+            s -= num_blocks
+            out = stack[s:self.top]
+            self.top = s
             out.reverse()
             for b in out:
                 ref[b] = 1
             return out
-        out = stack[::-1]
-        stack.clear()
+        out = stack[:s]
+        out.reverse()
+        self.top = 0
         for b in out:
             ref[b] = 1
         left = num_blocks - s
@@ -177,15 +184,18 @@ class BlockPool:
                 at += 1
                 pos[b] = -1
                 ref[b] = 1
-                key: int = bh[b]  # type: ignore[assignment]  # blocks in ``lru`` are keyed
+                # The key object itself for the map (an int unboxed and boxed again would
+                # be a new object at each use); blocks in ``lru`` are keyed.
+                kobj: Any = bh[b]
+                key: int = kobj
                 bh[b] = None
                 if key < 0 or key >> KEY_SHIFT == watch:
                     bumps += 1
-                entry = cached.get(key)
-                if entry == b:
-                    del cached[key]
-                elif entry.__class__ is dict:
+                entry = cached.get(kobj)
+                if isinstance(entry, dict):
                     self._evict_shared(key, entry, b)
+                elif isinstance(entry, int) and entry == b:
+                    del cached[kobj]
                 out.append(b)
             self.version += bumps
             self.lru_head = head
@@ -196,8 +206,11 @@ class BlockPool:
     def pop_one(self) -> int:
         """``get_new_blocks(1)[0]`` without the list."""
         self.num_free_blocks -= 1
-        if self.stack:
-            b = self.stack.pop()
+        top = self.top
+        if top:
+            top -= 1
+            self.top = top
+            b = self.stack[top]
             self.ref_cnt[b] = 1
             return b
         if self.lo < self.num_gpu_blocks:
@@ -218,15 +231,16 @@ class BlockPool:
         self.free_blocks(blocks)
 
     def _evict(self, b: int) -> None:
-        key: int = self.block_hash[b]  # a block in ``lru`` is keyed
+        kobj: Any = self.block_hash[b]  # a block in ``lru`` is keyed
+        key: int = kobj
         self.block_hash[b] = None
         if key < 0 or key >> KEY_SHIFT == self.watch:
             self.version += 1
-        entry = self.cached.get(key)
-        if entry == b:
-            del self.cached[key]
-        elif entry.__class__ is dict:
+        entry = self.cached.get(kobj)
+        if isinstance(entry, dict):
             self._evict_shared(key, entry, b)
+        elif isinstance(entry, int) and entry == b:
+            del self.cached[kobj]
 
     def _evict_shared(self, key: int, entry: dict[int, None], b: int) -> None:
         entry.pop(b, None)
@@ -285,8 +299,22 @@ class BlockPool:
         if first:
             # Prepending [b_1, ..., b_k] leaves b_1 at the head: push b_k first.
             first.reverse()
-            self.stack.extend(first)
+            self._push(first)
         self.num_free_blocks += released
+
+    def _push(self, blocks: list[int]) -> None:
+        """Push ``blocks`` on the stack in their order (the last one ends on top)."""
+        stack = self.stack
+        top = self.top
+        n = len(stack)
+        for b in blocks:
+            if top < n:
+                stack[top] = b
+            else:
+                stack.append(b)
+                n += 1
+            top += 1
+        self.top = top
 
     # -- prefix cache ---------------------------------------------------------------------
     def cache_block(self, b: int, key: int) -> None:
@@ -343,6 +371,7 @@ class StackBlockPool(BlockPool):
         self.num_gpu_blocks = n
         self.enable_caching = False
         self.stack: list[int] = []
+        self.top = 0
         self.lo = 1
         self.num_free_blocks = n - 1
         self.block_hash = _NoKeys()
@@ -352,13 +381,13 @@ class StackBlockPool(BlockPool):
         self.watch = 0
 
     def free_queue(self) -> list[int]:
-        return self.stack[::-1] + list(range(self.lo, self.num_gpu_blocks))
+        return self.stack[:self.top][::-1] + list(range(self.lo, self.num_gpu_blocks))
 
     @property
     def ref_cnt(self) -> list[int]:
         ref = [1] * self.lo + [0] * (self.num_gpu_blocks - self.lo)
         ref[0] = 0
-        for b in self.stack:
+        for b in self.stack[:self.top]:
             ref[b] = 0
         return ref
 
@@ -367,19 +396,23 @@ class StackBlockPool(BlockPool):
             return []
         stack = self.stack
         self.num_free_blocks -= num_blocks
-        if num_blocks <= len(stack):
+        top = self.top
+        if num_blocks <= top:
             if num_blocks <= 8:
                 # Few blocks (see append_new_blocks).
                 out = []
                 for _ in range(num_blocks):
-                    out.append(stack.pop())
+                    top -= 1
+                    out.append(stack[top])
+                self.top = top
                 return out
-            out = stack[-num_blocks:]
-            del stack[-num_blocks:]
+            out = stack[top - num_blocks:top]
+            self.top = top - num_blocks
             out.reverse()
             return out
-        out = stack[::-1]
-        stack.clear()
+        out = stack[:top]
+        out.reverse()
+        self.top = 0
         lo = self.lo
         self.lo = lo + num_blocks - len(out)
         out.extend(range(lo, self.lo))
@@ -387,31 +420,37 @@ class StackBlockPool(BlockPool):
 
     def pop_one(self) -> int:
         self.num_free_blocks -= 1
-        if self.stack:
-            return self.stack.pop()
+        top = self.top
+        if top:
+            top -= 1
+            self.top = top
+            return self.stack[top]
         self.lo += 1
         return self.lo - 1
 
     def append_new_blocks(self, blocks: list[int], num_blocks: int) -> None:
         stack = self.stack
-        if num_blocks <= len(stack):
+        top = self.top
+        if num_blocks <= top:
             # The top ``num_blocks`` of the stack, top first, straight into ``blocks``.
             self.num_free_blocks -= num_blocks
             if num_blocks <= 8:
-                # A chunk's few blocks: pops and appends run natively when compiled, where
+                # A chunk's few blocks: reads and appends run natively when compiled, where
                 # the slices go through generic calls.
                 for _ in range(num_blocks):
-                    blocks.append(stack.pop())
+                    top -= 1
+                    blocks.append(stack[top])
+                self.top = top
             else:
-                blocks.extend(stack[:-num_blocks - 1:-1])
-                del stack[-num_blocks:]
+                self.top = top - num_blocks
+                blocks.extend(stack[top - num_blocks:top][::-1])
         else:
             blocks.extend(self.get_new_blocks(num_blocks))
 
     def free_request_blocks(self, blocks: list[int]) -> None:
         # Released last block first, each prepended: the first block ends on top, which is
         # the request's order pushed as it is.
-        self.stack.extend(blocks)
+        self._push(blocks)
         self.num_free_blocks += len(blocks)
 
     def touch(self, blocks: list[int]) -> None:
@@ -419,7 +458,7 @@ class StackBlockPool(BlockPool):
 
     def free_blocks(self, ordered_blocks: list[int]) -> None:
         # Prepending [b_k, ..., b_1] keeps b_k at the head: push b_1 first, b_k last.
-        self.stack.extend(reversed(ordered_blocks))
+        self._push(ordered_blocks[::-1])
         self.num_free_blocks += len(ordered_blocks)
 
     def cache_block(self, b: int, key: int) -> None:

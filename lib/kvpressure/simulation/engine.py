@@ -350,7 +350,7 @@ class Simulation:
         members = sched.running[:num_lazy] if num_lazy and on_output is not None else ()
         waiting = sched.waiting
         num_running = len(sched.running)
-        num_waiting = len(waiting.q)
+        num_waiting = len(waiting)
         num_waiting_preempted = waiting.num_preempted
         pool = sched.kv.pool
         usage = pool.get_usage()
@@ -378,7 +378,7 @@ class Simulation:
                 on_output(r, t1, 1, r.status > PREEMPTED)
         if num_finished:
             self.client_finished(num_finished, step)
-        num_waiting_after = len(waiting.q)
+        num_waiting_after = len(waiting)
         num_running_after = len(sched.running)
         num_deferred = len(sched.deferred_waiting)
         usage_after = pool.get_usage()
@@ -386,7 +386,7 @@ class Simulation:
         # row would be built only to be taken apart).
         self.steps.append((
             step, arrivals, num_running,  # step, arrivals, num_running
-            len(out.scheduled) + num_lazy,  # num_scheduled_reqs
+            len(out.granted) + num_lazy,  # num_scheduled_reqs
             num_waiting, num_waiting - num_waiting_preempted,  # num_waiting, num_waiting_new
             num_waiting_preempted, num_deferred,  # num_waiting_preempted, num_waiting_deferred
             usage, out.num_scheduled_tokens,  # kv_usage, num_scheduled_tokens

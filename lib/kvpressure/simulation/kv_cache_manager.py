@@ -8,6 +8,12 @@ from typing import Any
 from kvpressure.simulation.block_pool import BlockPool, StackBlockPool
 from kvpressure.simulation.request import KEY_SHIFT, NO_BLOCKS, PREEMPTED, WAITING, Request
 
+# The hit of every lookup without prefix caching: shared, as nothing appends to a hit list.
+_NO_HIT: list[int] = []
+
+
+_NO_KEYS: list[Any] = []
+
 
 class KVCacheManager:
     """Block accounting for requests; ``allocate_slots`` returning False is vLLM's ``None``
@@ -15,7 +21,7 @@ class KVCacheManager:
 
     __slots__ = ("pool", "block_size", "max_model_len", "enable_caching", "watermark_blocks",
                  "prefix_queries", "prefix_hits", "preempted_queries", "preempted_hits",
-                 "_hit_memo")
+                 "_hit_memo", "_group_keys")
 
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool, watermark: float = 0.0) -> None:
@@ -35,11 +41,15 @@ class KVCacheManager:
         # The last lookup (request, pool version, its length, hit blocks, hit tokens): the
         # head of the waiting queue is looked up again at every step it stays blocked.
         self._hit_memo: tuple | None = None
+        # A prefix group's shared keys as objects, by the group's key base (block i's key at
+        # index i): lookups and caching pass them to the map as they are, where computing a
+        # key boxes a new int at every use.
+        self._group_keys: dict[int, list[Any]] = {}
 
     def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
         """Longest run of cached leading blocks, at most ``(L - 1) // B`` of them."""
         if not self.enable_caching:
-            return [], 0
+            return _NO_HIT, 0
         pool = self.pool
         memo = self._hit_memo
         # Still valid: none of its keys changed in the cache (block_pool.py ``watch``), and
@@ -56,23 +66,33 @@ class KVCacheManager:
         s = req.num_shared_blocks
         if s > n:
             s = n
-        g = req.group_key_base - 1
+        keys = self.shared_keys(req) if s else _NO_KEYS
         for i in range(s):
-            entry = cached.get(g - i)
+            entry = cached.get(keys[i])
             if entry is None:
                 break
-            hit.append(entry if entry.__class__ is not dict else next(iter(entry)))
+            hit.append(next(iter(entry)) if isinstance(entry, dict) else entry)
         else:
             base = req.key_base
             for i in range(s, n):
                 entry = cached.get(base + i)
                 if entry is None:
                     break
-                hit.append(entry if entry.__class__ is not dict else next(iter(entry)))
+                hit.append(next(iter(entry)) if isinstance(entry, dict) else entry)
         h = len(hit) * self.block_size
         pool.watch = req.key_base >> KEY_SHIFT
         self._hit_memo = (req, pool.version, req.num_tokens, hit, h)
         return hit, h
+
+    def shared_keys(self, req: Request) -> list[Any]:
+        """The keys of the request's shared blocks (``Request.block_key``), as objects."""
+        g = req.group_key_base
+        keys = self._group_keys.get(g)
+        n = req.num_shared_blocks
+        if keys is None or len(keys) < n:
+            keys = [g - i - 1 for i in range(n)]
+            self._group_keys[g] = keys
+        return keys
 
     def num_evictable(self, blocks: list[int]) -> int:
         """Blocks of ``blocks`` that sit in the free queue (no request holds them)."""
@@ -184,19 +204,19 @@ class KVCacheManager:
         if start < s:
             pool = self.pool
             cached = pool.cached
-            g = req.group_key_base - 1
+            keys = self.shared_keys(req)
             end = s if s < num_full else num_full
             shared = 0
             for i in range(start, end):
                 b = blocks[i]
                 if bh[b] is None:
-                    key = g - i
+                    key = keys[i]
                     shared += 1
                     bh[b] = key
                     entry = cached.get(key)
                     if entry is None:
                         cached[key] = b
-                    elif entry.__class__ is dict:
+                    elif isinstance(entry, dict):
                         entry[b] = None
                     else:
                         cached[key] = {entry: None, b: None}
@@ -227,7 +247,7 @@ class KVCacheManager:
             entry = cached.get(key)
             if entry is None:
                 cached[key] = b
-            elif entry.__class__ is dict:
+            elif isinstance(entry, dict):
                 if b not in entry:
                     entry[b] = None
             elif entry != b:

@@ -12,7 +12,7 @@ The scheduler (``scheduler.py``) reads as vLLM's ``schedule()``; it hands the de
 * ``serve_head``: pass 1 over the head, before the general pass walks the rest;
 * ``advance_head``: the head's share of ``_update_after_schedule`` (tokens, finishes);
 * ``leave``: a request is preempted or finished (its counters must be up to date);
-* ``served``: tokens the head gave a request outside the step's ``scheduled`` map (a
+* ``served``: tokens the head gave a request outside the step's grants (a
   PRIORITY victim's budget comes back);
 * ``extend_head``: after ``update_from_output``, requests that decoded right behind the head
   join it.
@@ -73,8 +73,9 @@ class DecodeProgress:
         """Tokens ``req`` got this step from ``serve_head``."""
         return 0
 
-    def extend_head(self, running: list[Request], scheduled: dict[Request, int]) -> None:
-        """After ``update_from_output``: requests decoding right behind the head join it."""
+    def extend_head(self, running: list[Request], mark: int) -> None:
+        """After ``update_from_output``: requests decoding right behind the head join it
+        (those granted tokens in the call whose ``SchedulerOutput.mark`` is ``mark``)."""
 
 
 class LazyDecode(DecodeProgress):
@@ -156,7 +157,8 @@ class LazyDecode(DecodeProgress):
         out.num_scheduled_tokens += members
         out.num_decode_tokens += members
         out.sum_decode_ctx += self.sum_off + members * (clock + 1)
-        out.finished.extend(self.pop_finishing(clock))
+        if self.next_finish() == clock:
+            out.finished.extend(self.pop_finishing(clock))
         self.clock = clock + 1
 
     def leave(self, r: Request) -> None:
@@ -173,11 +175,11 @@ class LazyDecode(DecodeProgress):
         # A member still in running was served earlier in pass 1.
         return 1 if req.lz_d0 >= 0 else 0
 
-    def extend_head(self, running: list[Request], scheduled: dict[Request, int]) -> None:
+    def extend_head(self, running: list[Request], mark: int) -> None:
         n = self.num_members
         while n < len(running):
             r = running[n]
-            if r.is_prefill_chunk or r not in scheduled:
+            if r.is_prefill_chunk or r.grant_mark != mark:
                 break
             self.join(r)
             n += 1

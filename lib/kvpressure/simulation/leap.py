@@ -19,7 +19,7 @@ identical.
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -162,9 +162,11 @@ def try_leap(sim: Simulation, arrivals: int) -> bool:
         sim.schedule_t = (float(ends[-2]) if num_steps > 1 else t_start) \
             if sim.async_scheduling else t_end
     else:
-        t0, dt, step0 = sim.clock.t0, sim.clock.dt, sim.step
-        times = [t0 + (step0 + j + 1) * dt for j in range(num_steps)]
-        t_end = times[-1]
+        t0, dt, step0 = sim.clock_t0, sim.clock_dt, sim.step
+        # Each step's end, for the recorder only; the last one by the same expression.
+        times = [t0 + (step0 + j + 1) * dt for j in range(num_steps)] \
+            if hooks.recorder is not None else None
+        t_end = t0 + (step0 + num_steps) * dt
     usage = [1.0 - fa / pool.usage_denominator for fa in free_after]
     if finished:
         # The last step's update_from_output.
@@ -215,6 +217,17 @@ def _write_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: 
         _append_rows(sim, arrivals, num_running, num_finished, usage, usage_last, t_start,
                      durations, ends, num_waiting, num_preempted, num_deferred)
         return
+    if num_steps <= _RUN_MAX:
+        u = usage[0]
+        duration = float(durations[0]) if durations is not None else 0.0
+        sim.steps.append_run(
+            (sim.step, arrivals, num_running, num_running, num_waiting,
+             num_waiting - num_preempted, num_preempted, num_deferred, u, num_running, 0,
+             num_running, 0, 0, 0, 0, 0, num_running, num_waiting, u, 0, 0, t_start,
+             duration),
+            num_steps, usage, arrivals, num_finished, num_running - num_finished, usage_last,
+            t_start, durations, ends)
+        return
     cols = sim.steps.columns
     step0 = sim.step
     cols["step"].extend(range(step0, step0 + num_steps))
@@ -253,9 +266,12 @@ def _write_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: 
         cols["step_duration_s"].extend(durations.tolist())
 
 
-# Leaps up to this many steps long go into the table row by row (one packed row each,
-# no flush of the rows before them); longer ones by column.
-_ROWS_MAX = 32
+# Leaps up to this many steps long go into the table row by row (one packed row each);
+# up to _RUN_MAX as one run of packed rows (its first row repeated, the columns that differ
+# written over by numpy); longer ones by column (no run of rows that long is held twice
+# in memory while the table joins it).
+_ROWS_MAX: Final = 16
+_RUN_MAX: Final = 16384
 
 
 def _append_rows(sim: Simulation, arrivals: int, num_running: int, num_finished: int,

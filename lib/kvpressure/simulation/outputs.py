@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,18 @@ def percentile(values: list[float], weights: list[int] | None, q: float) -> floa
     target = q * int(cum[-1])
     i = int(np.searchsorted(cum, target, side="left"))
     return float(v[order[min(i, len(v) - 1)]])
+
+
+def _sequential_sum(values: Any) -> float:
+    """``sum(values)`` of a float array, bit for bit: Python 3.11 adds floats one after
+    another, as a cumulative sum does (numpy's ``sum`` adds pairwise: other bits). From 3.12
+    on ``sum`` compensates its rounding, so it is called itself."""
+    if sys.version_info >= (3, 12):
+        return sum(values)
+    import numpy as np
+
+    a = np.frombuffer(values, dtype="d")
+    return float(np.cumsum(a)[-1]) if len(a) else 0
 
 
 class SimResult:
@@ -117,8 +130,9 @@ class SimResult:
             "prefix_cache_hits": col_sum("prefix_cache_hits"),
             "mean_running": col_sum("num_running") / n if n else 0.0,
             "max_running": int(ints["num_running"].max()) if n else 0,
-            "mean_kv_usage": sum(c["kv_usage"]) / n if n else 0.0,
-            "max_kv_usage": max(c["kv_usage"]) if n else 0.0,
+            "mean_kv_usage": _sequential_sum(c["kv_usage"]) / n if n else 0.0,
+            "max_kv_usage": float(np.frombuffer(c["kv_usage"], dtype="d").max()) if n
+            else 0.0,
         }
         if sc.annotations:
             s["annotations"] = sorted(sc.annotations)

@@ -4,7 +4,7 @@ simulation reports about it."""
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any
+from typing import Any, Final
 
 
 class RequestStatus(IntEnum):
@@ -28,16 +28,21 @@ class RequestStatus(IntEnum):
         return status > RequestStatus.PREEMPTED
 
 
-WAITING = RequestStatus.WAITING
-RUNNING = RequestStatus.RUNNING
-PREEMPTED = RequestStatus.PREEMPTED
-FINISHED_LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
+# The states the simulation uses, as plain int constants: compiled code inlines them, where
+# reading an enum member is a lookup in the module's globals at every use.
+WAITING: Final = 1
+RUNNING: Final = 5
+PREEMPTED: Final = 6
+FINISHED_LENGTH_CAPPED: Final = 8
+assert (WAITING, RUNNING, PREEMPTED, FINISHED_LENGTH_CAPPED) == (
+    RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED,
+    RequestStatus.FINISHED_LENGTH_CAPPED)
 
 # Block keys stand in for vLLM's chained block hashes (docs/scheduler.md#kv-keys). A key is an int:
 # blocks that lie wholly inside a prefix group's shared prefix get the group's key for that block
 # index (negative), every other block gets a key unique to (request, block index) (positive). Two
 # blocks share a key exactly when vLLM's chained sha256 hashes would be equal.
-KEY_SHIFT = 32
+KEY_SHIFT: Final = 32
 
 
 # Shared by every request that holds no block / has no such time yet: a million-request run
@@ -62,7 +67,7 @@ class Request:
         "submit_step", "first_sched_step", "first_token_step", "finish_step",
         "recomputed_tokens", "scheduled_tokens", "prefix_hit_tokens_at_admission",
         "submit_time_s", "first_token_time_s", "finish_time_s", "last_token_time_s",
-        "itl_max_s", "num_itl", "lz_d0", "lz_seq",
+        "itl_max_s", "num_itl", "lz_d0", "lz_seq", "grant", "grant_mark",
     )
 
     def __init__(
@@ -132,6 +137,10 @@ class Request:
         # -1 when the counters above are up to date by themselves.
         self.lz_d0 = -1
         self.lz_seq = 0
+        # This request's grant in the ``schedule()`` call whose mark is ``grant_mark``
+        # (scheduler.py ``SchedulerOutput``): a grant is kept on the request, not in a map.
+        self.grant = 0
+        self.grant_mark = 0
 
     def block_key(self, i: int) -> int:
         """Key of block ``i`` (tokens ``[i*B, (i+1)*B)``), equal across requests exactly when

@@ -16,7 +16,6 @@ step (a chunk), ``T`` = the effective ``long_prefill_token_threshold``.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -30,19 +29,27 @@ from kvpressure.simulation.request import (
     Request,
 )
 
+# ``SchedulerOutput.chunks`` of a scheduler that does not record them: shared, as nothing is
+# appended to it then.
+_NO_CHUNKS: list[tuple[int, int, int]] = []
+
 
 class SchedulerOutput:
     """What one ``schedule()`` call decided, in scheduling order."""
 
-    __slots__ = ("scheduled", "admitted", "preempted", "num_scheduled_tokens",
+    __slots__ = ("granted", "mark", "admitted", "preempted", "num_scheduled_tokens",
                  "num_prefill_tokens", "num_decode_tokens", "num_decode_seqs",
                  "num_prefill_seqs", "admitted_new", "resumed", "recomputed_tokens",
                  "prefix_cache_queries", "prefix_cache_hits", "sum_decode_ctx",
                  "sum_prefill_attn", "sum_prefill_ctx", "chunks", "emitted", "finished",
                  "num_lazy")
 
-    def __init__(self) -> None:
-        self.scheduled: dict[Request, int] = {}
+    def __init__(self, mark: int = 0, record_chunks: bool = True) -> None:
+        # The requests granted tokens, in scheduling order; each carries its grant
+        # (``Request.grant``, valid while ``Request.grant_mark`` is this call's ``mark``):
+        # one list append a grant instead of a map entry.
+        self.granted: list[Request] = []
+        self.mark = mark
         self.admitted: list[Request] = []
         self.preempted: list[Request] = []
         self.num_scheduled_tokens = 0
@@ -59,7 +66,7 @@ class SchedulerOutput:
         self.sum_prefill_attn = 0.0
         self.sum_prefill_ctx = 0
         # (start, length, recomputed) of each prefill chunk, for pricing recompute.
-        self.chunks: list[tuple[int, int, int]] = []
+        self.chunks: list[tuple[int, int, int]] = [] if record_chunks else _NO_CHUNKS
         # Requests that sampled a token this step / reached their last one, in order.
         self.emitted: list[Request] = []
         self.finished: list[Request] = []
@@ -67,46 +74,87 @@ class SchedulerOutput:
         # ``emitted``; their finishes are at the head of ``finished``).
         self.num_lazy = 0
 
+    @property
+    def scheduled(self) -> dict[Request, int]:
+        """Request -> tokens granted, in scheduling order (read it before the next
+        ``schedule()``: the grants live on the requests)."""
+        return {r: r.grant for r in self.granted}
+
+    def grant(self, req: Request, n: int) -> None:
+        req.grant = n
+        req.grant_mark = self.mark
+        self.granted.append(req)
+
+    def withdraw(self, req: Request) -> int:
+        """Take back ``req``'s grant of this call, if any (PRIORITY victims); its tokens."""
+        if req.grant_mark != self.mark:
+            return 0
+        req.grant_mark = 0
+        self.granted.remove(req)
+        return req.grant
+
 
 class WaitingQueue:
-    """FCFS deque or PRIORITY heap; ``prepend`` is a heap push under PRIORITY
+    """FCFS queue or PRIORITY heap; ``prepend`` is a heap push under PRIORITY
     (docs/scheduler.md#que-waiting)."""
 
-    __slots__ = ("priority", "q", "num_preempted")
+    __slots__ = ("priority", "fifo", "head", "heap", "num_preempted")
 
     def __init__(self, priority: bool) -> None:
         self.priority = priority
-        # A deque of requests (FCFS) or a heap of (priority, arrival_time, request)
-        # (PRIORITY): typed Any, as every use knows which from ``priority``.
-        self.q: Any = [] if priority else deque()
+        # FCFS: ``fifo[head:]``, head first. A plain list read from an index: pops and
+        # left appends are list reads and writes the compiled code does natively, where a
+        # deque's methods are generic calls. Entries before ``head`` are left over.
+        self.fifo: list[Request] = []
+        self.head = 0
+        # PRIORITY: a heap of (priority, arrival_time, request).
+        self.heap: list[tuple[int, int, Request]] = []
         self.num_preempted = 0
 
     def __len__(self) -> int:
-        return len(self.q)
+        if self.priority:
+            return len(self.heap)
+        return len(self.fifo) - self.head
 
     def add(self, req: Request) -> None:
         if self.priority:
-            heapq.heappush(self.q, (req.priority, req.arrival_time, req))
+            heapq.heappush(self.heap, (req.priority, req.arrival_time, req))
         else:
-            self.q.append(req)
+            self.fifo.append(req)
 
     def prepend(self, req: Request) -> None:
         if self.priority:
-            heapq.heappush(self.q, (req.priority, req.arrival_time, req))
+            heapq.heappush(self.heap, (req.priority, req.arrival_time, req))
+            return
+        head = self.head
+        if head:
+            head -= 1
+            self.fifo[head] = req
+            self.head = head
         else:
-            self.q.appendleft(req)
+            self.fifo.insert(0, req)
 
     def peek(self) -> Request:
-        return self.q[0][2] if self.priority else self.q[0]
+        return self.heap[0][2] if self.priority else self.fifo[self.head]
 
     def pop(self) -> Request:
-        return heapq.heappop(self.q)[2] if self.priority else self.q.popleft()
+        if self.priority:
+            return heapq.heappop(self.heap)[2]
+        fifo = self.fifo
+        head = self.head
+        req = fifo[head]
+        head += 1
+        if head >= 64 and head * 2 >= len(fifo):
+            del fifo[:head]
+            head = 0
+        self.head = head
+        return req
 
     def requests(self) -> list[Request]:
         """In queue order (heap order sorted under PRIORITY)."""
         if self.priority:
-            return [t[2] for t in sorted(self.q)]
-        return list(self.q)
+            return [t[2] for t in sorted(self.heap)]
+        return self.fifo[self.head:]
 
 
 class Scheduler:
@@ -143,6 +191,8 @@ class Scheduler:
         self.on_admit: Callable[[Request], None] | None = None
         self.on_preempt: Callable[[Request], None] | None = None
         self.decode: DecodeProgress = decode if decode is not None else DecodeProgress()
+        # Numbers the schedule() calls (SchedulerOutput.mark; 0 is no call's).
+        self.num_calls = 0
         # Whether outputs list their prefill chunks (``SchedulerOutput.chunks``): only a
         # priced step reads them, so the engine turns this off in step mode.
         self.record_chunks = True
@@ -153,7 +203,7 @@ class Scheduler:
         self.waiting.add(req)
 
     def has_requests(self) -> bool:
-        return bool(self.running or self.waiting.q or self.finished_req_ids)
+        return bool(self.running or len(self.waiting) or self.finished_req_ids)
 
     def num_waiting(self) -> int:
         return len(self.waiting)
@@ -162,7 +212,7 @@ class Scheduler:
     def threshold(self) -> int:
         """``T`` of this step: 0 when at most one request is running or waiting
         (docs/scheduler.md#step-threshold)."""
-        if len(self.running) + len(self.waiting.q) <= 1:
+        if len(self.running) + len(self.waiting) <= 1:
             return 0
         return self.long_prefill_token_threshold
 
@@ -185,13 +235,17 @@ class Scheduler:
         running = self.running
         if not self.priority_policy:
             return len(running) - 1
+        # (priority, arrival_time) compared field by field: native int comparisons where
+        # tuples would be built and compared generically for every running request.
         vi = 0
-        best = (running[0].priority, running[0].arrival_time)
+        best_p = running[0].priority
+        best_a = running[0].arrival_time
         for i in range(1, len(running)):
             r = running[i]
-            key = (r.priority, r.arrival_time)
-            if key > best:
-                best = key
+            p = r.priority
+            if p > best_p or (p == best_p and r.arrival_time > best_a):
+                best_p = p
+                best_a = r.arrival_time
                 vi = i
         return vi
 
@@ -214,7 +268,8 @@ class Scheduler:
     # -- one step -------------------------------------------------------------------------
     def schedule(self, step: int) -> SchedulerOutput:
         """vLLM's ``Scheduler.schedule()``, in its order (docs/scheduler.md section 2)."""
-        out = SchedulerOutput()
+        self.num_calls += 1
+        out = SchedulerOutput(self.num_calls, self.record_chunks)
         self.finished_req_ids = []  # reported by this call (#loop-drain)
         budget = self.max_num_scheduled_tokens  # #step-budget
         threshold = self.threshold()
@@ -225,7 +280,7 @@ class Scheduler:
             req_index, budget, stopped = decode.serve_head(self, out, budget)
         if not stopped:
             budget = self._schedule_running(out, req_index, budget, threshold)
-        if not out.preempted and self.waiting.q:  # #adm-after-preemption
+        if not out.preempted and len(self.waiting):  # #adm-after-preemption
             self._schedule_waiting(out, budget, threshold, step)
         if decode.num_members:
             decode.advance_head(out)
@@ -238,7 +293,8 @@ class Scheduler:
         returns the budget left."""
         kv = self.kv
         running = self.running
-        scheduled = out.scheduled
+        granted = out.granted
+        mark = out.mark
         priority = self.priority_policy
         max_model_len = self.max_model_len
         block_size = self.block_size
@@ -255,7 +311,9 @@ class Scheduler:
                     req.blocks.append(pool.pop_one())
                 if caching and (c + 1) % block_size == 0:
                     kv.cache_blocks(req, c + 1)  # #kv-cache-eager
-                scheduled[req] = 1
+                req.grant = 1
+                req.grant_mark = mark
+                granted.append(req)
                 budget -= 1
                 req_index += 1
                 continue
@@ -276,7 +334,7 @@ class Scheduler:
                     if vi < req_index:
                         req_index -= 1
                     victim = running[vi]
-                    budget += scheduled.pop(victim, 0) + self.decode.served(victim)
+                    budget += out.withdraw(victim) + self.decode.served(victim)
                 if self.preempt_at(vi, out) is req:
                     preempted_self = True
                     break
@@ -284,7 +342,9 @@ class Scheduler:
                 if priority:
                     continue
                 break
-            scheduled[req] = n
+            req.grant = n
+            req.grant_mark = mark
+            granted.append(req)
             budget -= n
             req_index += 1
         return budget
@@ -296,11 +356,9 @@ class Scheduler:
         kv = self.kv
         running = self.running
         waiting = self.waiting
-        scheduled = out.scheduled
         max_active = self.max_num_active_seqs
         full_isl = self.reserve_full_isl
-        queue = waiting.q
-        while budget > 0 and queue:
+        while budget > 0 and len(waiting):
             if len(running) >= max_active:
                 break
             req = waiting.peek()
@@ -327,7 +385,7 @@ class Scheduler:
                 out.prefix_cache_hits += h
             req.status = RUNNING
             req.num_computed_tokens = h
-            scheduled[req] = n
+            out.grant(req, n)
             out.admitted.append(req)
             budget -= n
             if self.on_admit is not None:
@@ -347,7 +405,8 @@ class Scheduler:
         finished = out.finished
         chunks = out.chunks
         record_chunks = self.record_chunks
-        for req, n in out.scheduled.items():
+        for req in out.granted:
+            n = req.grant
             start = req.num_computed_tokens
             end = start + n
             total += n
@@ -413,7 +472,7 @@ class Scheduler:
         a finished status)."""
         if out.finished:
             self.finish_requests(out.finished, step)
-        self.decode.extend_head(self.running, out.scheduled)
+        self.decode.extend_head(self.running, out.mark)
         return out.emitted
 
     def finish_requests(self, finished: list[Request], step: int) -> None:

@@ -71,11 +71,12 @@ class StepsTable:
         self._columns: dict[str, array] = {n: array(_typecode(n)) for n in names}
         # Packed rows joined once a block (a growing bytearray would copy itself over and
         # over as it grows).
-        self._rows: list[bytes] = []
+        self._rows: list[Any] = []  # bytes of one row, or a bytearray of a run of rows
+        self._num_rows = 0
         self._pack = _ROW.pack
 
     def _flush(self) -> None:
-        n = len(self._rows)
+        n = self._num_rows
         if n:
             buf = b"".join(self._rows)
             if n < 4:
@@ -91,6 +92,7 @@ class StepsTable:
                 for name, col in self._columns.items():
                     col.frombytes(rows[name].tobytes())
             self._rows.clear()
+            self._num_rows = 0
 
     @property
     def columns(self) -> dict[str, array]:
@@ -98,13 +100,46 @@ class StepsTable:
         return self._columns
 
     def __len__(self) -> int:
-        return len(self._columns["step"]) + len(self._rows)
+        return len(self._columns["step"]) + self._num_rows
 
     def append(self, row: tuple) -> None:
         """A whole ``StepRow`` as a plain tuple, time fields included (0.0 when untimed)."""
-        rows = self._rows
-        rows.append(self._pack(*row))
-        if len(rows) >= _BLOCK:
+        self._rows.append(self._pack(*row))
+        self._num_rows += 1
+        if self._num_rows >= _BLOCK:
+            self._flush()
+
+    def append_run(self, row: tuple, num_rows: int, usage: list[float], arrivals: int,
+                   num_finished: int, num_running_after: int, usage_after: float,
+                   t_start: float, durations: Any, ends: Any) -> None:
+        """``num_rows`` rows like ``row`` (a ``StepRow`` tuple, that of the first) but for
+        ``step`` (counting up), ``kv_usage`` and ``kv_usage_after`` (``usage``), ``arrivals``
+        (the first row's; 0 after), the last row's ``finished``, ``num_running_after`` and
+        ``kv_usage_after``, and in time mode ``time_s`` (from ``t_start``, then ``ends``) and
+        ``step_duration_s`` (``durations``). The packed row is repeated and the few
+        columns that differ written over it by numpy, one call each, not one row at a
+        time."""
+        buf = bytearray(self._pack(*row) * num_rows)
+        rows = np.frombuffer(buf, dtype=_row_dtype())
+        step0 = row[0]
+        rows["step"] = np.arange(step0, step0 + num_rows, dtype=np.int64)
+        u = np.array(usage, dtype=np.float64)
+        rows["kv_usage"] = u
+        rows["kv_usage_after"] = u
+        if arrivals and num_rows > 1:
+            rows["arrivals"][1:] = 0
+        k = num_rows - 1
+        rows["finished"][k] = num_finished
+        rows["num_running_after"][k] = num_running_after
+        rows["kv_usage_after"][k] = usage_after
+        if ends is not None:
+            times = rows["time_s"]
+            times[0] = t_start
+            times[1:] = ends[:num_rows - 1]
+            rows["step_duration_s"] = durations[:num_rows]
+        self._rows.append(buf)
+        self._num_rows += num_rows
+        if self._num_rows >= _BLOCK:
             self._flush()
 
     def extend(self, name: str, values) -> None:
