@@ -339,9 +339,9 @@ class StepCostModel:
             t = times[i] + max(size - sizes[i], 0.0) * slopes[i] if size > sizes[0] else times[0]
             return c.comm_scale * float(t)
         size = np.asarray(size, dtype=float)
-        i = np.clip(np.searchsorted(sizes, size, side="right") - 1, 0, len(sizes) - 1)
+        idx = np.clip(np.searchsorted(sizes, size, side="right") - 1, 0, len(sizes) - 1)
         t = np.where(size > sizes[0],
-                     times[i] + np.maximum(size - sizes[i], 0.0) * slopes[i], times[0])
+                     times[idx] + np.maximum(size - sizes[idx], 0.0) * slopes[idx], times[0])
         return c.comm_scale * t
 
     def recompute_time(self, features: Any, recomputed_tokens: Any) -> Any:

@@ -236,7 +236,8 @@ class ExperimentFile(_Strict):
     def _values_are_engine_arguments(self) -> ExperimentFile:
         """Each value a comparison or remedy tries is one its engine argument takes (a remedy
         of ``watermark: .nan`` or ``max_num_seqs: abc`` would otherwise fail mid-sweep)."""
-        changes = [("comparison", self.comparison)] if self.comparison is not None else []
+        changes: list[tuple[str, SettingChange]] = (
+            [("comparison", self.comparison)] if self.comparison is not None else [])
         changes += [(f"remedies[{i}]", r) for i, r in enumerate(self.remedies)]
         for where, change in changes:
             for j, value in enumerate(change.values):
@@ -511,7 +512,8 @@ class Experiment:
         is not repeated."""
         out: dict[str, dict[str, Any]] = {"baseline": {}}
         base = self.settings()
-        groups = ([self.config.comparison] if self.config.comparison else [])
+        groups: list[SettingChange] = ([self.config.comparison] if self.config.comparison
+                                       else [])
         if include_remedies:
             groups += list(self.config.remedies)
         for cmp in groups:
@@ -559,7 +561,7 @@ class Experiment:
             if concurrency < 1:
                 raise InputError(f"concurrency must be >= 1, got {concurrency}")
             requests = [dict(r) for r in self.requests_for_seed(seed)]
-            mode = {"type": "closed", "concurrency": int(concurrency)}
+            mode: dict[str, Any] = {"type": "closed", "concurrency": int(concurrency)}
             level = f"c{concurrency}"
         else:
             if concurrency is not None:
@@ -580,7 +582,7 @@ class Experiment:
         refused = len(requests) - len(kept)
         if not kept:
             raise InputError(f"{self._where()}: every prompt is longer than max_model_len {mml}")
-        groups = {}
+        groups: dict[str, Any] = {}
         for r in kept:
             g = r.get("prefix_group")
             if g is not None:

@@ -151,7 +151,7 @@ class SimResult:
         rows = []
         timed = self.timed
         for r in self.requests:
-            row = (r.request_id, r.num_prompt_tokens, r.max_tokens, r.priority,
+            row: tuple[Any, ...] = (r.request_id, r.num_prompt_tokens, r.max_tokens, r.priority,
                    r.prefix_group or "", r.submit_step, r.first_sched_step, r.first_token_step,
                    r.finish_step, r.num_preemptions, r.recomputed_tokens, r.scheduled_tokens,
                    r.prefix_hit_tokens_at_admission)

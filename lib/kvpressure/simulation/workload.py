@@ -116,15 +116,16 @@ class LognormalLength(_Bounds):
         by_median = self.median is not None and self.p90 is not None
         if by_mean == by_median:
             raise ValueError("give either mean and sigma, or median and p90 (not both)")
-        if by_median and self.p90 < self.median:
+        if self.median is not None and self.p90 is not None and self.p90 < self.median:
             raise ValueError(f"p90 ({self.p90:g}) must be >= median ({self.median:g})")
         return self
 
     def log_params(self) -> tuple[float, float]:
         """(mu, sigma) of the underlying normal."""
-        if self.median is not None:
+        if self.median is not None and self.p90 is not None:
             sigma = math.log(self.p90 / self.median) / Z90
             return math.log(self.median), sigma
+        assert self.mean is not None and self.sigma is not None  # the validator's one form
         return math.log(self.mean) - self.sigma**2 / 2.0, self.sigma
 
     def sample(self, rng: np.random.Generator, n: int, base_dir: Path | None) -> np.ndarray:
@@ -282,6 +283,7 @@ class WorkloadSpec(_Strict):
     def describe(self) -> dict[str, str]:
         if self.trace is not None:
             return {"input_len": f"trace {self.trace.path}", "output_len": f"trace {self.trace.path}"}
+        assert self.input_len is not None and self.output_len is not None  # no trace: both given
         return {"input_len": self.input_len.describe(), "output_len": self.output_len.describe()}
 
 
@@ -371,6 +373,9 @@ def generate_requests(
             for r in requests:
                 r.pop("arrival_time_s", None)
     else:
+        # without a trace the spec's validator requires the count and both lengths
+        assert spec.num_requests is not None
+        assert spec.input_len is not None and spec.output_len is not None
         n = int(spec.num_requests)
         prompt = spec.input_len.sample(rng_in, n, base)
         output = spec.output_len.sample(rng_out, n, base)
@@ -545,7 +550,7 @@ def read_trace(trace: Trace, base_dir: Path | None = None) -> list[dict[str, Any
         if len(known) != len(times):
             raise InputError(f"{path}: some rows have an arrival time and some do not")
         t0 = min(known)
-        for req, t in zip(requests, times, strict=True):
+        for req, t in zip(requests, known, strict=True):  # every row has one
             req["arrival_time_s"] = (t - t0) * trace.time_scale * (
                 1e-3 if trace.time_unit == "ms" else 1.0)
         requests.sort(key=lambda r: r["arrival_time_s"])  # stable: ties keep file order
