@@ -178,6 +178,12 @@ def test_guidellm_report_rows(name, capsys):
     assert d["knee_x"] == 4.0
 
 
+def test_a_guidellm_output_folder_reads_its_report_once():
+    res = ingest([GUIDELLM])
+    assert res.runs["concurrency"].tolist() == LEVELS
+    assert {Path(str(x).split("#")[0]).name for x in res.runs["source"]} == {"benchmarks.json"}
+
+
 def test_guidellm_0_8_json_carries_the_measured_span_and_its_version():
     from kvpressure.ingestion import guidellm
     from kvpressure.ingestion.provenance import load_tool

@@ -50,12 +50,14 @@ def is_parquet(path: Path) -> bool:
     """AIPerf's server-metrics Parquet: Parquet's magic bytes and AIPerf's column names."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(4)
+            if fh.read(4) != _PARQUET_MAGIC:
+                return False
+            # The footer holds the schema (the column names) at the end of the file.
             fh.seek(-min(path.stat().st_size, 1 << 20), 2)
             tail = fh.read()
     except OSError:
         return False
-    return head == _PARQUET_MAGIC and b"metric_name" in tail and b"timestamp_ns" in tail
+    return b"metric_name" in tail and b"timestamp_ns" in tail
 
 
 def _summary(folder: Path) -> dict[str, Any]:
