@@ -214,3 +214,22 @@ def test_vllm_0_32_save_detailed_result():
     assert row["output_throughput"] == result["output_throughput"]
     assert row["ttft_p99_s"] == pytest.approx(result["p99_ttft_ms"] / 1e3)
     assert row["num_requests"] == 8
+
+
+def test_aiperf_phase_copies_of_a_warmed_up_run_are_not_levels(tmp_path):
+    # With --warmup-request-count AIPerf 0.13 also writes each phase's export under
+    # phases/profiling/ and phases/warmup/ beside the level's own.
+    import shutil
+
+    level = tmp_path / "concurrency_4"
+    shutil.copytree(AIPERF / "concurrency_4", level)
+    for phase in ("profiling", "warmup"):
+        (level / "phases" / phase).mkdir(parents=True)
+        shutil.copy(level / "profile_export_aiperf.json",
+                    level / "phases" / phase / "profile_export_aiperf.json")
+    assert len(ingest([tmp_path]).runs) == 1
+    # A level folder holding only the phase copies reads its profiling phase.
+    (level / "profile_export_aiperf.json").unlink()
+    (level / "profile_export_aiperf.csv").unlink()
+    runs = ingest([tmp_path]).runs
+    assert len(runs) == 1 and "phases/profiling" in runs.iloc[0]["source"]

@@ -58,9 +58,10 @@ class VllmServer:
 
 def start_vllm(python: Path, model: Path, port: int, log: Path, *, num_gpu_blocks: int,
                block_size: int, max_model_len: int, max_num_seqs: int,
-               max_num_batched_tokens: int, ready_s: float = 420.0) -> VllmServer:
+               max_num_batched_tokens: int, ready_s: float = 420.0,
+               extra_args: tuple[str, ...] = ()) -> VllmServer:
     """Start the server and wait for ``/v1/models``; stop it and raise when it does not come
-    up (the log's tail in the message)."""
+    up (the log's tail in the message). ``extra_args`` go on the command line as they are."""
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -75,7 +76,7 @@ def start_vllm(python: Path, model: Path, port: int, log: Path, *, num_gpu_block
         "--dtype", "bfloat16", "--num-gpu-blocks-override", str(num_gpu_blocks),
         "--block-size", str(block_size), "--max-model-len", str(max_model_len),
         "--max-num-seqs", str(max_num_seqs),
-        "--max-num-batched-tokens", str(max_num_batched_tokens),
+        "--max-num-batched-tokens", str(max_num_batched_tokens), *extra_args,
     ]
     out = open(log, "wb")  # noqa: SIM115 - the child holds it; closed with the process
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,

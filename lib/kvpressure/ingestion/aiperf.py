@@ -19,7 +19,8 @@ concurrency is read from the artifact folder AIPerf names after it (``...-concur
 0.13's ``concurrency_16``).
 
 A sweep is one artifact folder per level (0.13: ``<artifact-dir>/concurrency_16/``, with
-``profile_runs/trial_0001/`` levels for repeated trials); pass the files or any folder above
+``profile_runs/trial_0001/`` levels for repeated trials; a run with a warm-up repeats its
+export per phase under ``phases/profiling/`` and ``phases/warmup/``, not read again); pass the files or any folder above
 them. The server's ``/metrics`` that AIPerf recorded beside each level
 (``server_metrics_export.jsonl``, or ``.parquet``) is read too
 (:mod:`kvpressure.ingestion.aiperf_metrics`).
@@ -92,6 +93,7 @@ ARTIFACT_FILES = frozenset({
 # Sweep-wide summaries beside the level folders: the levels' own exports are read instead.
 _SUMMARY_DIRS = frozenset({"aggregate", "sweep_aggregate", "logs", "plots"})
 _MAX_DEPTH = 4
+_PHASES = "phases"
 
 
 def is_export(obj: Any) -> bool:
@@ -288,7 +290,8 @@ def artifact_dirs(root: Path) -> list[Path]:
     found: list[Path] = []
 
     def walk(folder: Path, depth: int) -> None:
-        if any((folder / n).is_file() for n in EXPORT_NAMES):
+        level = any((folder / n).is_file() for n in EXPORT_NAMES)
+        if level:
             found.append(folder)
         if depth >= _MAX_DEPTH:
             return
@@ -297,8 +300,15 @@ def artifact_dirs(root: Path) -> list[Path]:
         except OSError:
             return
         for sub in subs:
-            if not sub.name.startswith(".") and sub.name not in _SUMMARY_DIRS:
-                walk(sub, depth + 1)
+            if sub.name.startswith(".") or sub.name in _SUMMARY_DIRS:
+                continue
+            if sub.name == _PHASES:
+                # A run with a warm-up also writes each phase's export under phases/: the
+                # level's own export is its profiling phase; the warm-up is never a level.
+                if not level and (sub / "profiling").is_dir():
+                    walk(sub / "profiling", depth + 2)
+                continue
+            walk(sub, depth + 1)
 
     walk(root, 0)
     return found
