@@ -26,7 +26,7 @@ unexport PYTHONDONTWRITEBYTECODE
 help:
 	@echo "make report   run the investigation on the built-in seed case -> reports/$(NAME)/"
 	@echo "make test     every test: make test-fast, make test-slow, then make e2e"
-	@echo "make test-fast  lint, pytest on tests/ but the slow ones, nbval on notebooks/"
+	@echo "make test-fast  lint, type check, pytest on tests/ but the slow ones, nbval on notebooks/"
 	@echo "make test-slow  the tests marked slow (whole reports, real Prometheus, a browser)"
 	@echo "make e2e      kvpressure collect against a real vLLM server (CPU build, own venv);"
 	@echo "              kvpressure verify-vllm against that vLLM's scheduler"
@@ -55,12 +55,13 @@ test: test-fast test-slow e2e
 PYTEST_WORKERS ?= auto
 PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
-# The inner loop: lint, pytest on tests/ (without tests/e2e and the slow tests) and nbval on
-# notebooks/.
+# The inner loop: lint, mypy (the packages [tool.mypy] in pyproject.toml names), pytest on
+# tests/ (without tests/e2e and the slow tests) and nbval on notebooks/.
 test-fast: $(VENV)/.synced
 	scripts/system-deps.sh
 	$(MAKE) native
 	$(BIN)/ruff check lib tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m kvpressure.pipeline.lab --install-filter --verify
 	$(BIN)/pytest tests -m "not slow" $(PYTEST_PARALLEL)
 	cd notebooks && KVPRESSURE_NB_EXPERIMENT=../data/experiments/ci_small.yaml \

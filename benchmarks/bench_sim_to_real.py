@@ -42,7 +42,7 @@ from kvpressure.simulation.engine import simulate  # noqa: E402
 from kvpressure.simulation.experiment import experiment_from_dict  # noqa: E402
 
 DATA = ROOT / "data" / "sim_to_real"
-HARDWARE = {"H100 SXM 80GB": "h100-80g"}
+HARDWARE = {"H100 SXM 80GB": "h100-80g", "A100 SXM 80GB": "a100-80g", "L40S 48GB": "l40s"}
 CALIBRATION_WORKLOADS = ("codegen",)
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p99",
            "output_tps")
@@ -63,7 +63,8 @@ def load_runs() -> list[dict]:
         data = json.loads(path.read_text())
         src = data["source"]
         for run in data["runs"]:
-            runs.append({**run, "hardware": HARDWARE[src["hardware"].split(" (")[0]],
+            card = run.get("hardware", src["hardware"]).split(" (")[0]
+            runs.append({**run, "hardware": HARDWARE[card],
                          "file": path.name, "repository": src["repository"]})
     return runs
 
@@ -73,7 +74,7 @@ def experiment_for(run: dict, setting: str):
     pool = run["workload"]["prompt_pool"]
     stages = run["stages"]
     prompt = int(round(np.mean([s["prompt_len_mean"] for s in stages])))
-    output = np.mean([s["output_len_mean"] for s in stages])
+    output = engine_output_len(run)
     # The load generator draws every request from a fixed pool of prompts: requests of one
     # prompt share all of it but the last token (vLLM recomputes that one in any case).
     prompts = int(pool["num_groups"]) * int(pool["num_prompts_per_group"])
@@ -86,7 +87,7 @@ def experiment_for(run: dict, setting: str):
         "workload": {
             "seed": 1,
             "input_len": 1,
-            "output_len": max(1, int(round(output))),
+            "output_len": output,
             "prefix_groups": {f"prompt{g}": {"share": 1.0 / prompts, "length": prompt - 1}
                               for g in range(prompts)},
             "stages": [{"request_rate": s["rate"], "duration_s": s["duration_s"]}
@@ -122,12 +123,30 @@ def stage_metrics(result, stages: list[dict]) -> list[dict]:
     return rows
 
 
-def measured(stage: dict) -> dict:
+def workload_name(run: dict) -> str:
+    """The load generator's workload of the run (its id ends with it where not given)."""
+    return run["workload"].get("name") or run["id"].rsplit("-", 1)[-1]
+
+
+def engine_output_len(run: dict) -> int:
+    """Tokens the engine generates for every request of the run: the load generator sends
+    the workload's ``output_len`` as ``max_tokens`` with ``ignore_eos``, so vLLM stops at
+    exactly that many. The summaries' ``output_len`` is the client's count, made by
+    tokenising the streamed text again: random-token prompts make the model emit runs of
+    whitespace that re-tokenise into fewer tokens (Llama-2-7B: 194 counted of 247 generated,
+    while its E2E minimum of 1.54 s is 210 steps of its 7.3 ms)."""
+    return int(run["workload"]["shared_prefix"]["output_len"])
+
+
+def measured(stage: dict, output_len: int) -> dict:
+    """The stage's figures per engine token (``output_len``: ``engine_output_len``)."""
     t, e = stage["ttft_s"], stage["e2e_s"]
     return {"ttft_mean": t["mean"], "ttft_p90": t["p90"], "ttft_p99": t["p99"],
-            "itl_mean": (e["mean"] - t["mean"]) / max(stage["output_len_mean"] - 1, 1),
+            "itl_mean": (e["mean"] - t["mean"]) / max(output_len - 1, 1),
             "e2e_mean": e["mean"], "e2e_p99": e["p99"],
-            "output_tps": stage["output_tokens_per_s"]}
+            # Not every source gives the served rate: no throughput to compare then.
+            "output_tps": (None if stage.get("requests_per_s") is None
+                           else stage["requests_per_s"] * output_len)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,12 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     t_wall = time.perf_counter()
     for run in runs:
-        split = "calibration" if run["id"].rsplit("-", 1)[-1] in CALIBRATION_WORKLOADS \
-            else "held-out"
+        split = "calibration" if workload_name(run) in CALIBRATION_WORKLOADS else "held-out"
         if args.split and split != args.split:
             continue
         predicted = {}
-        overloaded = [st["failures"] > OVERLOAD_FAILURES * (st["failures"] + st["successes"])
+        overloaded = [st["failures"] > OVERLOAD_FAILURES * (st["failures"] + (st["successes"] or 0))
                       for st in run["stages"]]
         if all(overloaded):
             # The real server timed its clients out: nothing to compare (and the simulated
@@ -163,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"run": run["id"], "stage": k, "rate": st["rate"], "split": split,
                          "model": run["model"], "tp": run["tensor_parallel_size"],
                          "hardware": run["hardware"], "overload": overload,
-                         "measured": measured(st),
+                         "measured": measured(st, engine_output_len(run)),
                          **{s: predicted[s][k] for s in SETTINGS}})
     wall = time.perf_counter() - t_wall
     print_report(rows, wall)
@@ -176,17 +194,29 @@ def ape(pred: float, real: float) -> float:
     return abs(pred - real) / abs(real) * 100
 
 
+def mape(rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """MAPE of ``before`` and ``after`` per metric over the rows that measured it."""
+    out = {}
+    for m in METRICS:
+        have = [r for r in rows if r["measured"][m] is not None]
+        if have:
+            out[m] = tuple(float(np.mean([ape(r[s][m], r["measured"][m]) for r in have]))
+                           for s in ("before", "after"))
+    return out
+
+
 def print_report(rows: list[dict], wall: float) -> None:
     ms = {"ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p99"}
-    print("| run | stage rate | split | metric | measured | before | after |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | hardware | stage rate | split | metric | measured | before | after |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         tag = " (overload, not scored)" if r["overload"] else ""
         for m in METRICS:
             scale, unit = (1e3, " ms") if m in ms else (1.0, " tok/s")
-            print(f"| {r['run']}{tag} | {r['rate']:g} req/s | {r['split']} | {m} | "
-                  f"{r['measured'][m] * scale:.1f}{unit} | {r['before'][m] * scale:.1f} | "
-                  f"{r['after'][m] * scale:.1f} |")
+            real = r["measured"][m]
+            shown = "-" if real is None else f"{real * scale:.1f}{unit}"
+            print(f"| {r['run']}{tag} | {r['hardware']} | {r['rate']:g} req/s | {r['split']} | "
+                  f"{m} | {shown} | {r['before'][m] * scale:.1f} | {r['after'][m] * scale:.1f} |")
     print()
     for split in ("calibration", "held-out"):
         scored = [r for r in rows if r["split"] == split and not r["overload"]]
@@ -194,9 +224,7 @@ def print_report(rows: list[dict], wall: float) -> None:
             continue
         print(f"MAPE, {split} ({len(scored)} stages of "
               f"{len({r['run'] for r in scored})} runs):")
-        for m in METRICS:
-            b = np.mean([ape(r["before"][m], r["measured"][m]) for r in scored])
-            a = np.mean([ape(r["after"][m], r["measured"][m]) for r in scored])
+        for m, (b, a) in mape(scored).items():
             print(f"  {m:10s} before {b:6.1f}%   after {a:6.1f}%")
         for s in SETTINGS:
             queued = [f"{r['run']}@{r['rate']:g}" for r in scored

@@ -270,6 +270,9 @@ def test_the_server_log_gives_engine_json_its_device_and_version(tmp_path: Path)
     server = json.loads((out / "engine.json").read_text())["server"]
     assert server["device"] == "cuda" and server["from_log"] == str(log)
     assert _levels(out)["options"]["server_log"] == str(log)
+    # the log as it stood at the sweep's end, kept in the run folder for the report to read
+    # (the running server goes on writing the file given)
+    assert (out / "server.log").read_bytes() == log.read_bytes()
     # a log that is not there is refused before any request, naming it
     assert main(["collect", url, "--levels", "1", "--out", str(tmp_path / "b"),
                  "--server-log", str(tmp_path / "none.log"), *FAST]) == 2

@@ -56,8 +56,9 @@ def test_decode_is_memory_bound_and_prefill_compute_bound(llama8b_h100):
     attn = 4 * 32 * 4096 * (8192 * 4096) / (0.5 * 989e12)
     assert terms["t_comp"] == pytest.approx(gemm + attn, rel=1e-12)
     assert gemm == pytest.approx(0.17055, rel=1e-4)
-    # step = compute + fixed overhead (2 ms) + one sequence (30 us); no all-reduce at TP 1
-    assert llama8b_h100.step_time(prefill) == pytest.approx(gemm + attn + 2e-3 + 30e-6)
+    # step = compute + fixed overhead + one sequence; no all-reduce at TP 1
+    c = llama8b_h100.coefficients
+    assert llama8b_h100.step_time(prefill) == pytest.approx(gemm + attn + c.t0 + c.t_seq)
 
 
 def test_allreduce_term_matches_spec_example(llama70b_910b):
@@ -97,6 +98,8 @@ _MODELS = {
     "dense TP 1, compute and memory added": lambda: StepCostModel.from_profiles(
         load_hardware("h100-80g"), load_model("llama-3.1-8b"), 1).with_coefficients(
         overlap=False),
+    "dense TP 4, measured all-reduce": lambda: StepCostModel.from_profiles(
+        load_hardware("h100-80g"), load_model("llama-2-70b"), 4),
     "MoE TP 8, CPU work overlapped": lambda: StepCostModel.from_profiles(
         load_hardware("h200"), load_model("qwen3-235b-a22b"), 8).with_coefficients(
         cpu_overlap=True, t_seq=5e-5),
@@ -250,3 +253,35 @@ def test_async_scheduling_hides_the_per_sequence_cpu_work_behind_the_gpu(llama8b
     small = StepFeatures(num_decode_seqs=8, sum_decode_ctx=8)
     gpu8 = (16.06e9 + 8 * 131072) / 3.35e12
     assert hidden.step_time(small) == pytest.approx(gpu8 + 1e-3, rel=1e-9)
+
+
+def test_a_measured_all_reduce_table_prices_each_call_by_its_message():
+    h100 = load_hardware("h100-80g")
+    model = StepCostModel.from_profiles(h100, load_model("llama-2-70b"), 4)
+    table = dict(h100.allreduce_latency(4))
+    layers, hidden = 80, 8192
+
+    def call_s(tokens):
+        t = model.terms({"num_decode_seqs": tokens, "sum_decode_ctx": tokens})["t_comm"]
+        return t / (2 * layers)
+
+    # A size the table measured: its time; between two: on the line joining them.
+    assert call_s(32) == pytest.approx(table[32 * hidden * 2], rel=1e-12)
+    mid = (table[524288] + table[1048576]) / 2
+    assert call_s(48) == pytest.approx(mid, rel=1e-12)
+    # Below the smallest size the latency floor holds (no call is cheaper than measured).
+    assert call_s(0.01) == pytest.approx(table[1024], rel=1e-12)
+    # Past the largest, the ring formula's bandwidth part carries on from the last point.
+    ring = 2 * 3 / 4 / h100.allreduce_bandwidth(4)
+    assert call_s(2048) == pytest.approx(table[2097152] + (2048 * hidden * 2 - 2097152) * ring,
+                                         rel=1e-12)
+    # Group sizes the table does not hold keep the ring formula with alpha_c.
+    assert h100.allreduce_latency(3) == ()
+
+
+def test_a_bad_all_reduce_table_names_the_field(tmp_path):
+    text = open(load_hardware("h100-80g").path).read()
+    bad = tmp_path / "h100-bad.yaml"
+    bad.write_text(text.replace("2: {1024: 9.5,", "2: {1024: -9.5,"))
+    with pytest.raises(InputError, match="allreduce_latency_us"):
+        load_hardware(str(bad))

@@ -71,18 +71,23 @@ def test_report_on_two_levels_says_there_is_no_knee(tmp_path, capsys):
     assert load_record(out / "record.yaml").perf.knee is None
 
 
-def test_report_on_request_rate_levels_is_refused_saying_why(tmp_path, capsys):
+def test_report_on_request_rate_levels_reads_the_rate_axis(tmp_path, capsys):
     report = json.loads((DATA / "guidellm" / "benchmarks.json").read_text())
     for k, b in enumerate(report["benchmarks"]):
         b["config"]["strategy"] = {"type_": "poisson", "rate": float(k + 1),
                                    "max_concurrency": None}
     p = tmp_path / "rates.json"
     p.write_text(json.dumps(report), encoding="utf-8")
-    code = main(["report", "--source", str(p), "--out", str(tmp_path / "r"), "--jobs", "1"])
+    out = tmp_path / "r"
+    code = main(["report", "--source", str(p), "--out", str(out), "--jobs", "1"])
     err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err
-    assert "rates.json: 6 runs and no concurrency levels" in err
-    assert "request-rate levels, not concurrency levels" in err
-    # The curve over the rate is there for the asking.
+    assert code == 0, err
+    record = load_record(out / "record.yaml")
+    assert record.workload.level_axis == "request_rate"
+    assert record.workload.request_rates == [float(k + 1) for k in range(6)]
+    assert record.workload.max_concurrency is None  # Poisson, no cap: an open loop
+    # The report's knee is the one `kvpressure knee --x request_rate` finds.
     assert main(["knee", str(p), "--x", "request_rate"]) == 0
-    assert json.loads(capsys.readouterr().out)["peak_x"] == 4.0
+    knee = json.loads(capsys.readouterr().out)
+    assert record.perf.knee.peak_x == knee["peak_x"]
+    assert knee["peak_x"] == 4.0

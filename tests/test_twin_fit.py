@@ -105,3 +105,27 @@ def test_a_report_stage_gets_the_refusal_written_down(tmp_path):
     assert "at least 3" in got["refused"]
     assert "No twin: the twin's step time cannot be fitted from 1 level(s)" in (
         tmp_path / "twin" / "twin.md").read_text()
+
+
+def test_a_steps_time_in_plain_floats_is_the_array_paths_bits():
+    """The engine prices one step at a time with plain numbers; a leap prices arrays. Both
+    give the same float for the same step, an empty step costs nothing."""
+    import random
+
+    from kvpressure.simulation.step_features import StepFeatures
+    from kvpressure.twin.step_time import TwinStepTime
+
+    model = TwinStepTime({"t0": 0.0031, "t_prefill_token": 1.7e-5, "t_decode_seq": 2.3e-4,
+                          "t_decode_ctx": 3.1e-8, "t_prefill_attn": 1.1e-10})
+    rng = random.Random(0)
+    for _ in range(2000):
+        f = StepFeatures(rng.choice([0, rng.randint(1, 2048)]),
+                         rng.choice([0, rng.randint(1, 256)]), rng.randint(0, 4),
+                         rng.randint(0, 10 ** 6), rng.random() * 1e7, rng.randint(0, 5000))
+        one = model.step_time(f)
+        arrays = StepFeatures(*(np.array([v]) for v in (
+            f.num_prefill_tokens, f.num_decode_seqs, f.num_prefill_seqs, f.sum_decode_ctx,
+            f.sum_prefill_attn, f.sum_prefill_ctx)))
+        assert type(one) is float and one == model.step_time(arrays)[0]
+        if not (f.num_prefill_tokens or f.num_decode_seqs):
+            assert one == 0.0

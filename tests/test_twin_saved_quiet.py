@@ -80,20 +80,31 @@ def test_throughput_and_the_knee_on_every_sweep(sweeps):
 
 def test_preemptions_past_the_knee_and_an_honest_verdict(sweeps):
     """Summed over the levels that preempt, within 20% (10% where they run into hundreds);
-    every level outside the verdict's tolerance is named by it, none is passed silently."""
+    each level read against the twin's range over the orders the requests sent at once may
+    reach the engine in, a range narrow enough to say something (no wider than half its low
+    end where the counts run into hundreds); every level outside the range's tolerance is
+    named by the verdict, none is passed silently, and across the five sweeps at most two
+    levels are."""
+    misses = 0
     for name, (_, _, rep) in sweeps.items():
         table = rep.table.set_index("concurrency")
         measured, twin = table["preemptions_measured"], table["preemptions_twin"]
+        lo, hi = table["preemptions_twin_low"], table["preemptions_twin_high"]
+        assert ((lo <= twin) & (twin <= hi)).all(), name
         if measured.sum() == 0:
-            assert twin.sum() == 0, name
+            assert hi.max() <= 2, name
             continue
         tol = 0.10 if measured.sum() > 150 else 0.20
         assert abs(twin.sum() - measured.sum()) <= tol * measured.sum(), name
+        assert all(hi[c] <= 1.5 * lo[c] for c in LEVELS if lo[c] > 50), name
         named = {m["concurrency"] for m in rep.verdict.preemption_misses}
         outside = {c for c in LEVELS
-                   if abs(twin[c] - measured[c]) > max(0.10 * measured[c], 2.0)}
+                   if measured[c] < lo[c] - max(0.10 * lo[c], 2.0)
+                   or measured[c] > hi[c] + max(0.10 * hi[c], 2.0)}
         assert named == outside, name
         assert rep.verdict.fits == (not outside and not rep.verdict.throughput_misses), name
+        misses += len(outside)
+    assert misses <= 2
 
 
 @pytest.mark.parametrize("base, other, change", [

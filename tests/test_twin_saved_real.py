@@ -75,9 +75,11 @@ def test_dataset_arguments_give_the_requests_own_lengths(with_args):
     table = rep.table.set_index("concurrency")
     assert np.abs(table["output_throughput_error_pct"]).max() < 10.0
     assert table.loc[8, "preemptions_twin"] == pytest.approx(12, abs=2)
-    # c=12: 13 against 16 measured; the verdict says so rather than passing it
-    assert not rep.verdict.fits
-    assert [m["concurrency"] for m in rep.verdict.preemption_misses] == [12]
+    # c=12: 13 in the order sent against 16 measured, which lies in the twin's range over
+    # the orders the requests sent at once may reach the engine in: no miss
+    assert table.loc[12, "preemptions_twin"] < 16 <= table.loc[12, "preemptions_twin_high"]
+    assert table.loc[12, "preemptions_twin_high"] <= 1.5 * table.loc[12, "preemptions_twin_low"]
+    assert rep.verdict.fits and not rep.verdict.preemption_misses
 
 
 def test_histograms_and_means_against_the_measured_preemptions(tmp_path):
@@ -95,6 +97,7 @@ def test_histograms_and_means_against_the_measured_preemptions(tmp_path):
         assert abs(hist[c] - m) <= 0.35 * m
         assert means[c] <= 0.7 * m
     assert abs(hist[8] + hist[12] - 28) <= 0.15 * 28
+    # the means' lockstep is outside even the range over arrival orders
     assert {8, 12} <= {m["concurrency"] for m in rep.verdict.preemption_misses}
 
 

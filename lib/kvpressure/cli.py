@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from kvpressure.errors import EXIT_BUG, EXIT_INPUT, EXIT_INTERRUPTED, InputError
 
@@ -145,7 +146,7 @@ def _with_config(command: str, argv: list[str]) -> list[str]:
     return [command, *positional, *options, *rest]
 
 
-def _sigterm_as_interrupt() -> object:
+def _sigterm_as_interrupt() -> Any:
     """SIGTERM stops a run the way Ctrl-C does (exit 130, workers ended, no half output)."""
 
     def interrupt(signum: int, frame: object) -> None:

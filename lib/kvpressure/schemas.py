@@ -25,10 +25,15 @@ _TITLES = {"experiment": "kvpressure experiment (YAML)",
 
 def generated(name: str) -> dict[str, Any]:
     """The schema of ``name`` from its model."""
+    model: Any
     if name == "experiment":
-        from kvpressure.simulation.experiment import ExperimentFile as model
+        from kvpressure.simulation.experiment import ExperimentFile
+
+        model = ExperimentFile
     elif name == "record":
-        from kvpressure.record.schema import Record as model
+        from kvpressure.record.schema import Record
+
+        model = Record
     else:
         raise InputError(f"schema {name!r}: one of {', '.join(NAMES)}")
     schema = model.model_json_schema()

@@ -150,7 +150,9 @@ def _knee_pos(k: float | None, xs: np.ndarray) -> float:
 def _turn_pos(res: KneeResult | VariantCurve, xs: np.ndarray) -> float:
     """End of the sustained range as a position; a curve that never turns down sits one step
     past the end."""
-    return _past_range(xs) if res.decline_onset is None else float(res.sustained_end)
+    if res.decline_onset is None or res.sustained_end is None:
+        return _past_range(xs)
+    return float(res.sustained_end)
 
 
 @dataclass
@@ -201,9 +203,12 @@ def _range(v: np.ndarray) -> tuple[float, float]:
     return float(np.percentile(v, 5)), float(np.percentile(v, 95))
 
 
-def _moved(shift: float, new: tuple[float, float], old: tuple[float, float]) -> str | None:
+def _moved(shift: float, new: tuple[float, float] | None, old: tuple[float, float] | None
+           ) -> str | None:
     """The direction of a move beyond noise ("right" or "left": the ranges lie apart on the
-    side of the shift), None for a move within noise."""
+    side of the shift), None for a move within noise or without a range to read it on."""
+    if new is None or old is None:
+        return None
     if shift > 0 and new[0] > old[1]:
         return "right"
     if shift < 0 and new[1] < old[0]:

@@ -300,7 +300,7 @@ def find_knee(
     elif len(xs) < MIN_KNEE_LEVELS:
         knee, method = None, f"none: {len(xs)} level{'s' if len(xs) > 1 else ''}"
         notes.append(few_levels_note(len(xs)))
-    elif knee_kn is not None and abs(
+    elif knee_kn is not None and knee_bs is not None and abs(
         int(np.searchsorted(xs, knee_kn)) - int(np.searchsorted(xs, knee_bs))
     ) <= 1:
         knee, method = knee_kn, "kneedle (agrees with the broken-stick fit)"
@@ -434,3 +434,37 @@ def knee_of_runs(runs: pd.DataFrame, x: str = "concurrency", y: str = "output_th
         res.notes.append(f"{y} falls from the first level on: a latency or a per-user rate "
                          "would look like this; check that it is the server's throughput")
     return res
+
+
+# A latency knee: the last level whose latency is within this factor of the lightest load's.
+LATENCY_FACTOR = 2.0
+
+
+def latency_knee(x: Sequence[float], y: Sequence[float],
+                 factor: float = LATENCY_FACTOR) -> dict | None:
+    """Where a latency curve against offered load turns up: ``knee_x`` is the last level whose
+    latency is still within ``factor`` times the latency at the lightest load, ``turn_x`` the
+    next level (where requests start to queue: the load is more than the server drains).
+
+    Latency against offered load is flat while the server keeps up, climbs steeply once it is
+    saturated, and may flatten again when a finite request set has queued whole; a band around
+    the unloaded latency names the turn on any of those shapes, where a line fit would chase
+    the steep part. Repeats of a level are averaged first. None with fewer than
+    ``MIN_KNEE_LEVELS`` levels with a latency; ``knee_x`` None when the latency is past the band
+    from the second level on, ``turn_x`` None when it stays inside the band to the last."""
+    xs = np.asarray(x, dtype=float)
+    ys = np.asarray(y, dtype=float)
+    keep = np.isfinite(xs) & np.isfinite(ys)
+    if keep.sum() == 0:
+        return None
+    lx, ly, _, _ = _aggregate(xs[keep], ys[keep])
+    if len(lx) < MIN_KNEE_LEVELS:
+        return None
+    base = float(ly[0])
+    limit = factor * base
+    past = [i for i in range(len(lx)) if ly[i] > limit]
+    first = past[0] if past else None
+    return {"knee_x": None if first == 1 else float(lx[(first or len(lx)) - 1]),
+            "turn_x": None if first is None else float(lx[first]),
+            "base": base, "factor": factor, "limit": limit,
+            "points": [{"x": float(a), "y": float(b)} for a, b in zip(lx, ly, strict=True)]}

@@ -100,12 +100,28 @@ def _change_text(gain: float | None, spread: list[float] | None, seeds: int, whe
     return f"{_pct(gain)} output throughput at {where} ({over})"
 
 
-def _where_to_run(gain: Mapping[str, Any]) -> str:
-    """Which concurrency to run with the change: its own curve's operating limit."""
+def _level(axis: str, value: Any) -> str:
+    """A level on the sweep's axis: ``concurrency 48`` or ``request rate 2 req/s``."""
+    if axis == "request_rate":
+        return f"request rate {_num(value)} req/s"
+    return f"concurrency {_num(value)}"
+
+
+def _where_to_run(gain: Mapping[str, Any], axis: str = "concurrency") -> str:
+    """Which concurrency (or offered load) to run with the change: its own curve's operating
+    limit."""
     peak_x, knee_x = _finite(gain.get("new_peak_x")), _finite(gain.get("new_knee_x"))
     end = _finite(gain.get("new_sustained_end"))
     if peak_x is None:
         return ""
+    if axis == "request_rate":
+        if gain.get("new_declines"):
+            return (f" With it, admit at most {_num(peak_x)} requests/s: its curve peaks there "
+                    "and falls after.")
+        limit = knee_x if knee_x is not None else peak_x
+        hold = (f" and holds to {_num(end)}" if end is not None and end > limit else "")
+        return (f" With it, throughput reaches its plateau at {_num(limit)} requests/s{hold}; "
+                "more offered load only adds waiting time.")
     if gain.get("new_declines"):
         return f" With it, run at most {_num(peak_x)} clients: its curve peaks there and falls after."
     limit = knee_x if knee_x is not None else peak_x
@@ -118,12 +134,13 @@ def recommend(report: Mapping[str, Any], settings: Mapping[str, Any],
               seed_gains: Mapping[str, Sequence[float]] | None = None,
               limits: Mapping[str, float] | None = None, *, min_gain_pct: float = 2.0,
               latency_tolerance_pct: float = 10.0,
-              operating_seed_gains: Mapping[str, Sequence[float]] | None = None
-              ) -> dict[str, Any]:
+              operating_seed_gains: Mapping[str, Sequence[float]] | None = None,
+              axis: str = "concurrency") -> dict[str, Any]:
     """The recommendation from a remedy what-if (``evaluate_remedies(...).to_dict()``).
 
     ``seed_gains``: per remedy, its throughput change (%) at the target seed by seed (the range
-    shown with the mean). Returns ``text`` (one sentence), the chosen remedy's numbers, the
+    shown with the mean). ``axis``: what the levels are (``concurrency`` or
+    ``request_rate``), for the wording. Returns ``text`` (one sentence), the chosen remedy's numbers, the
     runner-up and the remedies folded away (no effect, over the limits).
     """
     limits = dict(limits or {})
@@ -151,7 +168,7 @@ def recommend(report: Mapping[str, Any], settings: Mapping[str, Any],
             "peak_pct": _finite(g.get("peak_pct")),
             "ttft_p95_at_operating_pct": _finite(g.get("ttft_p95_at_operating_pct")),
             "itl_p95_at_operating_pct": _finite(g.get("itl_p95_at_operating_pct")),
-            "where_to_run": _where_to_run(g),
+            "where_to_run": _where_to_run(g, axis),
             "breaks": _breaks(o, baseline, limits, latency_tolerance_pct),
             "ttft_p95_change_pct": _latency(o, baseline, "ttft_p95")[0],
             "itl_p95_change_pct": _latency(o, baseline, "itl_p95")[0],
@@ -172,25 +189,25 @@ def recommend(report: Mapping[str, Any], settings: Mapping[str, Any],
     }
     if not ranked:
         out.update(remedy=None, text=(
-            "No change recommended: no remedy raised throughput at concurrency "
-            f"{_num(target)} by {min_gain_pct:g}% or more within the latency limits "
+            f"No change recommended: no remedy raised throughput at {_level(axis, target)} "
+            f"by {min_gain_pct:g}% or more within the latency limits "
             f"({out['limits']})."))
         return out
     best = ranked[0]
     out.update(
         remedy=best["remedy"], parameter=best["parameter"], value=best["value"],
         runner_up=ranked[1] if len(ranked) > 1 else None,
-        text=_do_this(best, target),
+        text=_do_this(best, target, axis),
     )
     return out
 
 
-def _do_this(best: Mapping[str, Any], target: Any) -> str:
+def _do_this(best: Mapping[str, Any], target: Any, axis: str = "concurrency") -> str:
     """The recommendation: the change, its gain at the focus level, at today's operating limit
     and at the peak, the latency there, each with its spread over the seeds, and where to run."""
     head = (f"Do this: set {best['parameter']} to {best['value']} (now {best['from']}): "
             + _change_text(best["gain_pct"], best["gain_range_pct"], best["seeds"],
-                           f"concurrency {_num(target)}")
+                           _level(axis, target))
             + f", {best['cost']}.")
     op = best.get("operating_concurrency")
     if op is None or _finite(target) == op:
@@ -203,7 +220,7 @@ def _do_this(best: Mapping[str, Any], target: Any) -> str:
             f"; the peak throughput changes by {_pct(best['peak_pct'])}")
     return (head + " At today's operating limit, "
             + _change_text(best.get("operating_gain_pct"), best.get("operating_gain_range_pct"),
-                           best["seeds"], f"concurrency {_num(op)}")
+                           best["seeds"], _level(axis, op))
             + (f", with {' / '.join(lat)}" if lat else "") + peak + "."
             + best.get("where_to_run", ""))
 

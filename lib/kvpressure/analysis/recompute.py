@@ -271,6 +271,7 @@ def validate_recompute_estimator(
                 "ratio_low": est.ratio_low, "ratio_high": est.ratio_high,
                 "ratio_inside": (
                     exact.recompute_ratio is not None and est.ratio_low is not None
+                    and est.ratio_high is not None
                     and est.ratio_low - 1e-3 <= exact.recompute_ratio <= est.ratio_high + 1e-3
                 ),
             })

@@ -295,8 +295,10 @@ def evaluate_remedies(
         cut = r0 is not None and r1 is not None and r0 > 0 and r1 <= 0.5 * r0
         if (g is not None and g >= min_gain_pct) or (cut and (g is None or g >= 0)):
             try_first = o.remedy
-            why = (f"first in the workflow's order with a gain: throughput at concurrency "
-                   f"{target_concurrency:g} {'+' if (g or 0) >= 0 else ''}{(g or 0):.1f}%"
+            level = (f"request rate {target_concurrency:g} req/s" if x == "request_rate"
+                     else f"concurrency {target_concurrency:g}")
+            why = (f"first in the workflow's order with a gain: throughput at {level} "
+                   f"{'+' if (g or 0) >= 0 else ''}{(g or 0):.1f}%"
                    + (f", recompute ratio {r0:.3f} -> {r1:.3f}" if cut else ""))
             break
     return RemedyReport(target_concurrency=target_concurrency, baseline=base, outcomes=outcomes,

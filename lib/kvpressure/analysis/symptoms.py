@@ -15,6 +15,7 @@ simulation's ``steps``; the curve and the ITL spread across concurrency come fro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -71,8 +72,8 @@ class Symptom:
     id: str
     name: str
     verdict: Verdict
-    evidence: dict = field(default_factory=dict)
-    threshold: dict = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    threshold: dict[str, Any] = field(default_factory=dict)
 
     @property
     def present(self) -> bool:
@@ -107,7 +108,8 @@ def _verdict(ok: bool) -> Verdict:
 
 
 def _curve(runs: pd.DataFrame | None, th: Thresholds, x: str, y: str) -> Symptom:
-    name = "throughput rises, flattens, then falls with concurrency"
+    name = ("throughput rises, flattens, then falls with concurrency" if x == "concurrency"
+            else "throughput rises, flattens, then falls with offered load")
     thr = {"decline_pct": th.decline_pct, "beyond_noise": True}
     if runs is None or x not in runs or y not in runs:
         return Symptom("curve_falls", name, "no data", {"missing": f"runs with {x}, {y}"}, thr)
@@ -151,7 +153,8 @@ def _gauge_symptoms(
 
     out = []
     name = "vllm:num_requests_waiting stays > 0"
-    thr = {"waiting_frac": th.waiting_frac}
+    thr: dict[str, Any] = {"waiting_frac": th.waiting_frac}
+    ev: dict[str, Any]
     if wr is None or wr.frac_waiting is None:
         out.append(Symptom("waiting_persists", name, "no data",
                            {"missing": "vllm:num_requests_waiting"}, thr))

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from kvpressure.record.io import load_record
 
     params = parse_params(args.param)
-    known = {"focus_concurrency", "engine_args", "model_name", "bench_timezone", "columns",
+    known = {"focus_concurrency", "focus_request_rate", "engine_args", "model_name", "bench_timezone", "columns",
              "log_year", "log_timezone"}
     unknown = sorted(set(params) - known)
     if unknown:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from kvpressure.errors import EXIT_WOULD_NOT_START, InputError
 from kvpressure.profiles import GiB, dtype_bytes, safe_concurrency, size_kv_pool
@@ -116,12 +117,12 @@ def _run(args: argparse.Namespace) -> int:
     if log and log.gpu_memory_utilization is not None and \
             args.gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION:
         util = log.gpu_memory_utilization
-    common = dict(
+    common: dict[str, Any] = dict(
         tp=tp, pp=pp, gpu_memory_utilization=util, max_model_len=max_len,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         block_size=args.block_size, kv_cache_dtype_bytes=kv_dtype,
     )
-    measured = {arg: parse_size(getattr(args, flag[2:].replace("-", "_")), flag)
+    measured: dict[str, Any] = {arg: parse_size(getattr(args, flag[2:].replace("-", "_")), flag)
                 for flag, arg, _ in MEASURED
                 if getattr(args, flag[2:].replace("-", "_")) is not None}
     kv_bytes = (parse_size(args.kv_cache_memory_bytes, "--kv-cache-memory-bytes")
@@ -186,7 +187,7 @@ def compare_with_log(log: StartupLog, estimate: KVPoolSizing, hardware: str, mod
         log_blocks = blocks_from_tokens(log.kv_cache_size_tokens, reproduced.max_model_len,
                                         reproduced.blocks_per_max_len_request)
     blocks = reproduced.num_gpu_blocks
-    if lo is not None and log_blocks is not None and lo <= log_blocks <= hi:
+    if lo is not None and hi is not None and log_blocks is not None and lo <= log_blocks <= hi:
         # the log rounds to 0.01 GiB: the count inside that interval it names is the one
         blocks = log_blocks
         reproduced = size_kv_pool(hardware, model, **common,

@@ -1,6 +1,7 @@
 """``kvpressure collect URL --levels 4,8,16,32 --out reports/NAME``: the live investigation.
 
-Drives a closed-loop load at each concurrency level against a running vLLM server, records its
+Drives a closed-loop load at each concurrency level (or requests at each ``--request-rate``,
+or a ``--trace`` replayed at its own times) against a running vLLM server, records its
 ``/metrics`` the whole time, and runs the report on what was measured.
 """
 
@@ -13,7 +14,8 @@ from pathlib import Path
 EPILOG = """\
 what it writes (--out): engine.json (model, KV pool, engine arguments and where each came from),
 levels.json (each level's window, status and figures; warm-up and cool-downs), metrics.prom.jsonl
-(the scrape log), bench/c<C>.json (one `vllm bench serve` result per level), prometheus/ (with
+(the scrape log), bench/c<C>.json, r<R>.json or trace.json (one `vllm bench serve` result per
+level), prometheus/ (with
 --prometheus) and report/ (index.html, record.yaml).
 
 exit codes: 0 every level ran (a stop on --max-ttft included) and the report is written;
@@ -33,16 +35,61 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _level_options(args: argparse.Namespace) -> dict:
+    """--levels, --request-rate, --max-concurrency and --trace as the runner's options."""
+    from kvpressure.errors import InputError
+    from kvpressure.live.load import parse_rates
+
+    caps = _levels(args.max_concurrency) if args.max_concurrency else []
+    if args.request_rate or args.trace:
+        if len(caps) > 1:
+            raise InputError("--max-concurrency: one cap for the rate levels, got "
+                             f"{args.max_concurrency!r}")
+        if args.levels:
+            raise InputError("--levels and --request-rate/--trace: give one kind of level")
+        return {"levels": [], "max_concurrency": caps[0] if caps else None,
+                "request_rates": parse_rates(args.request_rate) if args.request_rate else None}
+    if args.levels and caps:
+        raise InputError("--levels and --max-concurrency: without --request-rate they name the "
+                         "same thing, the closed loop's clients; give one")
+    if not args.levels and not caps:
+        raise InputError("give the levels: --levels 4,8,16 (clients), --request-rate 0.5,1,2 "
+                         "(requests/s) or --trace FILE")
+    return {"levels": _levels(args.levels) if args.levels else caps}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
     parser.add_argument("url", help="the vLLM server, e.g. http://host:8000 (OpenAI-compatible "
                         "API and /metrics on the same port)")
-    parser.add_argument("--levels", required=True, type=str,
-                        help="client concurrencies to run, in order, e.g. 4,8,16,32")
+    parser.add_argument("--levels", type=str,
+                        help="client concurrencies to run, in order, e.g. 4,8,16,32 (or "
+                        "--request-rate, or --trace)")
     parser.add_argument("--out", required=True, type=Path,
                         help="run folder to create (reports/NAME); must be new or empty")
+    rates = parser.add_argument_group("request-rate levels and replays (open loop)")
+    rates.add_argument("--request-rate", metavar="R[,R...]",
+                       help="requests/s to send at, one level each, e.g. 0.5,1,2 (as vllm bench "
+                       "serve --request-rate): the report's levels are these rates")
+    rates.add_argument("--max-concurrency", metavar="N",
+                       help="with --request-rate or --trace: at most N requests in flight (as "
+                       "vllm bench serve --max-concurrency; default: none, an open loop); "
+                       "alone: the closed-loop levels, as --levels")
+    rates.add_argument("--burstiness", type=float, default=1.0,
+                       help="gamma shape of the gaps between sends: 1 Poisson (default), "
+                       "smaller burstier (as vllm bench serve --burstiness)")
+    rates.add_argument("--arrivals", choices=("poisson", "constant"), default="poisson",
+                       help="poisson: gamma gaps of --burstiness (default); constant: one "
+                       "request every 1/R s")
+    rates.add_argument("--trace", type=Path, metavar="FILE",
+                       help="replay a Mooncake-style JSONL trace (timestamp ms, input_length, "
+                       "output_length, hash_ids) at its own times, as one level")
     load = parser.add_argument_group("the load at each level")
+    load.add_argument("--dataset", type=Path, metavar="FILE",
+                      help="prompts from a file instead of random ids: JSONL of token counts "
+                      "(input_length, output_length) or of prompts (prompt, output_len), or "
+                      "ShareGPT-style JSON (conversations); levels take its requests in order")
     load.add_argument("--input-len", type=int, default=512, help="prompt tokens (default 512)")
     load.add_argument("--output-len", type=int, default=256,
                       help="output tokens, exact: ignore_eos (default 256)")
@@ -81,6 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--vllm", metavar="PATH", help="the vllm executable (default: on PATH)")
     engine.add_argument("--tokenizer", help="tokenizer for vllm bench (default: the model path "
                         "the server reports)")
+    engine.add_argument("--bench-args", default="", metavar='"ARGS"',
+                        help="more options for vllm bench serve when it is the load engine, "
+                        "passed as they are (e.g. \"--ramp-up-strategy linear\")")
     data = parser.add_argument_group("metrics and report")
     data.add_argument("--scrape-interval", type=float, default=1.0, metavar="S",
                       help="seconds between /metrics scrapes (default 1)")
@@ -116,7 +166,9 @@ def _summary(outcome, stream) -> None:
     for lv in outcome.levels:
         tput = lv.get("output_throughput")
         ttft = lv.get("ttft_p95_s")
-        print(f"c={lv['concurrency']:<4} {lv['status']:<11} {lv.get('requests') or '-':>8}  "
+        name = (f"c={lv['concurrency']}" if "level" not in lv else
+                f"r={lv['request_rate']:g}/s" if lv.get("request_rate") else lv["level"])
+        print(f"{name:<6} {lv['status']:<11} {lv.get('requests') or '-':>8}  "
               f"{lv.get('failed') if lv.get('failed') is not None else '-':>6}  "
               f"{f'{tput:.1f}' if tput is not None else '-':>12}  "
               f"{f'{ttft:.2f}' if ttft is not None else '-':>10}"
@@ -129,13 +181,15 @@ def run(args: argparse.Namespace) -> int:
 
         # Refused before the server is loaded, not after the levels ran.
         require("report", "kvpressure collect's report", "or collect with --no-report")
+    import shlex
+
     from kvpressure.live.prompts import parse_token_range
     from kvpressure.live.runner import CollectOptions, report_on, run_collect
     from kvpressure.pipeline.notebooks import NotebookFailed
     from kvpressure.pipeline.report import parse_params
 
     opts = CollectOptions(
-        url=args.url, out=args.out, levels=_levels(args.levels), input_len=args.input_len,
+        url=args.url, out=args.out, **_level_options(args), input_len=args.input_len,
         output_len=args.output_len, range_ratio=args.range_ratio,
         prompts_per_level=args.prompts_per_level, duration_per_level_s=args.duration_per_level,
         warmup=args.warmup, cooldown_s=args.cooldown, level_timeout_s=args.level_timeout,
@@ -144,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
         token_ids=parse_token_range(args.token_ids), load_engine=args.load_engine,
         vllm=args.vllm, tokenizer=args.tokenizer, model=args.model,
         engine_args=_engine_args(args.engine_args), prometheus=args.prometheus,
-        server_log=args.server_log,
+        server_log=args.server_log, burstiness=args.burstiness, arrivals=args.arrivals,
+        dataset=args.dataset, trace=args.trace, bench_args=shlex.split(args.bench_args),
     )
     if args.jobs < 1:
         from kvpressure.errors import InputError

@@ -15,6 +15,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -118,7 +119,7 @@ def knee_table(
     for key, part in groups:
         where = source + (f" ({group}={key})" if group else "")
         res = knee_of_runs(part, x, y, plateau_tol=plateau_tol, where=where)
-        g = key if not (isinstance(key, float) and math.isnan(key)) else None
+        g: Any = key if not (isinstance(key, float) and math.isnan(key)) else None
         if hasattr(g, "item"):
             g = g.item()
         if say is not None:

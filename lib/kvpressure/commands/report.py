@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     # A bar in a terminal; plain lines in a log or a pipe.
     bar = TerminalProgress(len(NOTEBOOKS) + 1) if sys.stderr.isatty() else None
+    # the bar takes both the stage names and the notebooks' own output
+    shown: dict[str, Any] = {"progress": bar, "stream": bar} if bar else {}
     try:
         result = make_report(
             args.out,
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             params=_params(args),
             jobs=args.jobs,
             force=args.force,
-            **({"progress": bar, "stream": bar} if bar else {}),
+            **shown,
         )
     except NotebookFailed as exc:
         if exc.ename == "InputError":

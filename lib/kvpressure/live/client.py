@@ -11,6 +11,7 @@ never delivered a token) is an error of that request, with its reason; it never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -200,11 +201,102 @@ async def closed_loop(
                 for _ in range(cut)
             )
         for task in done:
-            if task.exception() is not None:
-                raise task.exception()
+            failed = task.exception()
+            if failed is not None:
+                raise failed
     except asyncio.CancelledError:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
     return LoopResult(outcomes, started, time.time(), stop_reason[0] if stop_reason else None)
+
+
+async def open_loop(
+    http: httpx.AsyncClient,
+    url: str,
+    model: str,
+    request_at: Callable[[int], tuple[Sequence[int], int]],
+    send_at: Sequence[float],
+    max_concurrency: int | None = None,
+    *,
+    timeout_s: float | None = None,
+    on_outcome: Callable[[RequestOutcome], None] | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+) -> LoopResult:
+    """Request k sent ``send_at[k]`` seconds after the start whatever the server's state (an
+    open loop, as ``vllm bench serve --request-rate``), or, with ``max_concurrency``, as soon
+    after as fewer than that many are in flight. Outcomes are in send order. ``timeout_s``
+    cancels what is still running (errors, as in :func:`closed_loop`); a reason from
+    ``should_stop`` (asked after every request) stops the sending."""
+    outcomes: list[RequestOutcome | None] = [None] * len(send_at)
+    stop_reason: list[str] = []
+    started = time.time()
+    t0 = time.monotonic()
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    wake = asyncio.Event()
+
+    async def one(k: int) -> None:
+        prompt, max_tokens = request_at(k)
+        if gate is not None:
+            async with gate:
+                outcome = await stream_completion(http, url, model, prompt, max_tokens)
+        else:
+            outcome = await stream_completion(http, url, model, prompt, max_tokens)
+        outcomes[k] = outcome
+        if on_outcome is not None:
+            on_outcome(outcome)
+        if should_stop is not None and not stop_reason:
+            reason = should_stop()
+            if reason:
+                stop_reason.append(reason)
+                wake.set()
+
+    async def sender() -> list[asyncio.Task]:
+        tasks = []
+        for k, at in enumerate(send_at):
+            delay = at - (time.monotonic() - t0)
+            if delay > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=delay)
+            if stop_reason:
+                break
+            # Under a cap a request that arrives while the cap is reached waits for a slot
+            # (in one(), as vllm bench serve's semaphore): later arrivals are not delayed.
+            tasks.append(asyncio.create_task(one(k)))
+        return tasks
+
+    deadline = None if timeout_s is None else t0 + timeout_s
+    send = asyncio.create_task(sender())
+    tasks: list[asyncio.Task] = []
+    try:
+        done_send, _ = await asyncio.wait([send], timeout=timeout_s)
+        tasks = send.result() if done_send else []
+        if not done_send:
+            send.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await send
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        pending: set[asyncio.Task] = set()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=left)
+        if pending or not done_send:
+            stop_reason.insert(0, f"level timeout ({timeout_s:g} s)")
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for task in tasks:
+            failed = None if task.cancelled() else task.exception()
+            if failed is not None:
+                raise failed
+    except asyncio.CancelledError:
+        send.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(send, *tasks, return_exceptions=True)
+        raise
+    sent = len(tasks)
+    kept = [o if o is not None else RequestOutcome(
+        prompt_len=0, start_time=time.time(),
+        error=f"cancelled at the level timeout ({timeout_s:g} s)") for o in outcomes[:sent]]
+    return LoopResult(kept, started, time.time(), stop_reason[0] if stop_reason else None)

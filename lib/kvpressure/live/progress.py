@@ -28,6 +28,11 @@ class LevelProgress:
     waiting: float | None = None
     started: float = field(default_factory=time.monotonic)
     _last_draw: float = field(default_factory=time.monotonic)  # the first line after every_s
+    label: str | None = None  # the level's name when not a concurrency (r=2/s, trace)
+
+    @property
+    def name(self) -> str:
+        return f"{self.label:<8}" if self.label else f"c={self.concurrency:<4}"
 
     @property
     def tty(self) -> bool:
@@ -38,9 +43,9 @@ class LevelProgress:
         of = f"/{self.planned}" if self.planned else ""
         span = f"{elapsed:5.1f}/{self.duration_s:g} s" if self.duration_s else f"{elapsed:5.1f} s"
         if self.engine == "vllm-bench" and not self.done:
-            parts = [f"c={self.concurrency:<4}", "vllm bench serve running", span]
+            parts = [self.name, "vllm bench serve running", span]
         else:
-            parts = [f"c={self.concurrency:<4}", f"{self.done}{of} req", span,
+            parts = [self.name, f"{self.done}{of} req", span,
                      f"{self.tokens / elapsed if elapsed > 0 else 0.0:7.1f} tok/s"]
         if self.failed:
             parts.append(f"{self.failed} failed")

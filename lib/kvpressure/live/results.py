@@ -44,7 +44,7 @@ def _stats(prefix: str, values_s: Sequence[float]) -> dict[str, float]:
 def bench_result(
     outcomes: Sequence[RequestOutcome],
     *,
-    concurrency: int,
+    concurrency: int | None,
     model: str,
     tokenizer: str,
     started: float,
@@ -52,8 +52,12 @@ def bench_result(
     complete: bool,
     reason: str | None = None,
     label: str | None = None,
+    request_rate: float | None = None,
+    burstiness: float = 1.0,
 ) -> dict[str, Any]:
-    """The result object of one level (``started``/``ended`` in unix seconds)."""
+    """The result object of one level (``started``/``ended`` in unix seconds): a closed loop of
+    ``concurrency`` clients, or requests sent at ``request_rate`` (capped at ``concurrency`` in
+    flight; None: an open loop)."""
     ok = [o for o in outcomes if o.success]
     duration = max(ended - started, 1e-9)
     total_in = sum(o.prompt_len for o in ok)
@@ -67,9 +71,9 @@ def bench_result(
         "model_id": model,
         "tokenizer_id": tokenizer,
         "num_prompts": len(outcomes),
-        "request_rate": "inf",
-        "burstiness": 1.0,
-        "max_concurrency": int(concurrency),
+        "request_rate": "inf" if request_rate is None else float(request_rate),
+        "burstiness": float(burstiness) if math.isfinite(burstiness) else "inf",
+        "max_concurrency": None if concurrency is None else int(concurrency),
         "duration": duration,
         "completed": len(ok),
         "failed": len(outcomes) - len(ok),
@@ -79,7 +83,8 @@ def bench_result(
         "request_goodput": None,
         "output_throughput": total_out / duration,
         "total_token_throughput": (total_in + total_out) / duration,
-        "max_concurrent_requests": int(concurrency),
+        "max_concurrent_requests": (int(concurrency) if concurrency is not None
+                                    else _most_in_flight(ok)),
     }
     result |= _stats("ttft", [o.ttft for o in ok])
     result |= _stats("tpot", tpots)
@@ -97,6 +102,18 @@ def bench_result(
         LEVEL: {"complete": bool(complete), "reason": reason},
     }
     return result
+
+
+def _most_in_flight(outcomes: Sequence[RequestOutcome]) -> int:
+    """The most requests in flight at once (an open loop has no cap to name)."""
+    events = sorted([(o.start_time, 1) for o in outcomes]
+                    + [(o.start_time + o.latency, -1) for o in outcomes],
+                    key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
 
 
 def error_summary(outcomes: Sequence[RequestOutcome], limit: int = 3) -> str:

@@ -30,6 +30,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -45,7 +46,18 @@ import numpy as np
 from kvpressure.errors import InputError, refuse_unknown
 from kvpressure.ingestion.live_scrape import ACCEPT, Scraper, check_url
 from kvpressure.ingestion.names import PREEMPTIONS, RUNNING, WAITING
-from kvpressure.live.client import LoopResult, RequestOutcome, closed_loop
+from kvpressure.live.client import LoopResult, RequestOutcome, closed_loop, open_loop
+from kvpressure.live.load import (
+    ARRIVALS,
+    LoadLevel,
+    closed_level,
+    dataset_prompt,
+    rate_level,
+    read_dataset,
+    read_trace,
+    send_times,
+    trace_prompt,
+)
 from kvpressure.live.progress import LevelProgress
 from kvpressure.live.prompts import DEFAULT_TOKEN_IDS, RequestSource
 from kvpressure.live.results import bench_result, error_summary, write_result
@@ -54,10 +66,14 @@ from kvpressure.live.server import ServerInfo, metric_total, probe
 ENGINE_JSON = "engine.json"
 LEVELS_JSON = "levels.json"
 SCRAPE_LOG = "metrics.prom.jsonl"
+# The server's log as it stood when the sweep ended: the running server goes on writing the
+# file given, and the report reads its inputs once, unchanged.
+SERVER_LOG_COPY = "server.log"
 BENCH_DIR = "bench"
 PROMETHEUS_DIR = "prometheus"
 REPORT_DIR = "report"
 WARMUP_STREAM = 0  # request streams: 0 the warm-up, the concurrency for each level
+RATE_STREAM = 1_000_000  # the streams of rate levels: this plus the level's index
 
 # Errors that mean nothing answers any more (as opposed to a server answering 500 or 429).
 _GONE = ("ConnectError", "RemoteProtocolError", "ReadError", "WriteError", "ConnectTimeout")
@@ -88,10 +104,44 @@ class CollectOptions:
     engine_args: dict[str, Any] = field(default_factory=dict)
     prometheus: str | None = None
     server_log: Path | None = None  # the server's log: its start-up facts, into engine.json
+    request_rates: list[float] | None = None  # rate levels (requests/s) instead of `levels`
+    max_concurrency: int | None = None  # the cap on requests in flight of rate levels
+    burstiness: float = 1.0  # gamma shape of the gaps between sends (1: Poisson)
+    arrivals: str = "poisson"  # poisson (gamma gaps of shape burstiness) | constant
+    dataset: Path | None = None  # prompts from a file (JSONL or ShareGPT JSON)
+    trace: Path | None = None  # one level: a Mooncake-style trace replayed at its times
+    bench_args: list[str] = field(default_factory=list)  # passed to vllm bench serve
+
+    def plan(self) -> list[LoadLevel]:
+        """The levels in the order they run."""
+        if self.trace is not None:
+            return [LoadLevel("trace", self.max_concurrency, None, trace=True)]
+        if self.request_rates:
+            return [rate_level(r, self.max_concurrency) for r in self.request_rates]
+        return [closed_level(c) for c in self.levels]
 
     def check(self) -> None:
         if self.server_log is not None and not Path(self.server_log).is_file():
             raise InputError(f"--server-log {self.server_log}: no such file")
+        given = [n for n, v in (("--levels", self.levels), ("--request-rate", self.request_rates),
+                                ("--trace", self.trace)) if v]
+        if len(given) > 1:
+            raise InputError(f"{' and '.join(given)}: give one kind of level (concurrencies, "
+                             "request rates or a trace)")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise InputError(f"--max-concurrency: must be >= 1, got {self.max_concurrency}")
+        if not (self.burstiness > 0 and not math.isnan(self.burstiness)):
+            raise InputError(f"--burstiness: must be > 0, got {self.burstiness}")
+        if self.arrivals not in ARRIVALS:
+            raise InputError(f"--arrivals {self.arrivals!r}: {' or '.join(ARRIVALS)}")
+        if self.trace is not None and self.dataset is not None:
+            raise InputError("--trace and --dataset: a trace gives its own lengths; give one")
+        if self.trace is not None:
+            read_trace(self.trace)  # refused now, not after the warm-up
+        if self.dataset is not None:
+            read_dataset(self.dataset, self.output_len)
+        if self.request_rates or self.trace is not None:
+            return self._check_common()
         if not self.levels:
             raise InputError("--levels: give at least one concurrency, e.g. 4,8,16,32")
         bad = [c for c in self.levels if c < 1]
@@ -99,6 +149,9 @@ class CollectOptions:
             raise InputError(f"--levels: every level must be >= 1, got {bad[0]}")
         if len(set(self.levels)) != len(self.levels):
             raise InputError("--levels: a level is listed twice")
+        self._check_common()
+
+    def _check_common(self) -> None:
         for name, value in (("--duration-per-level", self.duration_per_level_s),
                             ("--cooldown", self.cooldown_s),
                             ("--level-timeout", self.level_timeout_s),
@@ -144,6 +197,16 @@ class CollectOptions:
             return None
         return self.prompts_per_level or max(16, 8 * concurrency)
 
+    def requests_at(self, level: LoadLevel) -> int | None:
+        """How many requests a level sends (None: a closed loop for a duration)."""
+        if level.closed:
+            return self.prompts_for(int(level.concurrency or 1))
+        rate = float(level.request_rate or 1.0)
+        if self.duration_per_level_s is not None:
+            return max(1, math.ceil(rate * self.duration_per_level_s))
+        # about half a minute of load, as a closed loop's 8 requests per client
+        return self.prompts_per_level or max(16, math.ceil(30 * rate))
+
 
 @dataclass
 class CollectOutcome:
@@ -153,10 +216,16 @@ class CollectOutcome:
     interrupted: bool
     report: Path | None = None
     notes: list[str] = field(default_factory=list)
+    server_log: Path | None = None
+    """The copy of the server's log given to collect (``server.log`` in the run folder): the
+    report reads it too (start-up facts, and the step trace an open loop's twin is fitted on
+    when the server logs iteration details)."""
 
     @property
-    def complete_levels(self) -> list[int]:
-        return [lv["concurrency"] for lv in self.levels if lv["status"] == "complete"]
+    def complete_levels(self) -> list[Any]:
+        """The complete levels: concurrencies, or the names of rate levels and a trace."""
+        return [lv.get("level", lv["concurrency"]) for lv in self.levels
+                if lv["status"] == "complete"]
 
     @property
     def all_complete(self) -> bool:
@@ -214,9 +283,12 @@ class _Sweep:
             "scrape_log": SCRAPE_LOG,
             "warmup": None,
             "cooldowns": [],
-            "levels": [{"concurrency": c, "status": "not run", "reason": None}
-                       for c in opts.levels],
+            "levels": [_level_entry(lv) for lv in opts.plan()],
         }
+        self.plan = {lv.name: lv for lv in opts.plan()}
+        self.dataset: list[Any] | None = None  # the dataset's requests, tokenized
+        self.dataset_used = 0  # requests of the dataset sent so far (levels take the next)
+        self.trace = read_trace(opts.trace) if opts.trace is not None else None
         self.save()
 
     def say(self, text: str) -> None:
@@ -226,8 +298,9 @@ class _Sweep:
         self.doc["stopped"] = self.stopped
         _write_json(self.out / LEVELS_JSON, self.doc)
 
-    def level(self, c: int) -> dict[str, Any]:
-        return next(lv for lv in self.doc["levels"] if lv["concurrency"] == c)
+    def level(self, name: str) -> dict[str, Any]:
+        return next(lv for lv in self.doc["levels"]
+                    if lv.get("level", f"c{lv['concurrency']}") == name)
 
     def stop(self, reason: str) -> None:
         if self.stopped is None:
@@ -307,12 +380,34 @@ class _Sweep:
         self.doc["cooldowns"].append(entry)
         self.save()
 
+    async def load_dataset(self, http: httpx.AsyncClient) -> None:
+        """The dataset's requests, text tokenized by the server (once, before the warm-up)."""
+        from kvpressure.live.load import needs_tokenizer, tokenize
+
+        o = self.opts
+        if o.dataset is None:
+            return
+        requests = read_dataset(o.dataset, o.output_len)
+        wanted = sum(o.requests_at(lv) or len(requests) for lv in o.plan())
+        requests = requests[:wanted] if wanted < len(requests) else requests
+        if needs_tokenizer(requests):
+            self.say(f"dataset {o.dataset}: tokenizing {len(requests)} prompts with the "
+                     "server's /tokenize")
+            requests = await tokenize(http, self.server.base_url, self.server.model, requests)
+        if wanted > len(requests):
+            self.say(f"note: the levels send {wanted} requests and the dataset holds "
+                     f"{len(requests)}: it is sent again from its start")
+        self.dataset = requests
+        self.doc["dataset"] = {"file": str(o.dataset), "requests": len(requests)}
+        self.save()
+
     # ------------------------------------------------------------------ the warm-up
     async def warmup(self, http: httpx.AsyncClient) -> None:
         n = self.opts.warmup
         if n == 0:
             return
-        c = min(n, self.opts.levels[0])
+        first = self.opts.plan()[0]
+        c = min(n, first.concurrency or n)
         source = self._source(WARMUP_STREAM)
         self.say(f"warm-up: {n} requests at concurrency {c} (not measured)")
         res = await closed_loop(http, self.server.completions_url, self.server.model, source, c,
@@ -330,13 +425,43 @@ class _Sweep:
         return RequestSource(o.input_len, o.output_len, o.seed, stream, o.range_ratio,
                              o.token_ids)
 
-    # ------------------------------------------------------------------ one level
-    async def run_level(self, http: httpx.AsyncClient, c: int) -> None:
+    def _requests(self, level: LoadLevel, index: int, n: int | None
+                  ) -> Callable[[int], tuple[list[int], int]]:
+        """Request k of a level: a trace's, the dataset's next, or random ids of the lengths."""
         o = self.opts
-        lv = self.level(c)
-        n = o.prompts_for(c)
-        progress = LevelProgress(c, n, o.duration_per_level_s, stream=self.stream,
-                                 engine=self.engine)
+        if self.trace is not None:
+            trace = self.trace
+            return lambda k: (trace_prompt(trace[k], k, o.seed, o.token_ids),
+                              trace[k].output_len)
+        if self.dataset is not None:
+            data, start = self.dataset, self.dataset_used
+            # The levels take consecutive requests of the dataset (no prompt is sent twice
+            # while the dataset lasts; the prefix cache would serve a repeat).
+            self.dataset_used += n or len(data)
+            return lambda k: (dataset_prompt(data[(start + k) % len(data)], start + k, o.seed,
+                                             o.token_ids), data[(start + k) % len(data)].output_len)
+        if level.closed:
+            return self._source(int(level.concurrency or 1))
+        return self._source(RATE_STREAM + index)
+
+    def _send_at(self, level: LoadLevel, index: int, n: int) -> list[float]:
+        o = self.opts
+        if self.trace is not None:
+            return [r.t_s for r in self.trace]
+        return send_times(n, float(level.request_rate or 1.0), burstiness=o.burstiness,
+                          arrivals=o.arrivals, seed=o.seed, stream=RATE_STREAM + index)
+
+    # ------------------------------------------------------------------ one level
+    async def run_level(self, http: httpx.AsyncClient, level: LoadLevel, index: int = 0
+                        ) -> None:
+        o = self.opts
+        lv = self.level(level.name)
+        c = level.concurrency
+        n = len(self.trace) if self.trace is not None else o.requests_at(level)
+        request_at = self._requests(level, index, n)
+        progress = LevelProgress(c or 0, n, o.duration_per_level_s if level.closed else None,
+                                 stream=self.stream, engine=self.engine,
+                                 label=None if level.closed else level.label)
         base_preempt = self.latest(PREEMPTIONS)
         lv.update(status="running", start=time.time())
         self.save()
@@ -356,7 +481,7 @@ class _Sweep:
         def should_stop() -> str | None:
             # A server that is gone (or refuses everything) fails request after request at
             # once: stop the level instead of spinning until its end.
-            if in_row["failed"] >= max(3, c):
+            if in_row["failed"] >= max(3, c or 8):
                 return f"{in_row['failed']} requests failed in a row"
             return None
 
@@ -375,15 +500,23 @@ class _Sweep:
         bench: dict[str, Any] | None = None
         reason: str | None = None
         try:
-            if self.engine == "builtin":
+            if self.engine == "builtin" and level.closed:
                 self.current = asyncio.create_task(closed_loop(
-                    http, self.server.completions_url, self.server.model, self._source(c), c,
+                    http, self.server.completions_url, self.server.model, request_at, int(c or 1),
                     num_requests=n, duration_s=o.duration_per_level_s,
                     timeout_s=o.level_timeout_s, on_outcome=on_outcome,
                     should_stop=should_stop))
                 result = await self.current
+            elif self.engine == "builtin":
+                assert n is not None
+                self.current = asyncio.create_task(open_loop(
+                    http, self.server.completions_url, self.server.model, request_at,
+                    self._send_at(level, index, n), c, timeout_s=o.level_timeout_s,
+                    on_outcome=on_outcome, should_stop=should_stop))
+                result = await self.current
             else:
-                bench, reason = await self._vllm_bench_level(c, n or max(16, 8 * c))
+                bench, reason = await self._vllm_bench_level(
+                    level, n or max(16, 8 * int(c or 1)))
         except asyncio.CancelledError:
             reason = "interrupted (Ctrl-C)"
         finally:
@@ -401,7 +534,7 @@ class _Sweep:
             progress.done = int(bench.get("completed") or 0) + int(bench.get("failed") or 0)
             progress.failed = int(bench.get("failed") or 0)
             progress.tokens = int(bench.get("total_output_tokens") or 0)
-            self._record(c, bench, True, None, progress)
+            self._record(level, bench, True, None, progress)
             return
         outcomes = result.outcomes if result is not None else seen
         if result is not None and result.stopped and reason is None:
@@ -421,8 +554,14 @@ class _Sweep:
         res = bench_result(outcomes, concurrency=c, model=self.server.model,
                            tokenizer=o.tokenizer or self.server.model_root or self.server.model,
                            started=result.started if result is not None else started,
-                           ended=ended, complete=complete, reason=reason)
-        self._record(c, res, complete, reason, progress)
+                           ended=ended, complete=complete, reason=reason,
+                           request_rate=level.request_rate,
+                           burstiness=(math.inf if o.arrivals == "constant" else o.burstiness)
+                           if level.request_rate is not None else 1.0)
+        if self.trace is not None:
+            res["kvpressure_trace"] = {"file": str(o.trace), "send_at_s": [
+                r.t_s for r in self.trace[:len(outcomes)]]}
+        self._record(level, res, complete, reason, progress)
 
     async def _answers(self, http: httpx.AsyncClient) -> bool:
         try:
@@ -431,32 +570,41 @@ class _Sweep:
         except httpx.HTTPError:
             return False
 
-    async def _vllm_bench_level(self, c: int, n: int) -> tuple[dict[str, Any] | None,
-                                                               str | None]:
+    async def _vllm_bench_level(self, level: LoadLevel, n: int
+                                ) -> tuple[dict[str, Any] | None, str | None]:
         """The level run by vllm bench serve (in a thread): (result, None) or (None, why)."""
         from kvpressure.live.vllm_bench import run_level
 
         o = self.opts
+        c = level.concurrency
         tokenizer = o.tokenizer or self.server.model_root or self.server.model
         self.cancel.clear()
+        rate = level.request_rate
+        seed = o.seed + (int(c or 0) if rate is None else RATE_STREAM + self._index(level))
         run = await asyncio.get_running_loop().run_in_executor(None, lambda: run_level(
             o.vllm or "vllm", base_url=self.server.base_url, model=self.server.model,
             tokenizer=tokenizer, concurrency=c, num_prompts=n, input_len=o.input_len,
-            output_len=o.output_len, range_ratio=o.range_ratio, seed=o.seed + c,
+            output_len=o.output_len, range_ratio=o.range_ratio, seed=seed,
             work_dir=self.out / BENCH_DIR / "vllm-bench", timeout_s=o.level_timeout_s,
-            cancel=self.cancel))
+            cancel=self.cancel, request_rate=rate,
+            burstiness=o.burstiness if o.arrivals == "poisson" else None,
+            extra_args=o.bench_args, name=level.name))
         return run.result, run.reason
 
-    def _record(self, c: int, res: dict[str, Any], complete: bool, reason: str | None,
-                progress: LevelProgress | None) -> None:
+    def _index(self, level: LoadLevel) -> int:
+        return [lv.name for lv in self.opts.plan()].index(level.name)
+
+    def _record(self, level: LoadLevel, res: dict[str, Any], complete: bool,
+                reason: str | None, progress: LevelProgress | None) -> None:
         o = self.opts
-        path = write_result(res, self.out / BENCH_DIR / f"c{c}.json")
+        c = level.label
+        path = write_result(res, self.out / BENCH_DIR / f"{level.name}.json")
         ttfts = [t for t, e in zip(res.get("ttfts", []), res.get("errors", []), strict=False)
                  if not e]
         ttft_p95 = res.get("p95_ttft_ms")
         ttft_p95 = ttft_p95 / 1000.0 if isinstance(ttft_p95, int | float) else _percentile(
             ttfts, 95)
-        lv = self.level(c)
+        lv = self.level(level.name)
         lv.update(
             status="complete" if complete else "incomplete", reason=reason,
             start=res["kvpressure_window"]["start"], end=res["kvpressure_window"]["end"],
@@ -478,13 +626,13 @@ class _Sweep:
             progress.finish(verdict)
         else:
             tput = res.get("output_throughput") or 0.0
-            self.say(f"c={c:<4} {res.get('completed')} req  {tput:7.1f} tok/s  "
+            self.say(f"{c:<6} {res.get('completed')} req  {tput:7.1f} tok/s  "
                      f"preemptions so far {now if now is not None else '?'}  -> {verdict}")
         self.save()
         if not complete:
-            self.stop(f"level c={c} incomplete: {reason}")
+            self.stop(f"level {c} incomplete: {reason}")
         elif saturated:
-            self.stop(f"level c={c} saturated: TTFT p95 {lv['ttft_p95_s']:.2f} s over "
+            self.stop(f"level {c} saturated: TTFT p95 {lv['ttft_p95_s']:.2f} s over "
                       f"--max-ttft {o.max_ttft_s:g} s")
 
     # ------------------------------------------------------------------ the whole sweep
@@ -493,22 +641,26 @@ class _Sweep:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.interrupt)
-        limits = httpx.Limits(max_connections=max(self.opts.levels) + 8,
-                              max_keepalive_connections=max(self.opts.levels) + 8)
+        plan = self.opts.plan()
+        # An open loop has no cap on requests in flight: nor has its connection pool.
+        most = (None if any(lv.concurrency is None for lv in plan)
+                else max(int(lv.concurrency or 1) for lv in plan) + 8)
+        limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
         timeout = httpx.Timeout(self.opts.request_timeout_s, connect=10.0)
         try:
             async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
                 try:
+                    await self.load_dataset(http)
                     await self.warmup(http)
                     await self.cooldown(http, "warm-up")
-                    for k, c in enumerate(self.opts.levels):
+                    for k, level in enumerate(plan):
                         if self.interrupted or self.stopped:
                             break
-                        await self.run_level(http, c)
+                        await self.run_level(http, level, k)
                         if self.interrupted or self.stopped:
                             break
-                        if k + 1 < len(self.opts.levels):
-                            await self.cooldown(http, f"c{c}")
+                        if k + 1 < len(plan):
+                            await self.cooldown(http, level.name)
                 except asyncio.CancelledError:
                     if not self.interrupted:
                         raise
@@ -520,12 +672,30 @@ class _Sweep:
             self.stop("interrupted (Ctrl-C)")
 
 
+def _level_entry(level: LoadLevel) -> dict[str, Any]:
+    """A level's entry in levels.json before it runs (a closed loop's as it always was)."""
+    if level.closed:
+        return {"concurrency": level.concurrency, "status": "not run", "reason": None}
+    return {"level": level.name, "concurrency": level.concurrency,
+            "request_rate": level.request_rate, "status": "not run", "reason": None}
+
+
 def choose_engine(opts: CollectOptions) -> str:
     """``builtin`` or ``vllm-bench`` (auto: vllm bench serve when installed and the sweep is in
     prompts per level, which is what it runs)."""
     from kvpressure.live.vllm_bench import find_vllm
 
     if opts.load_engine == "builtin":
+        return "builtin"
+    if opts.dataset is not None or opts.trace is not None:
+        if opts.load_engine == "vllm-bench":
+            raise InputError("--load-engine vllm-bench: --dataset and --trace run on the "
+                             "builtin client (it sends each request's exact lengths and times)")
+        return "builtin"
+    if opts.arrivals == "constant" and opts.request_rates:
+        if opts.load_engine == "vllm-bench":
+            raise InputError("--load-engine vllm-bench: --arrivals constant runs on the builtin "
+                             "client (vllm bench serve draws gamma gaps: --burstiness)")
         return "builtin"
     vllm = find_vllm(opts.vllm)
     if opts.load_engine == "vllm-bench":
@@ -610,7 +780,7 @@ def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
     sweep = _Sweep(opts, server, engine, stream)
     print(f"{server.model} at {server.base_url}: {server.cache_config.get('num_gpu_blocks', '?')} "
           f"KV blocks of {server.cache_config.get('block_size', '?')} tokens; levels "
-          f"{', '.join(map(str, opts.levels))} ({engine} load); recording /metrics every "
+          f"{', '.join(lv.label for lv in opts.plan())} ({engine} load); recording /metrics every "
           f"{opts.scrape_interval_s:g} s into {out / SCRAPE_LOG}", file=stream, flush=True)
     scraper = Scraper(server.metrics_url, out / SCRAPE_LOG, interval_s=opts.scrape_interval_s,
                       timeout_s=max(1.0, min(10.0, 4 * opts.scrape_interval_s)),
@@ -649,8 +819,12 @@ def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
     if opts.prometheus and not sweep.interrupted:
         sweep.doc["prometheus"] = _fetch_prometheus(sweep, t_first, t_last)
         sweep.save()
+    server_log = None
+    if opts.server_log is not None and Path(opts.server_log).is_file():
+        server_log = out / SERVER_LOG_COPY
+        shutil.copyfile(opts.server_log, server_log)
     return CollectOutcome(out, sweep.doc["levels"], sweep.stopped, sweep.interrupted,
-                          notes=late)
+                          notes=late, server_log=server_log)
 
 
 def report_on(outcome: CollectOutcome, *, jobs: int = 2,
@@ -670,6 +844,8 @@ def report_on(outcome: CollectOutcome, *, jobs: int = 2,
     with open(log, encoding="utf-8", errors="replace") as fh:
         has_scrapes = any('"text"' in line for line in fh)
     sources = [out / BENCH_DIR, log] if has_scrapes else [out / BENCH_DIR]
+    if outcome.server_log is not None and Path(outcome.server_log).is_file():
+        sources.append(Path(outcome.server_log))
     result = make_report(out / REPORT_DIR, sources=sources, params=merged, jobs=jobs)
     outcome.report = result.index_path
     return result.index_path

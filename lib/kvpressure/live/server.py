@@ -10,7 +10,7 @@ A URL where no OpenAI-compatible vLLM answers is refused at once, naming the URL
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,7 @@ from kvpressure.errors import InputError
 from kvpressure.ingestion.live_scrape import ACCEPT, check_url
 from kvpressure.ingestion.names import CACHE_CONFIG_INFO
 
-_FROM_CACHE_CONFIG = {
+_FROM_CACHE_CONFIG: dict[str, Callable[[str], Any]] = {
     "num_gpu_blocks": int, "block_size": int,
     "enable_prefix_caching": lambda v: v.strip().lower() == "true",
 }

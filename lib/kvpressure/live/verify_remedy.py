@@ -512,7 +512,7 @@ def verify(opts: VerifyOptions, stream: TextIO | None = None) -> tuple[dict[str,
     settings = _settings_doc(opts, cmds, levels, load)
     if previous is not None:
         check_same(previous, settings, out)
-    planned = opts.max_rounds if opts.until_known else opts.rounds
+    planned = (opts.max_rounds or opts.rounds) if opts.until_known else opts.rounds
     runs = _finished(out, levels, max(planned, opts.rounds))
     doc: dict[str, Any] = {"settings": settings, "twin": about, "state": "running",
                            "rounds_planned": planned}

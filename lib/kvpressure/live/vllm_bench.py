@@ -61,7 +61,7 @@ def run_level(
     base_url: str,
     model: str,
     tokenizer: str,
-    concurrency: int,
+    concurrency: int | None,
     num_prompts: int,
     input_len: int,
     output_len: int,
@@ -70,22 +70,37 @@ def run_level(
     work_dir: Path,
     timeout_s: float,
     cancel: threading.Event | None = None,
+    request_rate: float | None = None,
+    burstiness: float | None = None,
+    extra_args: list[str] | None = None,
+    name: str | None = None,
 ) -> BenchRun:
-    """One level with ``vllm bench serve``; never raises for the child's failures."""
+    """One level with ``vllm bench serve``; never raises for the child's failures.
+
+    A closed loop of ``concurrency`` clients (``--request-rate inf``), or requests at
+    ``request_rate`` (``--burstiness``; None: vLLM's evenly spaced sends are not asked for, its
+    default shape 1 is Poisson), capped at ``concurrency`` when given. ``extra_args`` go to
+    ``vllm bench serve`` as they are, after the kit's own (a later option wins there)."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    name = f"vllm-bench-c{concurrency}.json"
-    log = work_dir / f"vllm-bench-c{concurrency}.log"
+    level = name or f"c{concurrency}"
+    name = f"vllm-bench-{level}.json"
+    log = work_dir / f"vllm-bench-{level}.log"
+    load = ["--request-rate", "inf" if request_rate is None else f"{request_rate:g}"]
+    if concurrency is not None:
+        load = ["--max-concurrency", str(concurrency), *load]
+    if request_rate is not None and burstiness is not None:
+        load += ["--burstiness", f"{burstiness:g}"]
     cmd = [
         vllm, "bench", "serve", "--backend", "vllm", "--base-url", base_url,
         "--endpoint", "/v1/completions", "--model", model, "--tokenizer", tokenizer,
         "--dataset-name", "random", "--random-input-len", str(input_len),
         "--random-output-len", str(output_len), "--random-range-ratio", str(range_ratio),
         "--ignore-eos", "--temperature", "0", "--num-prompts", str(num_prompts),
-        "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", str(seed),
+        *load, "--seed", str(seed),
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
         "--num-warmups", "0", "--ready-check-timeout-sec", "0",
         "--save-result", "--save-detailed", "--result-dir", str(work_dir),
-        "--result-filename", name, "--disable-tqdm",
+        "--result-filename", name, "--disable-tqdm", *(extra_args or []),
     ]
     launched = time.time()
     with open(log, "wb") as out:

@@ -26,6 +26,7 @@ def analyse(
     source: Any = "",
     *,
     focus_concurrency: int = 0,
+    focus_request_rate: float = 0.0,
     engine_args: Mapping[str, Any] | None = None,
     model_name: str = "",
     bench_timezone: str = "",
@@ -48,6 +49,7 @@ def analyse(
 
     if experiment or source:
         collect(run_dir, experiment, source, focus_concurrency=focus_concurrency,
+                focus_request_rate=focus_request_rate,
                 engine_args=engine_args, model_name=model_name, bench_timezone=bench_timezone,
                 columns=columns, log_year=log_year, log_timezone=log_timezone, progress=None)
     elif not has_stage(run_dir, CollectInfo):

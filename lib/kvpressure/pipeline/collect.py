@@ -49,8 +49,13 @@ class Tables:
         """Every row of the baseline variant (all repeats), by level then repeat."""
         base = self.info.baseline_variant
         part = self.runs[self.runs["variant"].astype(str) == base]
-        keys = [c for c in ("concurrency", REPEAT) if c in part.columns]
+        keys = [c for c in (self.x, REPEAT) if c in part.columns]
         return part.sort_values(keys, kind="stable").reset_index(drop=True)
+
+    @property
+    def x(self) -> str:
+        """The runs column of the sweep's levels: ``concurrency`` or ``request_rate``."""
+        return self.info.level_axis
 
     @property
     def repeats(self) -> int:
@@ -95,6 +100,7 @@ def collect(
     source: Any = "",
     *,
     focus_concurrency: int = 0,
+    focus_request_rate: float = 0.0,
     engine_args: Mapping[str, Any] | None = None,
     model_name: str = "",
     bench_timezone: str = "",
@@ -114,12 +120,14 @@ def collect(
     say = progress or (lambda _m: None)
     if sources:
         info = collect_ingested(run_dir, sources, focus_concurrency, engine_args or {},
-                                 model_name, bench_timezone, columns, log_year, log_timezone)
+                                 model_name, bench_timezone, columns, log_year, log_timezone,
+                                 focus_request_rate=focus_request_rate)
     else:
         if not experiment:
             raise InputError("collect: give an experiment file or a source")
         info = collect_simulation(run_dir, os.fspath(experiment), focus_concurrency,
-                                   max(1, int(jobs)), say)
+                                   max(1, int(jobs)), say,
+                                   focus_request_rate=focus_request_rate)
     write_stage(run_dir, info)
     return read_stage(run_dir, CollectInfo)
 

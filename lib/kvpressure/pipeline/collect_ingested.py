@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
@@ -93,7 +94,8 @@ def _kinds(sources: list[str]) -> set[str]:
 def _run_names(runs: pd.DataFrame) -> list[str]:
     """``<variant>/c<C>`` per row (``#2``, ``#3`` for repeated runs of a level); rows of an
     unknown concurrency keep their ingested name."""
-    names, seen = [], {}
+    names: list[str] = []
+    seen: dict[Any, int] = {}
     for _, r in runs.iterrows():
         c = r["concurrency"]
         name = str(r["run"]) if pd.isna(c) else f"{r['variant']}/c{int(c)}"
@@ -105,7 +107,8 @@ def _run_names(runs: pd.DataFrame) -> list[str]:
 def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
                       engine_args: Mapping[str, Any], model_name: str,
                       bench_timezone: str = "", columns: Any = "", log_year: int = 0,
-                      log_timezone: str = "") -> CollectInfo:
+                      log_timezone: str = "", *, focus_request_rate: float = 0.0
+                      ) -> CollectInfo:
     """Ingested data in one of four shapes:
 
     * scrape folders laid out as ``<variant>/c<C>/metrics.prom.jsonl``: one run per point;
@@ -183,14 +186,16 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     if focus_concurrency and runs["concurrency"].isna().all() and len(runs) == 1:
         # One scrape log of one load level: the level is what the user says it was.
         runs["concurrency"] = float(focus_concurrency)
-    runs = runs.sort_values(["variant", "concurrency"], kind="stable").reset_index(drop=True)
+    axis, cap = _level_axis(runs)
+    runs = runs.sort_values(["variant", axis], kind="stable").reset_index(drop=True)
     source_run = runs["run"].astype(str).tolist()
     runs["run"] = _run_names(runs)
     write_table(runs, run_dir / RUNS_CSV)
     variants = [str(v) for v in pd.unique(runs["variant"])]
     base = BASELINE if BASELINE in variants else variants[0]
     base_runs = runs[runs["variant"] == base]
-    measured = base_runs.dropna(subset=["concurrency"])
+    rates = axis == "request_rate"
+    measured = base_runs.dropna(subset=[axis])
     if measured.empty and len(base_runs) > 1:
         rates = pd.to_numeric(base_runs.get("request_rate", pd.Series(dtype=float)),
                               errors="coerce")
@@ -206,6 +211,9 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         level, why = None, ("the concurrency is not known (the metrics do not carry it; "
                             "give focus_concurrency)")
         focus_row = base_runs.iloc[0]
+    elif rates:
+        level, why = focus_level(measured, focus_request_rate or None, axis)
+        focus_row = measured[measured[axis] == level].iloc[0]
     else:
         level, why = focus_level(measured, focus_concurrency)
         focus_row = measured[measured["concurrency"] == level].iloc[0]
@@ -216,7 +224,8 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         load["notes"].append(
             f"{len(declared)} metric famil{'y is' if len(declared) == 1 else 'ies are'} declared "
             f"without samples, so missing (not zero): {', '.join(declared)}")
-    win = ingested_window(focus_row, series, run_name, level, shared_log=shared_log,
+    win = ingested_window(focus_row, series, run_name, cap if rates else level,
+                          shared_log=shared_log,
                           log_origin=_counter_origin(reports, source_run[int(focus_row.name)]),
                           bench_timezone=bench_timezone)
     series, (t0, t1), (g0, g1), origin = win.series, win.counters, win.gauges, win.origin
@@ -274,7 +283,8 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "variant_settings": variant_settings,
         "comparison_parameter": params[0] if len(params) == 1 else None,
         "comparison_variants": [v for v in variants if v != base] if len(params) == 1 else [],
-        "concurrency_levels": sorted(int(c) for c in measured["concurrency"].unique()),
+        "concurrency_levels": [] if rates else sorted(int(c) for c in
+                                                       measured["concurrency"].unique()),
         "settings": settings,
         "num_requests": _finite_int(base_runs.loc[base_runs["run"] == run_name, "num_requests"]),
         "input_len_distribution": lengths["input_len_distribution"],
@@ -285,11 +295,35 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "matched": matched,
         "bench_timezone": bench_timezone or "local",
         "incomplete_levels": incomplete_levels(others),
-        "focus": {"variant": base, "concurrency": level, "run": run_name, "why": why,
-                  "t0": t0, "t1": t1, "gauge_t0": g0, "gauge_t1": g1, "point_dir": None,
-                  "counter_origin": origin},
+        "focus": {"variant": base, "concurrency": None if rates else level, "run": run_name,
+                  "why": why, "t0": t0, "t1": t1, "gauge_t0": g0, "gauge_t1": g1,
+                  "point_dir": None, "counter_origin": origin,
+                  **({"request_rate": level} if rates else {})},
         "load": load,
+        **({"level_axis": axis, "max_concurrency": cap,
+            "request_rates": sorted(float(r) for r in measured[axis].unique())} if rates else {}),
     })
+
+
+def _level_axis(runs: pd.DataFrame) -> tuple[str, int | None]:
+    """What the runs' levels are, and the concurrency cap of a request-rate sweep.
+
+    Runs whose request rates differ (finite, as ``vllm bench serve --request-rate`` gives them)
+    while the concurrency is one value or none are a request-rate sweep: an open loop, or one
+    capped at that many requests in flight (``--max-concurrency``). Anything else is read on the
+    concurrency axis, as before.
+    """
+    base = runs[runs["variant"] == (BASELINE if (runs["variant"] == BASELINE).any()
+                                    else runs["variant"].iloc[0])]
+    if "request_rate" not in runs.columns:
+        return "concurrency", None
+    rate = pd.to_numeric(runs["request_rate"], errors="coerce")
+    rate = rate.where(np.isfinite(rate))  # inf: all at once, no rate level
+    caps = pd.to_numeric(base["concurrency"], errors="coerce").dropna().unique()
+    if rate[base.index].dropna().nunique() > 1 and len(caps) <= 1:
+        runs["request_rate"] = rate
+        return "request_rate", int(caps[0]) if len(caps) else None
+    return "concurrency", None
 
 
 def _counter_origin(reports: Mapping[str, Any], run: str) -> str:

@@ -21,7 +21,6 @@ from kvpressure.pipeline.lengths import length_stats
 from kvpressure.pipeline.run_folder import (
     EXPERIMENT_COPY,
     INGEST_JSON,
-    POINTS_DIR,
     RUNS_CSV,
     SERIES_CSV,
     display_path,
@@ -50,19 +49,26 @@ def _describe_length(spec: Any) -> str:
     return f"{kind} ({args})" if args else str(kind)
 
 
-def _point_dir(run_dir: Path, variant: str, concurrency: int) -> Path:
-    return run_dir / POINTS_DIR / variant / f"c{concurrency}"
+def _point_dir(run_dir: Path, variant: str, concurrency: int | None,
+               request_rate: float | None = None) -> Path:
+    from kvpressure.pipeline.sweep import point_folder
+
+    return run_dir / point_folder(variant, concurrency, request_rate)
 
 
 def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: int,
-                        jobs: int, progress: Callable[[str], None]) -> CollectInfo:
+                        jobs: int, progress: Callable[[str], None], *,
+                        focus_request_rate: float = 0.0) -> CollectInfo:
     from kvpressure.ingestion.api import ingest
     from kvpressure.simulation.experiment import load_experiment
 
     exp = load_experiment(experiment_path)
-    if exp.mode != "closed":
-        raise InputError(f"{experiment_path}: the investigation sweeps closed-loop concurrency "
-                         "levels; this experiment gives request rates")
+    rates = exp.mode != "closed"
+    if rates and not exp.request_rates:
+        raise InputError(f"{experiment_path}: the investigation sweeps load levels (closed-loop "
+                         "concurrency or request_rates); this experiment is one open loop "
+                         "(stages, or a trace's own arrival times): give workload.request_rates")
+    x = "request_rate" if rates else "concurrency"
     src = Path(exp.path) if exp.path else Path(experiment_path)
     shutil.copyfile(src, run_dir / EXPERIMENT_COPY)
     runs = _run_sweep(exp, run_dir, jobs, progress)
@@ -73,13 +79,18 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
     base = BASELINE if BASELINE in variants else variants[0]
     focus_variant = exp.config.focus.variant if exp.config.focus.variant in variants else base
     base_runs = runs[runs["variant"].astype(str) == focus_variant]
-    requested = focus_concurrency or exp.config.focus.concurrency
-    level, why = focus_level(base_runs, requested)
-    point = _point_dir(run_dir, focus_variant, level)
+    if rates:
+        requested = focus_request_rate or exp.config.focus.request_rate
+        level, why = focus_level(base_runs, requested, x)
+        point = _point_dir(run_dir, focus_variant, None, level)
+    else:
+        requested = focus_concurrency or exp.config.focus.concurrency
+        level, why = focus_level(base_runs, requested)
+        point = _point_dir(run_dir, focus_variant, level)
     scrape = next((point / n for n in SCRAPE_FILES if (point / n).is_file()), None)
     if scrape is None:
         raise InputError(f"{point}: the sweep wrote no metrics.prom.jsonl for the focus point")
-    run_name = f"{focus_variant}/c{level}"
+    run_name = f"{focus_variant}/{point.name}"
     ingested = ingest([scrape], run=run_name)
     write_table(ingested.series, run_dir / SERIES_CSV)
     (run_dir / INGEST_JSON).write_text(
@@ -90,7 +101,12 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
     hw, tp = exp.hardware, exp.config.tensor_parallel_size
     cmp = exp.config.comparison
     spec = exp.config.workload
+    axis: dict[str, Any] = {}
+    if rates:
+        axis = {"level_axis": x,
+                "request_rates": sorted(float(r) for r in base_runs[x].unique())}
     return as_result(CollectInfo, {
+        **axis,
         "mode": "simulation",
         "name": exp.name,
         "description": exp.description,
@@ -103,7 +119,8 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
         "variant_settings": {v: _variant_settings(exp, v) for v in variants},
         "comparison_parameter": cmp.parameter if cmp else None,
         "comparison_variants": [v for v in exp.variants() if v != BASELINE and v in variants],
-        "concurrency_levels": sorted(int(c) for c in base_runs["concurrency"].unique()),
+        "concurrency_levels": [] if rates else sorted(int(c) for c in
+                                                       base_runs["concurrency"].unique()),
         "settings": settings,
         "settings_from": _settings_from(exp, settings),
         "server_platform": f"simulated {hw.device_name}" + (f" x{tp} (TP {tp})" if tp > 1 else ""),
@@ -115,9 +132,10 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
             requests["prompt_len"], _describe_length(spec.input_len), "requests.csv (exact)"),
         "output_len_distribution": length_stats(
             requests["output_len"], _describe_length(spec.output_len), "requests.csv (exact)"),
-        "focus": {"variant": focus_variant, "concurrency": level, "run": run_name,
-                  "why": why, "t0": t0, "t1": t1,
-                  "point_dir": str(point.relative_to(run_dir))},
+        "focus": {"variant": focus_variant, "concurrency": None if rates else level,
+                  "run": run_name, "why": why, "t0": t0, "t1": t1,
+                  "point_dir": str(point.relative_to(run_dir)),
+                  **({"request_rate": level} if rates else {})},
     })
 
 

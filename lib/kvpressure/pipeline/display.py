@@ -149,6 +149,7 @@ def plot_band(ax: Any, frame: Any, y: str = "output_throughput", x: str = "concu
 # Column names as a reader sees them, with units; ITL columns are shown in milliseconds.
 COLUMN_NAMES = {
     "variant": "variant", "concurrency": "concurrency (clients)",
+    "request_rate": "request rate (req/s)",
     "output_throughput": "output throughput (tok/s)", "request_throughput": "requests/s",
     "total_token_throughput": "total throughput (tok/s)",
     "ttft_mean_s": "TTFT mean (s)", "ttft_p95_s": "TTFT p95 (s)", "e2e_mean_s": "E2E mean (s)",
@@ -181,7 +182,9 @@ def readable(frame: Any, window: str = "") -> Any:
         return frame
     out = frame.copy()
     for col in out.columns:
-        values = pd.to_numeric(out[col], errors="coerce") if col != "variant" else None
+        if col == "variant":
+            continue
+        values = pd.to_numeric(out[col], errors="coerce")
         if col in MS_COLUMNS:
             out[col] = values * 1000.0
         elif col in COUNT_COLUMNS or (col == "concurrency" and values.notna().all()

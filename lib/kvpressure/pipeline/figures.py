@@ -9,19 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 from kvpressure.pipeline.display import legend_outside, plot_band
-from kvpressure.pipeline.sentences import num
+from kvpressure.pipeline.sentences import level_words, num
 
 # Readable names for the latency lines of the curve's table.
 LATENCY_LABELS = {"itl_mean_s": "ITL mean", "itl_p95_s": "ITL p95", "ttft_p95_s": "TTFT p95"}
 
 
-def knee_figure(points: Any, knee: dict[str, Any], repeats: int, repeats_word: str) -> Any:
+def knee_figure(points: Any, knee: dict[str, Any], repeats: int, repeats_word: str,
+                x: str = "concurrency") -> Any:
     """Throughput against concurrency with the knee, the peak, the sustained range (when it
     spans more than the peak), where the curve turns down and how far it falls."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
-    plot_band(ax, points, label="output throughput", color="tab:blue", repeats_word=repeats_word)
+    words = level_words(x)
+    plot_band(ax, points, x=x, label="output throughput", color="tab:blue",
+              repeats_word=repeats_word)
     if knee["knee_x"] is not None:
         ax.axvline(knee["knee_x"], color="tab:orange", ls="--",
                    label=f"knee ({num(knee['knee_x'])})")
@@ -36,12 +39,12 @@ def knee_figure(points: Any, knee: dict[str, Any], repeats: int, repeats_word: s
                    label=f"decline from {num(knee['decline_onset'])}")
     if knee["declines"]:
         end = points["output_throughput"].iloc[-1]
-        ax.annotate(f"-{knee['decline_pct']:.0f}%", (points["concurrency"].iloc[-1], end),
+        ax.annotate(f"-{knee['decline_pct']:.0f}%", (points[x].iloc[-1], end),
                     textcoords="offset points", xytext=(-10, 12), ha="right", color="tab:red")
     top = max(float(points.get("output_throughput_max", points["output_throughput"]).max()),
               float(knee["peak_y"]))
-    ax.set(xlabel="concurrency (clients)", ylabel="output tokens/s", ylim=(0, top * 1.12),
-           title="Throughput vs concurrency"
+    ax.set(xlabel=words.label, ylabel="output tokens/s", ylim=(0, top * 1.12),
+           title=f"Throughput vs {words.singular}"
            + (f" (mean of {repeats} {repeats_word})" if repeats > 1 else ""))
     legend_outside(ax)
     return fig
@@ -76,23 +79,23 @@ def two_runs_figure(result: dict[str, Any]) -> Any:
     return fig
 
 
-def latency_levels_figure(points: Any) -> Any:
+def latency_levels_figure(points: Any, x: str = "concurrency") -> Any:
     """Inter-token latency (mean and p95) and TTFT p95 by level, each panel with its own
     legend inside it."""
     import matplotlib.pyplot as plt
 
+    label = level_words(x).label
     fig, (itl_ax, ttft_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
     for col, color in (("itl_mean_s", "tab:blue"), ("itl_p95_s", "tab:orange")):
         if col in points and points[col].notna().any():
-            itl_ax.plot(points["concurrency"], points[col] * 1000.0, marker="o", color=color,
+            itl_ax.plot(points[x], points[col] * 1000.0, marker="o", color=color,
                         label=LATENCY_LABELS[col])
-    itl_ax.set(title="Inter-token latency", xlabel="concurrency (clients)", ylabel="ms")
+    itl_ax.set(title="Inter-token latency", xlabel=label, ylabel="ms")
     if itl_ax.get_legend_handles_labels()[0]:
         itl_ax.legend(loc="best", frameon=True)
     if "ttft_p95_s" in points and points["ttft_p95_s"].notna().any():
-        ttft_ax.plot(points["concurrency"], points["ttft_p95_s"], marker="o", color="tab:green")
-    ttft_ax.set(title="Time to first token, p95", xlabel="concurrency (clients)",
-                ylabel="seconds")
+        ttft_ax.plot(points[x], points["ttft_p95_s"], marker="o", color="tab:green")
+    ttft_ax.set(title="Time to first token, p95", xlabel=label, ylabel="seconds")
     return fig
 
 

@@ -24,9 +24,11 @@ from kvpressure.pipeline.sentences import (
     count,
     focus_label,
     lead_sentence,
+    level_words,
     ms,
     num,
     recompute_ratio_text,
+    record_axis,
     signed_pct,
     symptom_sentence,
     to_html,
@@ -112,7 +114,8 @@ def _gain_cell(gain: Any, spread: Any) -> str:
     return text
 
 
-def recommendation_view(rec: dict[str, Any] | None) -> dict[str, Any] | None:
+def recommendation_view(rec: dict[str, Any] | None, axis: str = "concurrency"
+                        ) -> dict[str, Any] | None:
     """The first thing on the page: the change to make, then (folded) the runner-up, the
     remedies that had no effect or broke the latency limits, and those not run (with why)."""
     if not rec or not rec.get("text"):
@@ -138,17 +141,19 @@ def recommendation_view(rec: dict[str, Any] | None) -> dict[str, Any] | None:
                      "why": r.get("why") or "not run"})
     c = rec.get("concurrency")
     twin = rec.get("source") == "twin" and rec.get("twin_fit")
+    words = level_words(axis)
     return {"text": rec["text"], "rows": rows, "limits": rec.get("limits", ""),
-            "at": num(c) if c else "?", "operating": num(op) if op is not None else None,
+            "at": words.at(c) if c else f"{words.singular} ?",
+            "operating": words.at(op) if op is not None else None,
             # The fit before the prediction: how far the twin's numbers can be trusted.
             "twin_note": rec["twin_fit"] if twin else None,
             "symptoms_note": (rec.get("why_not_simulated")
                               if not twin and rec.get("source") == "symptoms" else None)}
 
 
-def recommendation_html(rec: dict[str, Any] | None) -> str:
+def recommendation_html(rec: dict[str, Any] | None, axis: str = "concurrency") -> str:
     """The recommendation box alone (``recommendation_view`` through its template macro)."""
-    view = recommendation_view(rec)
+    view = recommendation_view(rec, axis)
     if view is None:
         return ""
     return str(_environment().get_template("macros.html.j2").module.recommendation(view))
@@ -183,21 +188,23 @@ def verdict_view(record: Record, headline: str = "", verdict: VerdictResult | No
     from kvpressure import VLLM_BEHAVIOUR_VERSION
 
     warning = version_warning(record.provenance.vllm_version_served, VLLM_BEHAVIOUR_VERSION)
-    ratio = recompute_ratio_text(c.recompute_ratio, *(c.recompute_ratio_range or (None, None)),
-                                 exact=c.recompute_exact)
+    low, high = c.recompute_ratio_range or (None, None)
+    ratio = recompute_ratio_text(c.recompute_ratio, low, high, exact=c.recompute_exact)
 
     def one(v: float | None) -> str:
         return _or(v, lambda x: f"{x:.1f}")
 
-    window = f"{_or(w.concurrency, str, 'unknown')} ({c.window.run}, {window_text(c.window)})"
+    words = record_axis(record)
+    level = w.request_rate if words.axis == "request_rate" else w.concurrency
+    window = f"{_or(level, num, 'unknown')} ({c.window.run}, {window_text(c.window)})"
     numbers = [
-        ("knee / peak concurrency",
+        (f"knee / peak {words.singular}",
          NO_DATA + " (too few levels)" if knee is None else
          f"{'none' if knee.knee_x is None else num(knee.knee_x)} / {num(knee.peak_x)}"),
         ("peak output throughput", NO_DATA if knee is None else f"{num(knee.peak_y)} tok/s"),
         ("decline after the peak", NO_DATA if knee is None else
          f"{knee.decline_pct:.1f}%" + ("" if knee.declines else " (within noise)")),
-        ("counters read at concurrency", window),
+        (f"counters read at {words.singular}", window),
         ("running (mean / max) vs max_num_seqs",
          f"{one(c.num_requests_running)} / {_or(s.max_num_seqs_effective, num)} vs "
          f"{_or(s.max_num_seqs, str, 'unknown')}"),
@@ -215,14 +222,15 @@ def verdict_view(record: Record, headline: str = "", verdict: VerdictResult | No
     ]
     symptoms = [x.model_dump() for x in verdict.symptoms.symptoms] if verdict else []
     checks = [{"name": ch.name, "holds": ch.holds, "holds_text": _holds(ch),
-               "seen": (symptom_sentence(symptoms[i], s.max_num_seqs) if i < len(symptoms)
+               "seen": (symptom_sentence(symptoms[i], s.max_num_seqs, axis=words.axis)
+                        if i < len(symptoms)
                         else ch.observed),
                "metric": ch.metric}
               for i, ch in enumerate(record.evidence.checks)]
     return {
         "kind": kind, "status": record.status,
         "recommendation": recommendation_view(
-            verdict.remedies.recommendation if verdict else None),
+            verdict.remedies.recommendation if verdict else None, words.axis),
         # Sentences carry their own markup (to_html escapes the text first).
         "lead": Markup(to_html(lead_sentence(record))),
         "version_warning": Markup(to_html(warning)) if warning else None,

@@ -23,20 +23,30 @@ from kvpressure.stages.results import CollectInfo
 COLUMNS = ["concurrency", "ttft_s", "tpot_s", "e2e_s"]
 
 
+def _level(info: CollectInfo, level: Any) -> Any:
+    return float(level) if info.level_axis == "request_rate" else int(level)
+
+
 def _simulated(run_dir: Path, info: CollectInfo) -> pd.DataFrame:
+    from kvpressure.pipeline.sweep import point_folder
+
     variant = info.baseline_variant
+    x = info.level_axis
     frames = []
-    for level in info.concurrency_levels:
-        path = run_dir / "points" / variant / f"c{level}" / "requests.csv"
+    for level in info.levels:
+        folder = (point_folder(variant, None, float(level)) if x == "request_rate"
+                  else point_folder(variant, int(level)))
+        path = run_dir / folder / "requests.csv"
         if not path.is_file():
             continue
         req = pd.read_csv(path)
         if not {"ttft_s", "itl_mean_s", "arrival_time_s", "finish_time_s"} <= set(req.columns):
             continue
         frames.append(pd.DataFrame({
-            "concurrency": int(level), "ttft_s": req["ttft_s"], "tpot_s": req["itl_mean_s"],
+            x: _level(info, level), "ttft_s": req["ttft_s"], "tpot_s": req["itl_mean_s"],
             "e2e_s": req["finish_time_s"] - req["arrival_time_s"]}))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=[x, *COLUMNS[1:]])
 
 
 def _bench(info: CollectInfo) -> pd.DataFrame:
@@ -44,6 +54,7 @@ def _bench(info: CollectInfo) -> pd.DataFrame:
     from kvpressure.ingestion.bench import load_results
     from kvpressure.paths import stored_path
 
+    x = info.level_axis
     frames = []
     for item in info.inputs:
         path = stored_path(item.path)
@@ -62,19 +73,20 @@ def _bench(info: CollectInfo) -> pd.DataFrame:
             itls = _array(res, "itls", n, None)
             e2e = _array(res, "latencies", n, None)
             out_lens = _array(res, "output_lens", n, None)
-            if any(a is None for a in (errors, itls, e2e, out_lens)):
+            if errors is None or itls is None or e2e is None or out_lens is None:
                 continue
             ok = [not e for e in errors]
-            level = res.get("max_concurrency")
+            level = res.get("max_concurrency" if x == "concurrency" else "request_rate")
             frames.append(pd.DataFrame({
-                "concurrency": level,
+                x: level,
                 "ttft_s": [t for t, k in zip(ttfts, ok, strict=True) if k],
                 "tpot_s": [request_tpot(t, x, o, r) for t, x, o, r, k
                            in zip(ttfts, e2e, out_lens, itls, ok, strict=True) if k],
                 "e2e_s": [x for x, k in zip(e2e, ok, strict=True) if k],
             }))
-    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-    return out.dropna(subset=["concurrency"])
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=[x, *COLUMNS[1:]])
+    return out.dropna(subset=[x])
 
 
 def _array(res: dict[str, Any], key: str, n: int, fill: Any) -> list[Any] | None:
@@ -127,32 +139,41 @@ def within_limits(requests: pd.DataFrame, ttft_limit_s: float | None,
 
 
 def goodput(requests: pd.DataFrame, runs: pd.DataFrame, ttft_limit_s: float | None,
-            tpot_limit_s: float | None, e2el_limit_s: float | None = None) -> pd.DataFrame:
+            tpot_limit_s: float | None, e2el_limit_s: float | None = None,
+            x: str = "concurrency") -> pd.DataFrame:
     """Per level: requests/s, the share of requests within the limits, and goodput (that share
     of requests/s); ``runs`` gives each level's request throughput (its first repeat)."""
     rows = []
     rate = (runs.sort_values([c for c in ("repeat",) if c in runs])
-            .drop_duplicates("concurrency").set_index("concurrency")["request_throughput"]
+            .drop_duplicates(x).set_index(x)["request_throughput"]
             if "request_throughput" in runs else pd.Series(dtype=float))
-    for level, part in requests.groupby("concurrency"):
+    for level, part in requests.groupby(x):
         good = within_limits(part, ttft_limit_s, tpot_limit_s, e2el_limit_s)
         rps = float(rate.get(level, np.nan))
-        rows.append({"concurrency": int(level), "requests": int(len(part)),
+        rows.append({x: int(level) if x == "concurrency" else float(level),
+                     "requests": int(len(part)),
                      "requests/s": rps, "within limits": good,
                      "goodput (requests/s)": rps * good})
     return pd.DataFrame(rows)
 
 
 def latency_figure(requests: pd.DataFrame, ttft_limit_s: float | None = None,
-                   tpot_limit_s: float | None = None, e2el_limit_s: float | None = None) -> Any:
+                   tpot_limit_s: float | None = None, e2el_limit_s: float | None = None,
+                   x: str = "concurrency") -> Any:
     """TTFT, TPOT and E2E as empirical CDFs, one line per level, with the limits marked."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
     data = requests.copy()
-    data["level"] = data["concurrency"].astype(int).astype(str)
-    order = [str(c) for c in sorted(data["concurrency"].astype(int).unique())]
+    from kvpressure.pipeline.sentences import num
+
+    if x == "concurrency":
+        data["level"] = data[x].astype(int).astype(str)
+        order = [str(c) for c in sorted(data[x].astype(int).unique())]
+    else:
+        data["level"] = data[x].map(num)
+        order = [num(c) for c in sorted(data[x].astype(float).unique())]
     palette = sns.color_palette("viridis", n_colors=len(order))
     for ax, col, title, limit in ((axes[0], "ttft_s", "Time to first token", ttft_limit_s),
                                   (axes[1], "tpot_s", "Time per output token", tpot_limit_s),
@@ -172,6 +193,6 @@ def latency_figure(requests: pd.DataFrame, ttft_limit_s: float | None = None,
             ax.xaxis.set_minor_formatter(NullFormatter())
     legend = axes[2].get_legend()
     if legend is not None:
-        legend.set_title("concurrency")
+        legend.set_title("concurrency" if x == "concurrency" else "request rate (req/s)")
         sns.move_legend(axes[2], "upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig

@@ -13,6 +13,7 @@ import html
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kvpressure.jsonable import finite_or_none as finite
@@ -63,6 +64,44 @@ def levels_text(levels: Sequence[Any]) -> str:
     """``8, 16 and 24``."""
     words = [num(v) for v in levels]
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+# --------------------------------------------------------------------------- the level axis
+@dataclass(frozen=True)
+class LevelWords:
+    """How a sweep's levels are said: closed-loop clients or offered load in requests/s."""
+
+    axis: str
+    singular: str
+    plural: str
+    unit: str
+    label: str
+    """The axis of a figure."""
+    more: str
+    """What a larger level adds, as the subject of a sentence ("more clients")."""
+    lowers: str
+    """"lower" or "lowers", to agree with ``more``."""
+
+    def at(self, value: Any, bold: bool = False) -> str:
+        """``concurrency 16`` or ``request rate 2 req/s`` (the number bold when asked)."""
+        n = f"**{num(value)}**" if bold else num(value)
+        return f"{self.singular} {n}{self.unit}"
+
+
+_CONCURRENCY = LevelWords("concurrency", "concurrency", "concurrency levels", "",
+                          "concurrency (clients)", "more clients", "lower")
+_REQUEST_RATE = LevelWords("request_rate", "request rate", "request rates", " req/s",
+                           "offered load (requests/s)", "more offered load", "lowers")
+
+
+def level_words(axis: str | None = "concurrency") -> LevelWords:
+    """The words of a level axis (``concurrency`` or ``request_rate``)."""
+    return _REQUEST_RATE if axis == "request_rate" else _CONCURRENCY
+
+
+def record_axis(record: Any) -> LevelWords:
+    """The level words of a record (its ``workload.level_axis``)."""
+    return level_words(getattr(record.workload, "level_axis", "concurrency"))
 
 
 # --------------------------------------------------------------------------- markup
@@ -125,15 +164,17 @@ def same_schedule_sentence(levels: Sequence[Any], same_from: Any) -> str:
             "(TTFT).")
 
 
-def knee_sentence(knee: Any, last: float) -> str:
+def knee_sentence(knee: Any, last: float, axis: str = "concurrency") -> str:
     """Where growth slows, where it peaks, what follows, and which of them is the operating
-    limit (the number to size the client's concurrency or ``max_num_seqs`` by)."""
+    limit (the number to size the client's concurrency or ``max_num_seqs`` by, or the offered
+    load to admit on a request-rate sweep)."""
+    w = level_words(axis)
     knee_x, peak_x, peak_y = _attr(knee, "knee_x"), _attr(knee, "peak_x"), _attr(knee, "peak_y")
     decline_pct = _attr(knee, "decline_pct") or 0.0
     same_from = _attr(knee, "same_schedule_from")
-    peak = f"peaks at **{num(peak_y)} tok/s** at concurrency **{num(peak_x)}**"
+    peak = f"peaks at **{num(peak_y)} tok/s** at {w.at(peak_x, bold=True)}"
     slows = ("" if knee_x is None or knee_x >= peak_x
-             else f"growth slows from concurrency **{num(knee_x)}**, ")
+             else f"growth slows from {w.at(knee_x, bold=True)}, ")
     if knee_x is None:
         return (f"Output throughput is still rising at the largest level: it {peak}; no knee "
                 "inside the range, so the operating limit lies beyond it.")
@@ -142,13 +183,14 @@ def knee_sentence(knee: Any, last: float) -> str:
               f"{num(last)}" if same_from is not None and same_from < last
               else f"falls {decline_pct:.0f}% by {num(last)}")
         return (f"Output throughput: {slows}{peak}, then {by}. **The operating limit is "
-                f"concurrency {num(peak_x)}**: past it more clients lower throughput"
-                + (f"; from {num(knee_x)} on they mostly add waiting time." if slows else "."))
+                f"{w.at(peak_x)}**: past it {w.more} {w.lowers} throughput"
+                + (f"; from {num(knee_x)} on {'they' if w.lowers == 'lower' else 'it'} mostly "
+                   f"add{'' if w.lowers == 'lower' else 's'} waiting time." if slows else "."))
     flat = ("then stays flat" if decline_pct < 1 else
             f"then is {decline_pct:.0f}% lower by {num(last)}, a change within the noise")
-    return (f"Output throughput: {slows}{peak}, {flat}. **The operating limit is concurrency "
-            f"{num(knee_x)}** (the knee): beyond it more clients add waiting time, not "
-            "throughput.")
+    return (f"Output throughput: {slows}{peak}, {flat}. **The operating limit is "
+            f"{w.at(knee_x)}** (the knee): beyond it {w.more} add"
+            f"{'' if w.lowers == 'lower' else 's'} waiting time, not throughput.")
 
 
 # --------------------------------------------------------------------------- symptoms
@@ -157,7 +199,7 @@ def _short(v: Any) -> str:
 
 
 def symptom_sentence(symptom: Mapping[str, Any], max_num_seqs: Any = None,
-                     max_num_seqs_assumed: bool = False) -> str:
+                     max_num_seqs_assumed: bool = False, axis: str = "concurrency") -> str:
     """What was seen for one symptom, in words (its evidence as numbers a reader can check)."""
     ev = symptom.get("evidence") or {}
     sid, verdict = symptom.get("id"), symptom.get("verdict")
@@ -167,8 +209,8 @@ def symptom_sentence(symptom: Mapping[str, Any], max_num_seqs: Any = None,
         if sid == "curve_falls":
             fall = f"falls {ev['decline_pct']:.0f}% after it" if verdict == "present" else (
                 f"changes by {-ev['decline_pct']:.0f}% after it, within the noise")
-            return (f"throughput peaks at {num(ev['peak_y'])} tok/s at concurrency "
-                    f"{num(ev['peak_x'])} and {fall}")
+            return (f"throughput peaks at {num(ev['peak_y'])} tok/s at "
+                    f"{level_words(axis).at(ev['peak_x'])} and {fall}")
         if sid == "waiting_persists":
             cap = finite(ev.get("frac_capacity"))
             return (f"requests waited {ev['frac_waiting']:.0%} of the time, "
@@ -209,7 +251,7 @@ def symptom_sentence(symptom: Mapping[str, Any], max_num_seqs: Any = None,
 
 # --------------------------------------------------------------------------- goodput
 def goodput_sentence(gp: Any, ttft_limit_s: float | None, tpot_limit_s: float | None,
-                     e2el_limit_s: float | None = None) -> str:
+                     e2el_limit_s: float | None = None, axis: str = "concurrency") -> str:
     """The goodput table (``pipeline.latency.goodput``) in one sentence: where it is highest,
     or that the data cannot judge the limits."""
     from kvpressure.analysis.limits import seconds
@@ -226,11 +268,12 @@ def goodput_sentence(gp: Any, ttft_limit_s: float | None, tpot_limit_s: float | 
                 "the limits on (for time per output token: neither output lengths nor token "
                 "gaps per request).")
     best = known.loc[known[col].idxmax()]
-    return (head + f"; highest at concurrency **{int(best['concurrency'])}**, "
+    w = level_words(axis)
+    return (head + f"; highest at {w.at(best[axis], bold=True)}, "
             f"{best[col]:.2f} requests/s ({best['within limits']:.0%} of its requests within "
             f"{'both limits' if len(given) == 2 else 'the limits'}). TTFT counts from the "
-            "request's arrival, so at high concurrency it is mostly time queued for admission, "
-            "not prefill.")
+            f"request's arrival, so at {'high concurrency' if axis == 'concurrency' else 'a high request rate'} "  # noqa: E501
+            "it is mostly time queued for admission, not prefill.")
 
 
 # --------------------------------------------------------------------------- the lead
@@ -272,12 +315,18 @@ def lead_sentence(record: Any, max_num_seqs_note: str = "") -> str:
     focus level with the window it was read over."""
     s, c, w, p = record.scheduler, record.counters, record.workload, record.perf
     knee = p.knee
+    words = record_axis(record)
+    rates = words.axis == "request_rate"
     parts = []
     if knee is not None:
-        levels = w.concurrency_levels or [knee.peak_x]
-        parts.append(knee_sentence(knee, max(levels)))
-        if getattr(knee, "same_schedule_from", None) is not None:
+        levels = (w.request_rates if rates else w.concurrency_levels) or [knee.peak_x]
+        parts.append(knee_sentence(knee, max(levels), words.axis))
+        if getattr(knee, "same_schedule_from", None) is not None and not rates:
             parts.append(same_schedule_sentence(levels, knee.same_schedule_from))
+    elif rates and p.throughput_by_request_rate:
+        pt = p.throughput_by_request_rate[-1]
+        parts.append(f"One load level measured: **{num(pt.output_throughput)} tok/s** at "
+                     f"{words.at(pt.request_rate)} (no curve, so no knee).")
     elif p.throughput_by_concurrency:
         pt = p.throughput_by_concurrency[-1]
         parts.append(f"One load level measured: **{num(pt.output_throughput)} tok/s** at "
@@ -285,8 +334,9 @@ def lead_sentence(record: Any, max_num_seqs_note: str = "") -> str:
     else:
         parts.append("One load of unknown concurrency measured (no curve, so no knee).")
     where = focus_label(record.provenance.seed).removeprefix("in the ")
-    at = (f"At concurrency {w.concurrency} ({where}, {window_text(c.window)})"
-          if w.concurrency is not None else f"Over the window ({window_text(c.window)})")
+    level = w.request_rate if rates else w.concurrency
+    at = (f"At {words.at(level)} ({where}, {window_text(c.window)})"
+          if level is not None else f"Over the window ({window_text(c.window)})")
     if c.kv_cache_usage_perc is None and c.num_requests_running is None:
         parts.append(f"{at}, the engine's own metrics were not measured (running, waiting, KV "
                      "usage, preemptions: no data), so the cause of the curve's shape is open.")
@@ -297,8 +347,8 @@ def lead_sentence(record: Any, max_num_seqs_note: str = "") -> str:
     def one(v: Any) -> str:
         return NO_DATA if finite(v) is None else f"{v:.1f}"
 
-    ratio = recompute_ratio_text(c.recompute_ratio, *(c.recompute_ratio_range or (None, None)),
-                                 exact=c.recompute_exact)
+    low, high = c.recompute_ratio_range or (None, None)
+    ratio = recompute_ratio_text(c.recompute_ratio, low, high, exact=c.recompute_exact)
     parts.append(
         f"{at}, {one(c.num_requests_running)} sequences run on average (at most "
         f"{num(s.max_num_seqs_effective)}) against {mns}{max_num_seqs_note}, "
@@ -319,24 +369,26 @@ def knee_stage_sentences(res: Any) -> list[str]:
     def lat(seconds: Any) -> str:
         return "not measured" if finite(seconds) is None else f"{1000 * seconds:.0f} ms"
 
-    at = (f"At the focus concurrency {res.focus_concurrency}" if res.focus_concurrency is not None
-          else "Over the measured load")
+    w = level_words(res.x)
+    focus = res.focus_request_rate if res.x == "request_rate" else res.focus_concurrency
+    at = (f"At the focus {w.at(focus)}" if focus is not None else "Over the measured load")
     tail = (f"{lat(res.itl_p95_s)} p95" if res.itl_p99_s is None  # p99 where p95 was not measured
             else f"{lat(res.itl_p99_s)} p99; {res.itl_tail_note}")
     latency = (f"{at}, ITL is {lat(res.itl_mean_s)} on average ({tail}) and TTFT p95 is "
                + ("not measured." if res.ttft_p95_s is None else f"{ms(res.ttft_p95_s)}."))
     k = res.knee
     if k is None:
+        how = ("(e.g. `vllm bench serve --request-rate R` for each R)" if res.x == "request_rate"
+               else "(e.g. `vllm bench serve --max-concurrency C` for each C)")
         return [f"**No curve, no knee**: {res.why_not}. Measure the same workload at several "
-                "concurrency levels (e.g. `vllm bench serve --max-concurrency C` for each C) to "
-                "locate it. " + latency]
-    levels = [p["concurrency"] for p in res.curve]
+                f"{w.plural} {how} to locate it. " + latency]
+    levels = [p[res.x] for p in res.curve]
     last = max(levels) if levels else k["peak_x"]
     knee_txt = ("still rising at the largest level: no knee inside the range"
-                if k["knee_x"] is None else f"the knee is at concurrency **{num(k['knee_x'])}**")
+                if k["knee_x"] is None else f"the knee is at {w.at(k['knee_x'], bold=True)}")
     if k["decline_onset"] is not None:
-        held = (f"it holds within {k['plateau_band']:.0f} tok/s of the peak up to concurrency "
-                f"{num(k['sustained_end'])} and has turned down from {num(k['decline_onset'])}")
+        held = (f"it holds within {k['plateau_band']:.0f} tok/s of the peak up to "
+                f"{w.at(k['sustained_end'])} and has turned down from {num(k['decline_onset'])}")
     else:
         held = (f"it holds within {k['plateau_band']:.0f} tok/s of the peak up to the largest "
                 f"level, {num(last)}: no turn inside the range")
@@ -347,12 +399,39 @@ def knee_stage_sentences(res: Any) -> list[str]:
         fall = f"past the peak it changes by {-k['decline_pct']:.0f}%, within the noise"
     noise = (f"Noise: {k['noise_sd']:.1f} tok/s per run ({k['noise_source']})."
              if k["noise_sd"] is not None else f"Noise: {k['noise_source']}.")
-    out = [f"Throughput peaks at **{num(k['peak_y'])} tok/s** at concurrency "
-           f"{num(k['peak_x'])}; {knee_txt}; {held}; {fall}. {latency} {noise}"]
-    if same_from is not None:
+    out = [f"Throughput peaks at **{num(k['peak_y'])} tok/s** at {w.at(k['peak_x'])}; "
+           f"{knee_txt}; {held}; {fall}. {latency} {noise}"]
+    if same_from is not None and res.x != "request_rate":
         out.append(same_schedule_sentence(levels, same_from))
+    if res.latency_knees:
+        out.append(latency_knee_sentence(res.latency_knees, last))
     out += [f"Note: {note}." for note in k["notes"]]
     return out
+
+
+_LATENCY_NAMES = {"ttft_p95_s": "TTFT p95", "itl_p95_s": "ITL p95"}
+
+
+def latency_knee_sentence(knees: Mapping[str, Any], last: Any) -> str:
+    """Where each latency turns up against offered load (``analysis.knee.latency_knee``)."""
+    words = level_words("request_rate")
+    parts = []
+    for col, k in knees.items():
+        if not k:
+            continue
+        name = _LATENCY_NAMES.get(col, col)
+        band = f"{num(k['factor'])}x its {ms(k['base'])} at the lightest load"
+        if k.get("turn_x") is None:
+            parts.append(f"{name} stays within {band} up to {words.at(last)}")
+        elif k.get("knee_x") is None:
+            parts.append(f"{name} is past {band} from the second level on")
+        else:
+            parts.append(f"{name} holds within {band} up to {words.at(k['knee_x'], bold=True)} "
+                         f"and is past it from {words.at(k['turn_x'])}")
+    if not parts:
+        return ""
+    return ("**Latency against offered load**: " + "; ".join(parts) + ". Past the latency "
+            "knee requests queue for admission: more load arrives than the server drains.")
 
 
 # --------------------------------------------------------------------------- stage 01
@@ -362,9 +441,16 @@ def collect_sentence(info: Any, points: int, runs: int) -> str:
     read."""
     focus, s = info.focus, info.settings
     seeds = info.seeds or []
-    levels = (f"{len(info.concurrency_levels)} concurrency level(s) "
-              f"({', '.join(map(str, info.concurrency_levels))})" if info.concurrency_levels
-              else "a load of unknown concurrency")
+    words = level_words(info.level_axis)
+    if info.level_axis == "request_rate":
+        cap = (f", at most {info.max_concurrency} requests in flight"
+               if info.max_concurrency else ", open loop")
+        levels = (f"{len(info.request_rates)} request rate(s) "
+                  f"({', '.join(num(r) for r in info.request_rates)} req/s{cap})")
+    else:
+        levels = (f"{len(info.concurrency_levels)} concurrency level(s) "
+                  f"({', '.join(map(str, info.concurrency_levels))})" if info.concurrency_levels
+                  else "a load of unknown concurrency")
 
     def setting(key: str) -> str:
         return "unknown" if s.get(key) is None else num(s[key])
@@ -388,7 +474,9 @@ def collect_sentence(info: Any, points: int, runs: int) -> str:
         text += ("**No engine metrics were given**: running, waiting, KV usage and preemptions "
                  "are not measured (missing, not zero), so the later stages can draw the curve "
                  "but not its cause. ")
-    text += (f"The counters are read at concurrency **{focus.concurrency or 'unknown'}** "
+    at = (words.at(focus.level, bold=True) if focus.level is not None
+          else f"{words.singular} **unknown**")
+    text += (f"The counters are read at {at} "
              f"({focus.why}), over {span_text(focus.t0, focus.t1)} of run `{focus.run}`. ")
     text += " ".join(n[0].upper() + n[1:] + "." for n in info.load.notes)
     if info.load.idle:

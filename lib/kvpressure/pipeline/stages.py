@@ -52,18 +52,18 @@ def _gauge(series: pd.DataFrame, metric: str, run: str, labels: str | None = Non
 
 
 # --------------------------------------------------------------------------- 01 collect
-def level_windows(runs: pd.DataFrame) -> pd.DataFrame:
+def level_windows(runs: pd.DataFrame, x: str = "concurrency") -> pd.DataFrame:
     """Per measured level, where its counters and its gauges were read, in seconds from the
     first level's start (empty when the data has no such windows: simulated or bench-only)."""
     cols = ["t_start", "t_end", "t_steady_start", "t_steady_end"]
     if not set(cols) <= set(runs.columns):
         return pd.DataFrame()
-    part = runs.dropna(subset=["concurrency", *cols])
+    part = runs.dropna(subset=[x, *cols])
     if part.empty:
         return pd.DataFrame()
     ref = float(part["t_start"].min())
     out = pd.DataFrame({
-        "concurrency": part["concurrency"].astype(int),
+        x: part[x].astype(int) if x == "concurrency" else part[x].astype(float),
         "counters from (s)": part["t_start"] - ref,
         "counters to (s)": part["t_end"] - ref,
         "gauges from (s)": part["t_steady_start"] - ref,
@@ -71,7 +71,16 @@ def level_windows(runs: pd.DataFrame) -> pd.DataFrame:
     })
     out["left out of the gauges (s)"] = ((out["counters to (s)"] - out["counters from (s)"])
                                          - (out["gauges to (s)"] - out["gauges from (s)"]))
-    return out.sort_values("concurrency").reset_index(drop=True)
+    return out.sort_values(x).reset_index(drop=True)
+
+
+def _window(tables: Tables) -> dict[str, Any]:
+    """The focus window's run and level, as stage 02's result names them."""
+    focus = tables.info.focus
+    out: dict[str, Any] = {"run": focus.run, "concurrency": focus.concurrency}
+    if tables.x == "request_rate":
+        out["request_rate"] = focus.request_rate
+    return out
 
 
 # --------------------------------------------------------------------------- 02 recompute
@@ -139,11 +148,13 @@ def recompute_stage(tables: Tables) -> StageOutput:
     waiting = waiting_from_series(tables.series, g0, g1, max_num_seqs=mns)
     if tables.steps is not None:
         rec = recompute_from_steps(tables.steps, t0, t1)
-        recomputed = float(rec.recomputed_tokens)
-        low = high = recomputed
-        ratio = rec.recompute_ratio or 0.0
-        ratio_low = ratio_high = ratio
-        preemptions = float(rec.preemptions)
+        recomputed: float | None = float(rec.recomputed_tokens)
+        low: float | None = recomputed
+        high: float | None = recomputed
+        ratio: float | None = rec.recompute_ratio or 0.0
+        ratio_low: float | None = ratio
+        ratio_high: float | None = ratio
+        preemptions: float | None = float(rec.preemptions)
         exact = True
         detail = rec.to_dict()
     else:
@@ -157,8 +168,7 @@ def recompute_stage(tables: Tables) -> StageOutput:
         detail = est.to_dict()
     wr = waiting.to_dict()
     result = {
-        "window": {"run": focus.run, "concurrency": focus.concurrency, "t0": t0, "t1": t1,
-                   "gauge_t0": g0, "gauge_t1": g1},
+        "window": {**_window(tables), "t0": t0, "t1": t1, "gauge_t0": g0, "gauge_t1": g1},
         "max_num_seqs": mns,
         "running_mean": wr.get("mean_running"),
         "running_max": wr.get("max_running"),
@@ -183,7 +193,8 @@ def recompute_stage(tables: Tables) -> StageOutput:
     }
     by_level = level_means(tables.baseline_runs, ("preemptions", "recomputed_tokens",
                                                   "recompute_ratio", "recompute_ratio_low",
-                                                  "recompute_ratio_high"), by=(), band=())
+                                                  "recompute_ratio_high"), x=tables.x,
+                          by=(), band=())
     if tables.repeats == 1:
         by_level = by_level.drop(columns=["repeats"])
     frames = {"timeline": timeline(tables), "preemptions": preemption_intervals(tables),
@@ -202,7 +213,6 @@ def has_engine_metrics(tables: Tables) -> bool:
 
 def _no_engine_metrics(tables: Tables, mns: Any) -> StageOutput:
     """What stage 02 can say without engine metrics: every counter missing, never zero."""
-    focus = tables.info.focus
     t0, t1 = tables.window
     keys = ("running_mean", "running_max", "waiting_mean", "waiting_capacity_mean",
             "waiting_deferred_mean", "frac_waiting", "frac_silent", "kv_usage_mean",
@@ -210,14 +220,14 @@ def _no_engine_metrics(tables: Tables, mns: Any) -> StageOutput:
             "recomputed_tokens_high", "recompute_ratio", "recompute_ratio_low",
             "recompute_ratio_high", "recompute_time_share")
     result = {
-        "window": {"run": focus.run, "concurrency": focus.concurrency, "t0": t0, "t1": t1},
+        "window": {**_window(tables), "t0": t0, "t1": t1},
         "max_num_seqs": mns, "available": False, "missing": NO_ENGINE_METRICS, "exact": False,
         **dict.fromkeys(keys), "waiting": {}, "recompute": {},
     }
     empty = pd.DataFrame(columns=["t", "metric", "value"])
     return StageOutput(as_result(RecomputeResult, result), {"timeline": empty,
                                 "preemptions": pd.DataFrame(columns=["t", "preemptions"]),
-                                "by_concurrency": pd.DataFrame(columns=["concurrency"])})
+                                "by_concurrency": pd.DataFrame(columns=[tables.x])})
 
 
 def _kv_mean(series: pd.DataFrame, run: str, t0: float | None, t1: float | None) -> float | None:
@@ -228,10 +238,12 @@ def _kv_mean(series: pd.DataFrame, run: str, t0: float | None, t1: float | None)
 
 # --------------------------------------------------------------------------- 03 knee
 MIN_KNEE_LEVELS = 3  # the symptom "rises, flattens, then falls" needs as many
-def curve(runs: pd.DataFrame) -> pd.DataFrame:
+# The latencies whose turn against offered load a request-rate sweep locates.
+LATENCY_KNEE_COLUMNS = ("ttft_p95_s", "itl_p95_s")
+def curve(runs: pd.DataFrame, x: str = "concurrency") -> pd.DataFrame:
     """Per variant and level: the mean of each curve column over the repeats, ``repeats``, and
     the spread of ``output_throughput`` (``_sd``, ``_min``, ``_max``) for a band."""
-    return level_means(runs, [c for c in CURVE_COLUMNS if c != "concurrency"])
+    return level_means(runs, [c for c in CURVE_COLUMNS if c != "concurrency"], x=x)
 
 
 def knee_stage(tables: Tables) -> StageOutput:
@@ -239,22 +251,29 @@ def knee_stage(tables: Tables) -> StageOutput:
     spread the noise); latencies at every level."""
     from kvpressure.analysis.knee import knee_of_runs, same_schedule_from
     from kvpressure.analysis.symptoms import ITL_P99_NOTE
+    from kvpressure.pipeline.sentences import level_words
 
     base = tables.baseline_runs
     focus = tables.info.focus
+    x = tables.x
+    rates = x == "request_rate"
     # A level without a throughput is no point of the curve (knee_of_runs names it).
-    points = curve(base.dropna(subset=["concurrency", "output_throughput"]))
+    points = curve(base.dropna(subset=[x, "output_throughput"]), x)
+    if rates:  # the closed loop's concurrency column is empty on this axis
+        points = points.drop(columns=["concurrency"], errors="ignore")
     levels = len(points)
     enough = levels >= MIN_KNEE_LEVELS
     # The function `kvpressure knee` calls: the report's knee is the command's.
-    knee = knee_of_runs(base, where="runs.csv") if enough else None
-    if knee is not None:
+    knee = knee_of_runs(base, x=x, where="runs.csv") if enough else None
+    if knee is not None and not rates:
+        # An open loop's levels are different request sets in time: never one schedule.
         knee.same_schedule_from = same_schedule_from(points)
-    here = points[points["concurrency"] == focus.concurrency]
+    here = points[points[x] == focus.level]
     at = here.iloc[0] if len(here) else base.iloc[0]
+    one = "level" if rates else "concurrency level"
     why = None if enough else (
-        "the concurrency of the one run is not known: no curve" if levels == 0 else
-        f"{levels} concurrency level{'s' if levels > 1 else ''} measured; a knee needs at "
+        f"the {level_words(x).singular} of the one run is not known: no curve" if levels == 0
+        else f"{levels} {one}{'s' if levels > 1 else ''} measured; a knee needs at "
         f"least {MIN_KNEE_LEVELS} (a curve that rises, bends and flattens)")
     result = {
         "variant": tables.info.baseline_variant,
@@ -265,10 +284,17 @@ def knee_stage(tables: Tables) -> StageOutput:
         "knee": knee.to_dict() if knee is not None else None,
         "curve": points.drop(columns=["variant"], errors="ignore").to_dict(orient="records"),
         "focus_concurrency": focus.concurrency,
+        **({"focus_request_rate": focus.request_rate, "x": x} if rates else {}),
         "itl_mean_s": finite_or_none(at.get("itl_mean_s")),
         "itl_p95_s": finite_or_none(at.get("itl_p95_s")),
         "ttft_p95_s": finite_or_none(at.get("ttft_p95_s")),
     }
+    if rates and enough:
+        from kvpressure.analysis.knee import latency_knee
+
+        result["latency_knees"] = {
+            col: latency_knee(points[x], points[col]) for col in LATENCY_KNEE_COLUMNS
+            if col in points and points[col].notna().sum() >= MIN_KNEE_LEVELS}
     if result["itl_p95_s"] is None and finite_or_none(at.get("itl_p99_s")) is not None:
         result["itl_p99_s"] = finite_or_none(at.get("itl_p99_s"))
         result["itl_tail_note"] = ITL_P99_NOTE
@@ -298,17 +324,18 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
 
     runs, settings = comparison_runs(tables)
     param = tables.info.comparison_parameter
+    x = tables.x
     if param is None or len(settings) < 2:
-        levels = int(pd.to_numeric(tables.baseline_runs["concurrency"], errors="coerce")
+        levels = int(pd.to_numeric(tables.baseline_runs[x], errors="coerce")
                      .nunique())
         what = ("one load level measured, one engine configuration: a comparison needs the "
                 "curve of each of two configurations" if levels <= 1 else
                 "one engine configuration measured (one variant): no single-variable comparison "
                 "in the data")
         result = {"available": False, "parameter": param, "summary": what}
-        return StageOutput(as_result(ComparisonResult, result), {"curves": curve(runs)})
+        return StageOutput(as_result(ComparisonResult, result), {"curves": curve(runs, x)})
     cmp = compare_variants(runs, settings, parameter=param,
-                           baseline=tables.info.baseline_variant, seed=seed)
+                           baseline=tables.info.baseline_variant, x=x, seed=seed)
     d = cmp.to_dict()
     last = max(float(p["x"]) for v in cmp.variants for p in v.points)
     phrases = []
@@ -331,10 +358,10 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
         f". The knee does not move right beyond noise when {param} changes.")
     d.update(available=True, summary=summary, moved_right_beyond_noise=moved,
              variant_names=[v.variant for v in cmp.variants if v.variant != cmp.baseline])
-    return StageOutput(as_result(ComparisonResult, d), {"curves": curve(runs)})
+    return StageOutput(as_result(ComparisonResult, d), {"curves": curve(runs, x)})
 
 
-def variant_table(result: ComparisonResult) -> pd.DataFrame:
+def variant_table(result: ComparisonResult, x: str = "concurrency") -> pd.DataFrame:
     """One row per variant of compare.json: its knee and the end of its sustained range, each
     with its bootstrap range, the peak and the noise (empty without a comparison). A range
     end past the largest level (a curve that does not turn inside the sweep) reads "past N"."""
@@ -352,14 +379,17 @@ def variant_table(result: ComparisonResult) -> pd.DataFrame:
     def at(x: Any, last: float) -> str | None:
         return None if x is None else (f"past {num(last)}" if x > last else num(x))
 
+    unit = "clients" if x == "concurrency" else "req/s"
     rows = []
     for v in result.variants:
         last = max((p["x"] for p in v.get("points") or []), default=math.inf)
         rows.append({
-            "variant": v["variant"], "knee (clients)": at(v["knee_x"], last),
+            "variant": v["variant"], f"knee ({unit})": at(v["knee_x"], last),
             "knee range": span(v["knee_range"], last),
-            "holds to (clients)": at(v["sustained_end"], last),
-            "declines from": at(v["decline_onset"], last),
+            f"holds to ({unit})": at(v["sustained_end"], last),
+            # No decline inside the sweep: the turn, if any, lies past its largest level.
+            "declines from": (at(v["decline_onset"], last) if v["decline_onset"] is not None
+                              else f"past {num(last)}"),
             "holds-to range": span(v["sustained_range"], last),
             "peak (tok/s)": v["peak_y"], "noise (tok/s per run)": v["noise_sd"],
             "runs averaged": v["repeats"]})
@@ -375,15 +405,17 @@ SHIFT_NAMES = {"baseline_value": "baseline value", "shift": "knee shift (clients
                "beyond_noise": "either beyond noise", "peak_gain_pct": "peak change (%)"}
 
 
-def shift_table(result: ComparisonResult) -> pd.DataFrame:
+def shift_table(result: ComparisonResult, x: str = "concurrency") -> pd.DataFrame:
     """One row per compared variant of compare.json: how far its knee and its sustained range
     moved from the baseline's, and whether beyond noise (empty without a comparison)."""
+    names = SHIFT_NAMES if x == "concurrency" else {
+        k: v.replace("(clients)", "(req/s)") for k, v in SHIFT_NAMES.items()}
     if not result.available:
-        return pd.DataFrame(columns=[SHIFT_NAMES.get(c, c) for c in SHIFT_COLUMNS])
+        return pd.DataFrame(columns=[names.get(c, c) for c in SHIFT_COLUMNS])
     table = pd.DataFrame(result.shifts)[list(SHIFT_COLUMNS)]
     for col in ("knee_beyond_noise", "sustained_beyond_noise", "beyond_noise"):
         table[col] = table[col].map({True: "yes", False: "no"})
-    return table.rename(columns=SHIFT_NAMES)
+    return table.rename(columns=names)
 
 
 def _at(x: float | None) -> str:

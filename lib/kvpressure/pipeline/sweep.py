@@ -151,7 +151,7 @@ def _point_jobs(experiment: Experiment, variants: Mapping[str, Mapping[str, Any]
 
     identity = (__version__, experiment.config.model_dump(mode="json"),
                 repr(experiment.hardware), repr(experiment.model))
-    out = []
+    out: list[Any] = []
     for name, overrides in variants.items():
         for repeat, seed in enumerate(seeds):
             for level in levels:
@@ -259,8 +259,9 @@ def run_sweep(
     n_jobs = jobs if jobs is not None else min(2, os.cpu_count() or 1)
     if executor is None and (n_jobs <= 1 or len(point_jobs) == 1):
         for done, job in enumerate(point_jobs, start=1):
-            rows[job.index] = _run_point(exp, job, str(out))
-            report(job, rows[job.index], done)
+            row = _run_point(exp, job, str(out))
+            rows[job.index] = row
+            report(job, row, done)
     else:
         from kvpressure.pipeline.workers import process_pool, stop_pool
 
@@ -272,8 +273,9 @@ def run_sweep(
 
             for done, fut in enumerate(as_completed(futures), start=1):
                 job = futures[fut]
-                rows[job.index] = fut.result()
-                report(job, rows[job.index], done)
+                row = fut.result()
+                rows[job.index] = row
+                report(job, row, done)
         except BaseException:
             if own:  # interrupted or failed: the other points are not waited for
                 stop_pool(pool)
@@ -296,9 +298,9 @@ def _keep_complete_points(jobs: list[_PointJob], out: Path, rows: list[dict[str,
     wanted = {job.folder for job in jobs if job.folder is not None}
     points = out / "points"
     if points.is_dir():
-        for folder in sorted(p for p in points.glob("*/*") if p.is_dir()):
-            if folder.relative_to(out).as_posix() not in wanted:
-                shutil.rmtree(folder)
+        for kept in sorted(p for p in points.glob("*/*") if p.is_dir()):
+            if kept.relative_to(out).as_posix() not in wanted:
+                shutil.rmtree(kept)
         for variant in points.iterdir():
             if variant.is_dir() and not any(variant.iterdir()):
                 variant.rmdir()

@@ -19,7 +19,13 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.pipeline.collect import Tables
-from kvpressure.pipeline.sentences import knee_sentence, runs_label, symptom_sentence, to_plain
+from kvpressure.pipeline.sentences import (
+    knee_sentence,
+    record_axis,
+    runs_label,
+    symptom_sentence,
+    to_plain,
+)
 from kvpressure.pipeline.stages import StageOutput, comparison_of, interference_of
 from kvpressure.stages.files import as_result, read_stage
 from kvpressure.stages.results import (
@@ -75,16 +81,17 @@ def assumption_finding(assumed: int) -> str:
 
 
 def symptoms_frame(checklist: Any, max_num_seqs: Any = None,
-                   max_num_seqs_assumed: bool = False) -> pd.DataFrame:
+                   max_num_seqs_assumed: bool = False, axis: str = "concurrency"
+                   ) -> pd.DataFrame:
     """The checklist as a reader's table: the symptom, whether it holds, what was seen."""
     rows = [{"symptom": s["name"], "holds": {"present": "yes", "absent": "no"}.get(
                 s["verdict"], s["verdict"]),
-             "what was seen": symptom_sentence(s, max_num_seqs, max_num_seqs_assumed)}
+             "what was seen": symptom_sentence(s, max_num_seqs, max_num_seqs_assumed, axis)}
             for s in checklist.to_dict()["symptoms"]]
     return pd.DataFrame(rows)
 
 
-def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2,
+def _simulate_levels(experiment_path: str, levels: list[float], jobs: int = 2,
                      kept: dict[str, pd.DataFrame] | None = None,
                      progress: Callable[[int, int], None] | None = None):
     """``[overrides, ...] -> [runs, ...]`` over the baseline's levels, for the remedies'
@@ -127,8 +134,8 @@ def _simulate_levels(experiment_path: str, levels: list[int], jobs: int = 2,
 
 
 def seed_gains(baseline: pd.DataFrame, kept: dict[str, pd.DataFrame], report: dict[str, Any],
-               y: str = "output_throughput", level: float | None = None
-               ) -> dict[str, list[float]]:
+               y: str = "output_throughput", level: float | None = None,
+               x: str = "concurrency") -> dict[str, list[float]]:
     """Per remedy, its throughput change (%) at ``level`` (default: the target concurrency)
     seed by seed against the baseline's same seed (the same request set): the spread the mean
     hides, which is the run-to-run noise of a simulation."""
@@ -138,7 +145,7 @@ def seed_gains(baseline: pd.DataFrame, kept: dict[str, pd.DataFrame], report: di
         return out
 
     def at_target(runs: pd.DataFrame) -> pd.Series:
-        levels = pd.to_numeric(runs["concurrency"])
+        levels = pd.to_numeric(runs[x])
         nearest = levels.iloc[(levels - target).abs().argsort().iloc[0]]
         part = runs[levels == nearest]
         return part.groupby("seed")[y].mean()
@@ -222,7 +229,10 @@ def _experiment_remedies(path: Path) -> dict[str, dict] | None:
 
 
 def _remedy_rows(report: dict[str, Any], settings: dict[str, Any],
-                 repeats: int = 1) -> list[dict[str, str]]:
+                 repeats: int = 1, axis: str = "concurrency") -> list[dict[str, str]]:
+    from kvpressure.pipeline.sentences import level_words
+
+    words = level_words(axis)
     rows = []
     for o in report["outcomes"]:
         if not o["applicable"]:
@@ -231,7 +241,7 @@ def _remedy_rows(report: dict[str, Any], settings: dict[str, Any],
         g, c = o["gain"], o["cost"]
         effect = []
         if g.get("throughput_at_target_pct") is not None:
-            effect.append(f"throughput at concurrency {report['target_concurrency']:g} "
+            effect.append(f"throughput at {words.at(report['target_concurrency'])} "
                           f"{g['throughput_at_target_pct']:+.0f}%")
         if g.get("recompute_ratio_at_target") is not None:
             effect.append(f"recompute ratio {g['recompute_ratio_before']:.1%} -> "
@@ -275,13 +285,14 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
 
     info = tables.info
     settings = info.settings
+    x = tables.x
     t0, t1 = tables.gauge_window
     base = tables.baseline_runs  # every repeat: the symptoms' curve and the remedies average them
     series = tables.series if len(tables.series) else None  # missing, never read as zero
     def checklist_for(max_num_seqs: int | None) -> Any:
         return check_symptoms(
             series, runs=base, steps=tables.steps, t0=t0, t1=t1, run=info.focus.run,
-            max_num_seqs=max_num_seqs,
+            max_num_seqs=max_num_seqs, x=x,
             recompute=None if series is None else focus_recompute_estimate(tables),
             counters=tables.window, counter_origin=info.focus.counter_origin,
         )
@@ -307,12 +318,12 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
                            max_sequence_tokens=max_seq, pool_tokens=pool,
                            max_model_len=settings.get("max_model_len"),
                            idle=info.load.idle)
-    focus_c = info.focus.concurrency
+    focus_c = info.focus.level
     if not info.simulated and simulate_remedies:
         # Measured data: its fitted twin predicts the remedies (twin/in_report.py).
         from kvpressure.twin.in_report import build_report_twin
 
-        build_report_twin(run_dir, focus_c, list(info.concurrency_levels), limits)
+        build_report_twin(run_dir, focus_c, list(info.levels), limits, axis=x)
     remedies: dict[str, Any]
     if info.simulated and simulate_remedies and status.status == KV_BOUND:
         # Refused before the remedies' sweep: a limit they do not price is never dropped.
@@ -324,18 +335,19 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         candidate = Path(exp_path) if Path(exp_path).is_absolute() else REPO_ROOT / exp_path
         kept: dict[str, pd.DataFrame] = {}
         report = evaluate_remedies(
-            base, _simulate_levels(str(candidate), info.concurrency_levels, kept=kept,
+            base, _simulate_levels(str(candidate), info.levels, kept=kept,
                                    progress=progress),
             settings=settings, target_concurrency=focus_c, max_sequence_tokens=max_seq,
-            remedies=_experiment_remedies(candidate),
+            remedies=_experiment_remedies(candidate), x=x,
         ).to_dict()
-        rows = _remedy_rows(report, settings, tables.repeats)
+        rows = _remedy_rows(report, settings, tables.repeats, x)
         remedies = {"simulated": True, "try_first": report["try_first"], "why": report["why"],
                     "rows": rows, "report": report,
                     "recommendation": recommend(
-                        report, settings, seed_gains(base, kept, report), limits,
+                        report, settings, seed_gains(base, kept, report, x=x), limits,
                         operating_seed_gains=seed_gains(base, kept, report,
-                                                        level=report["baseline"]["peak_x"]))}
+                                                        level=report["baseline"]["peak_x"], x=x),
+                        axis=x)}
     elif status.status != NOT_ESTABLISHED:
         order = list(STATIC_REMEDIES)
         if status.status == SEQ_BOUND:  # one sequence is the problem: shrink it first
@@ -376,7 +388,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         "remedies": remedies,
     }
     frames = {"symptoms": symptoms_frame(checklist, settings.get("max_num_seqs") or assumed,
-                                         assumed is not None),
+                                         assumed is not None, x),
               "remedies": pd.DataFrame(remedies["rows"],
                                        columns=["parameter", "change", "effect", "cost"])}
     return StageOutput(as_result(VerdictResult, result), frames)
@@ -390,14 +402,17 @@ def closing_lines(run_dir: str | os.PathLike[str]) -> list[str]:
     record = load_record(Path(run_dir) / "record.yaml")
     lines = [f"status: {record.status}"]
     knee = record.perf.knee
+    words = record_axis(record)
     if knee is not None:
-        last = max(record.workload.concurrency_levels or [knee.peak_x])
-        lines.append(to_plain(knee_sentence(knee, last)))
+        levels = (record.workload.request_rates if words.axis == "request_rate"
+                  else record.workload.concurrency_levels)
+        last = max(levels or [knee.peak_x])
+        lines.append(to_plain(knee_sentence(knee, last, words.axis)))
     rec = read_stage(run_dir, VerdictResult).remedies.recommendation
     if rec.get("text"):
         lines.append(rec["text"])
         if rec.get("runner_up"):
             r = rec["runner_up"]
             lines.append(f"runner-up: {r['parameter']} {r['from']} -> {r['value']} "
-                         f"({r['gain_pct']:+.0f}% at concurrency {rec['concurrency']:g})")
+                         f"({r['gain_pct']:+.0f}% at {words.at(rec['concurrency'])})")
     return lines

@@ -80,16 +80,20 @@ def ingested_window(focus_row: Mapping[str, Any], series: pd.DataFrame | None, r
     from kvpressure.ingestion.load_window import clock as _clock
     from kvpressure.ingestion.load_window import is_idle, steady_part
 
-    window = (finite_or_none(focus_row.get("t_start")), finite_or_none(focus_row.get("t_end")))
-    steady = (finite_or_none(focus_row.get("t_steady_start")),
-              finite_or_none(focus_row.get("t_steady_end")))
+    w0, w1 = finite_or_none(focus_row.get("t_start")), finite_or_none(focus_row.get("t_end"))
+    s0 = finite_or_none(focus_row.get("t_steady_start"))
+    s1 = finite_or_none(focus_row.get("t_steady_end"))
+    t0: float
+    t1: float
+    g0: float
+    g1: float
     origin, idle, snapshot, notes = "first", None, False, []
     if series is not None and not series.empty:
         scrape_times = pd.to_numeric(series["t"], errors="coerce").dropna().unique()
-        if shared_log and None not in window:
-            series = crop(series, *window)
-            t0, t1 = window
-            g0, g1 = steady if None not in steady and steady[1] > steady[0] else window
+        if shared_log and w0 is not None and w1 is not None:
+            series = crop(series, w0, w1)
+            t0, t1 = w0, w1
+            g0, g1 = (s0, s1) if s0 is not None and s1 is not None and s1 > s0 else (w0, w1)
             notes.append(
                 f"counters over the level's window {_clock(t0)}-{_clock(t1)} (from its bench "
                 f"result), gauges over its steady part {_clock(g0)}-{_clock(g1)} "

@@ -51,7 +51,8 @@ YAML_FIELDS = {
     "name", "description", "device_name", "num_cards", "memory", "memory_gib", "memory_gb",
     "usable_memory", "usable_memory_gib", "usable_memory_gb", "hbm_bandwidth_gb_s",
     "peak_flops_tflops", "peak_flops_total_tflops", "link_bandwidth_per_direction_gb_s",
-    "link_bandwidth_aggregate_gb_s", "allreduce_bandwidth_gb_s", "eta_f", "eta_a", "eta_m",
+    "link_bandwidth_aggregate_gb_s", "allreduce_bandwidth_gb_s", "allreduce_latency_us",
+    "eta_f", "eta_a", "eta_m",
     "eta_c", "alpha_c_us", "t0_ms", "t_seq_us", "api_server_ms", "tokenize_us_per_token",
     "output_path_ms", "default_block_size", "batch_defaults",
     "graph_pool_in_kv_budget", "sources", "references",
@@ -112,6 +113,10 @@ class HardwareProfile:
     output_s: float = 0.0
     """End of a step to the client reading its token (output processing, IPC, detokenising,
     streaming), s."""
+    allreduce_latency_measured: dict[int, tuple[tuple[float, float], ...]] = field(
+        default_factory=dict)
+    """Measured time of one all-reduce by group size and message size (cards -> ((bytes, s),
+    ...)); the cost model uses it in place of the ring formula for those group sizes."""
     sources: dict[str, str] = field(default_factory=dict)
     path: str | None = None
 
@@ -137,6 +142,11 @@ class HardwareProfile:
             return self.allreduce_bandwidth_measured[max(smaller)]
         return self.eta_c * self.link_bandwidth
 
+    def allreduce_latency(self, tp: int) -> tuple[tuple[float, float], ...]:
+        """Measured ((bytes, s), ...) of one all-reduce on ``tp`` cards; empty if not measured
+        for that group size (a table does not carry over to other sizes)."""
+        return self.allreduce_latency_measured.get(tp, ())
+
     def batch_defaults(self, usage_context: str = "api_server") -> tuple[int, int]:
         """vLLM 0.33.0's (max_num_batched_tokens, max_num_seqs) defaults for this device.
 
@@ -160,6 +170,9 @@ class HardwareProfile:
         d = asdict(self)
         d["allreduce_bandwidth_measured"] = {
             str(k): v for k, v in self.allreduce_bandwidth_measured.items()
+        }
+        d["allreduce_latency_measured"] = {
+            str(k): [list(p) for p in v] for k, v in self.allreduce_latency_measured.items()
         }
         return d
 
@@ -193,6 +206,18 @@ class HardwareProfile:
                     f"entry {k!r}: {v!r} must map a card count >= 2 to a bandwidth > 0",
                 )
             allreduce[cards] = float(v) * GB
+        latency: dict[int, tuple[tuple[float, float], ...]] = {}
+        for k, table in r.mapping("allreduce_latency_us").items():
+            bad = r.error("allreduce_latency_us", f"entry {k!r} must map a card count >= 2 to "
+                          "{message bytes: microseconds} with at least two sizes")
+            try:
+                cards = int(k)
+                pairs = sorted((float(b), float(t) * 1e-6) for b, t in dict(table).items())
+            except (TypeError, ValueError):
+                raise bad from None
+            if cards < 2 or len(pairs) < 2 or any(b <= 0 or t <= 0 for b, t in pairs):
+                raise bad
+            latency[cards] = tuple(pairs)
         override = None
         if r.has("batch_defaults"):
             bd = FieldReader(r.mapping("batch_defaults"), f"{r.where('batch_defaults')} batch_defaults")
@@ -210,6 +235,7 @@ class HardwareProfile:
             link_bandwidth=per_dir,
             link_bandwidth_aggregate=aggregate,
             allreduce_bandwidth_measured=allreduce,
+            allreduce_latency_measured=latency,
             eta_f=r.number("eta_f", maximum=1.0),
             eta_a=r.number("eta_a", maximum=1.0),
             eta_m=r.number("eta_m", maximum=1.0),

@@ -344,7 +344,7 @@ def size_kv_pool(
                 f"kv_cache_memory_bytes {kv_cache_memory_bytes / GiB:.2f} GiB is more than the "
                 f"card's {total / GiB:.2f} GiB: vLLM would run out of memory allocating it")
 
-    stages = []
+    stages: list[dict[str, Any]] = []
     for rank in range(pp):
         layers = pp_layers(mdl.num_hidden_layers, pp, rank)
         w = measured_weights if measured_weights is not None else mdl.weight_bytes_per_rank(

@@ -47,7 +47,9 @@ def _why_missing(path: str, collect: CollectInfo, knee: KneeResult) -> str:
     engine_fields = path.startswith("counters.") or path in (
         "scheduler.max_num_seqs_effective", *(f"scheduler.{f}" for f in _CACHE_CONFIG),
         "perf.throughput_by_concurrency[*].preemptions",
-        "perf.throughput_by_concurrency[*].recompute_ratio")
+        "perf.throughput_by_concurrency[*].recompute_ratio",
+        "perf.throughput_by_request_rate[*].preemptions",
+        "perf.throughput_by_request_rate[*].recompute_ratio")
     unknown_c = ("the load's concurrency is not known: the metrics do not carry it (give "
                  "--param focus_concurrency=C)")
     if path in ("counters.window.concurrency", "workload.concurrency",
@@ -56,7 +58,7 @@ def _why_missing(path: str, collect: CollectInfo, knee: KneeResult) -> str:
     if no_engine and engine_fields:
         return _NO_ENGINE_METRICS
     if path == "perf.knee":
-        return knee.why_not or "too few concurrency levels for a knee"
+        return knee.why_not or f"too few {'levels' if knee.x == 'request_rate' else 'concurrency levels'} for a knee"
     if path.startswith("scheduler.") and field in ("policy", "max_num_seqs",
                                                    "max_num_batched_tokens"):
         arg = "scheduling_policy" if field == "policy" else field
@@ -88,7 +90,7 @@ def _why_missing(path: str, collect: CollectInfo, knee: KneeResult) -> str:
     return "not measured by the given data"
 
 
-def _checks(symptoms: Symptoms) -> list[dict[str, Any]]:
+def _checks(symptoms: Symptoms, axis: str = "concurrency") -> list[dict[str, Any]]:
     out = []
     for s in symptoms.symptoms:
         ev = s.evidence
@@ -97,7 +99,7 @@ def _checks(symptoms: Symptoms) -> list[dict[str, Any]]:
             for k, v in ev.items() if not isinstance(v, dict | list) and k != "source"
         )
         metric = {
-            "curve_falls": "output_throughput by concurrency",
+            "curve_falls": f"output_throughput by {axis}",
             "waiting_persists": "vllm:num_requests_waiting",
             "running_below_max_num_seqs": "vllm:num_requests_running",
             "kv_usage_near_full": "vllm:kv_cache_usage_perc",
@@ -152,6 +154,15 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
     status = verdict.status
     reasons = [status.rule, *status.findings]
     gauge_t0, gauge_t1 = focus.gauge_window
+    rates = collect.level_axis == "request_rate"
+    x = collect.level_axis
+    curve = [
+        {x: (float(p[x]) if rates else int(p[x])), "output_throughput": p["output_throughput"],
+         "itl_mean_s": p.get("itl_mean_s"), "itl_p95_s": p.get("itl_p95_s"),
+         "ttft_p95_s": p.get("ttft_p95_s"), "preemptions": p.get("preemptions"),
+         "recompute_ratio": p.get("recompute_ratio")}
+        for p in knee.curve
+    ] or None
     data = {
         "scheduler": {
             "policy": s.get("scheduling_policy") or s.get("policy"),
@@ -166,7 +177,7 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
         },
         "counters": {
             "window": {"run": focus.run, "concurrency": focus.concurrency,
-                       "start_s": focus.t0, "end_s": focus.t1,
+                       "request_rate": focus.request_rate, "start_s": focus.t0, "end_s": focus.t1,
                        "gauges_start_s": gauge_t0, "gauges_end_s": gauge_t1,
                        "snapshot": collect.load.snapshot},
             "num_requests_running": rec.running_mean,
@@ -191,16 +202,15 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
                                               "input_len_distribution"),
             "output_len_distribution": _length(collect.output_len_distribution,
                                                "output_len_distribution"),
+            "level_axis": collect.level_axis,
+            "request_rate": focus.request_rate,
+            "request_rates": [float(r) for r in collect.request_rates] or None,
+            "max_concurrency": collect.max_concurrency if rates else None,
         },
         "perf": {
             "variant": knee.variant,
-            "throughput_by_concurrency": [
-                {"concurrency": int(p["concurrency"]), "output_throughput": p["output_throughput"],
-                 "itl_mean_s": p.get("itl_mean_s"), "itl_p95_s": p.get("itl_p95_s"),
-                 "ttft_p95_s": p.get("ttft_p95_s"), "preemptions": p.get("preemptions"),
-                 "recompute_ratio": p.get("recompute_ratio")}
-                for p in knee.curve
-            ] or None,
+            "throughput_by_concurrency": None if rates else curve,
+            "throughput_by_request_rate": curve if rates else None,
             "knee": None if k is None else {
                 key: k[key] for key in ("knee_x", "peak_x", "peak_y", "declines", "decline_pct")
             } | {"same_schedule_from": k.get("same_schedule_from")} | {"plateau": k["plateau"][1] > k["plateau"][0],
@@ -211,7 +221,7 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
         },
         "status": status.status,
         "evidence": {
-            "checks": _checks(verdict.symptoms),
+            "checks": _checks(verdict.symptoms, collect.level_axis.replace("_", " ")),
             "comparison": comparison,
             "interference": stages.interference.summary,
             "reasons": reasons,

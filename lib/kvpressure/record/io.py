@@ -56,8 +56,25 @@ def validate_record(data: Record | dict[str, Any], where: str = "record") -> Rec
         raise InputError(validation_message(exc, where)) from None
 
 
+def _drop_rate_fields(data: dict[str, Any]) -> None:
+    """A concurrency sweep's record reads as it always has: no request-rate fields."""
+    from kvpressure.record.schema import RATE_FIELDS
+
+    if data["workload"].get("level_axis") != "concurrency":
+        return
+    for section, keys in RATE_FIELDS.items():
+        if isinstance(keys, dict):
+            for sub, names in keys.items():
+                for k in names:
+                    data[section][sub].pop(k, None)
+        else:
+            for k in keys:
+                data[section].pop(k, None)
+
+
 def record_to_yaml(record: Record) -> str:
     data = record.model_dump(mode="json")
+    _drop_rate_fields(data)
     header = HEADER + NULL_NOTE if data.get("missing") else HEADER
     if not data.get("missing"):
         data.pop("missing", None)  # a complete record reads as the seed's form

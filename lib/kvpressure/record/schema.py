@@ -49,11 +49,22 @@ class Scheduler(_Strict):
         "default on CUDA); null: the data does not say")
 
 
+PositiveRate = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+LevelAxis = Literal["concurrency", "request_rate"]
+# The fields a request-rate sweep adds; a closed-loop record leaves them out of record.yaml.
+RATE_FIELDS = {"counters": {"window": ("request_rate",)},
+               "workload": ("level_axis", "request_rate", "request_rates", "max_concurrency"),
+               "perf": ("throughput_by_request_rate",)}
+
+
 class Window(_Strict):
     """Where the counters were read: one measured point and its time span."""
 
     run: NonEmptyStr
     concurrency: Annotated[int, Field(ge=1)] | None
+    request_rate: PositiveRate | None = Field(
+        default=None, description="the point's offered load (requests/s) on a request-rate "
+        "sweep; left out on a concurrency sweep")
     start_s: NonNegative
     end_s: NonNegative
     gauges_start_s: NonNegative = Field(
@@ -123,6 +134,28 @@ class Workload(_Strict):
     num_requests: Annotated[int, Field(ge=0)] | None
     input_len_distribution: LengthDistribution
     output_len_distribution: LengthDistribution
+    level_axis: LevelAxis = Field(
+        default="concurrency", description="what the sweep's levels are: closed-loop clients "
+        "(concurrency) or offered load in requests/s (request_rate: an open loop, or one "
+        "capped at max_concurrency requests in flight); left out when concurrency")
+    request_rate: PositiveRate | None = Field(
+        default=None, description="the point the counters describe, on a request-rate sweep")
+    request_rates: Annotated[list[PositiveRate], Field(min_length=1)] | None = None
+    max_concurrency: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="the cap on requests in flight of a request-rate sweep; "
+        "null: an open loop")
+
+    @model_validator(mode="after")
+    def _one_axis(self) -> Workload:
+        if self.level_axis == "request_rate" and (self.concurrency is not None
+                                                  or self.concurrency_levels is not None):
+            raise ValueError("a request-rate sweep gives request_rate and request_rates, not "
+                             "concurrency levels")
+        if self.level_axis == "concurrency" and (self.request_rate is not None
+                                                 or self.request_rates is not None):
+            raise ValueError("a concurrency sweep gives no request rates (set level_axis: "
+                             "request_rate)")
+        return self
 
 
 class ThroughputPoint(_Strict):
@@ -130,6 +163,18 @@ class ThroughputPoint(_Strict):
     was run more than once."""
 
     concurrency: Annotated[int, Field(ge=1)]
+    output_throughput: NonNegative
+    itl_mean_s: NonNegative | None
+    itl_p95_s: NonNegative | None
+    ttft_p95_s: NonNegative | None
+    preemptions: NonNegative | None
+    recompute_ratio: Fraction | None
+
+
+class RatePoint(_Strict):
+    """One level of a request-rate curve: means over the workload seeds when repeated."""
+
+    request_rate: PositiveRate
     output_throughput: NonNegative
     itl_mean_s: NonNegative | None
     itl_p95_s: NonNegative | None
@@ -165,12 +210,18 @@ class Perf(_Strict):
     itl_mean: NonNegative | None = Field(description="seconds, at workload.concurrency")
     itl_p95: NonNegative | None
     ttft_p95: NonNegative | None
+    throughput_by_request_rate: Annotated[list[RatePoint], Field(min_length=1)] | None = Field(
+        default=None, description="the request-rate curve (workload.level_axis request_rate), "
+        "knee included; left out on a concurrency sweep")
 
     @model_validator(mode="after")
     def _sorted_unique(self) -> Perf:
         xs = [p.concurrency for p in self.throughput_by_concurrency or []]
         if xs != sorted(set(xs)):
             raise ValueError(f"concurrency levels must be increasing and unique, got {xs}")
+        rs = [p.request_rate for p in self.throughput_by_request_rate or []]
+        if rs != sorted(set(rs)):
+            raise ValueError(f"request rates must be increasing and unique, got {rs}")
         return self
 
 
@@ -262,10 +313,18 @@ class Provenance(_Strict):
 
 # Nulls with a meaning of their own, not missing measurements.
 _MEANINGFUL_NULLS = frozenset({"perf.knee.knee_x", "perf.knee.same_schedule_from",
+                               "counters.window.request_rate", "workload.request_rate",
+                               "workload.request_rates", "workload.max_concurrency",
+                               "perf.throughput_by_request_rate",
                                "provenance.vllm_version_served", "provenance.seed",
                                "provenance.platform", "provenance.load_tool",
                                "provenance.seeds", "evidence.comparison",
                                "scheduler.async_scheduling"})
+
+
+# The closed loop's level fields, empty by design on a request-rate sweep.
+_CONCURRENCY_FIELDS = frozenset({"counters.window.concurrency", "workload.concurrency",
+                                 "workload.concurrency_levels", "perf.throughput_by_concurrency"})
 
 
 # Lists whose items each have a reason of their own for a null: their paths carry the index.
@@ -281,6 +340,12 @@ def null_fields(node: object, path: str = "") -> set[str]:
     """Dotted paths of the null measurements in a dumped record (list items as ``[*]``, or
     ``[i]`` in the lists whose items each have their own reason: the checks)."""
     out: set[str] = set()
+    if not path and isinstance(node, dict) and (
+            (node.get("workload") or {}).get("level_axis") == "request_rate"):
+        # A request-rate sweep has no client counts: its levels are the request rates.
+        return {p for p in null_fields({**node, "workload": {**node["workload"],
+                                                             "level_axis": "-"}})
+                if p not in _CONCURRENCY_FIELDS}
     if node is None:
         return {path} if path not in _MEANINGFUL_NULLS else set()
     if isinstance(node, dict):

@@ -11,6 +11,7 @@ B_kv   = kv_bytes_per_token_rank * (sum_decode_ctx + sum_prefill_ctx)
 T_comp = F_lin / (eta_f * peak) + F_attn / (eta_a * peak)
 T_mem  = (B_w + B_kv) / (eta_m * bandwidth)
 T_comm = 2 * L * (alpha_c + 2 * (TP-1)/TP * N * hidden * 2 B / allreduce_bandwidth)   (TP > 1)
+         or 2 * L * AR(N * hidden * 2 B), AR measured per message size (allreduce_latency)
 T_step = max(T_comp, T_mem) + T_comm + T0 + t_seq * (D + prefill sequences)
 ```
 
@@ -87,6 +88,13 @@ class CostCoefficients:
     cpu_overlap: bool = False
     """True (async scheduling): the per-sequence CPU work runs during the GPU's part of the
     step; only what exceeds it adds to the step."""
+    allreduce_latency: tuple[tuple[float, float], ...] = ()
+    """Measured time of one all-reduce of the TP group by message size, ``((bytes, s), ...)``
+    ascending; empty: the ring formula ``alpha_c + volume / allreduce_bandwidth``. Given, it
+    replaces that formula: linear between the measured sizes, the smallest size's time below
+    them (a latency floor), and above them the largest size's time plus the ring formula's
+    bandwidth part for the bytes beyond it (the bandwidth regime a latency table does not
+    reach)."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +166,7 @@ class StepCostModel:
             )
         for f in fields(CostCoefficients):
             value = getattr(coefficients, f.name)
-            if f.name not in ("overlap", "cpu_overlap") and (
+            if f.name not in ("overlap", "cpu_overlap", "allreduce_latency") and (
                     not isinstance(value, int | float) or value < 0):
                 raise InputError(f"cost model coefficient {f.name} must be >= 0, got {value!r}")
         for name in ("eta_f", "eta_a", "eta_m", "peak_flops", "hbm_bandwidth"):
@@ -167,6 +175,10 @@ class StepCostModel:
         self.geometry = geometry
         self.coefficients = coefficients
         self.request_path = request_path
+        tp = geometry.tensor_parallel_size
+        self._ar = _segments(coefficients.allreduce_latency,
+                             2.0 * (tp - 1) / tp / coefficients.allreduce_bandwidth
+                             if coefficients.allreduce_bandwidth > 0 else 0.0)
 
     # --- construction --------------------------------------------------------------------
     @classmethod
@@ -193,6 +205,9 @@ class StepCostModel:
             alpha_c=float(hardware.alpha_c),
             t0=float(hardware.t0),
             t_seq=float(hardware.t_seq),
+            allreduce_latency=(tuple(hardware.allreduce_latency(tp))
+                               if callable(getattr(hardware, "allreduce_latency", None))
+                               else ()),
         )
         path = {k: float(getattr(hardware, k, 0.0)) for k in REQUEST_PATH_FIELDS}
         path.update({k: overrides.pop(k) for k in REQUEST_PATH_FIELDS if k in overrides})
@@ -240,12 +255,7 @@ class StepCostModel:
         t_comp = flops_lin / (c.eta_f * c.peak_flops) + flops_attn / (c.eta_a * c.peak_flops)
         t_mem = bytes_moved / (c.eta_m * c.hbm_bandwidth)
         if tp > 1:
-            volume = 2.0 * (tp - 1) / tp * n * g.hidden_size * ACTIVATION_BYTES
-            t_comm = np.where(
-                busy,
-                2.0 * g.num_layers * (c.alpha_c + c.comm_scale * volume / c.allreduce_bandwidth),
-                0.0,
-            )
+            t_comm = np.where(busy, 2.0 * g.num_layers * self._allreduce_s(n), 0.0)
         else:
             t_comm = np.zeros_like(n)
         cpu = c.t_seq * (d + n_prefill)
@@ -306,15 +316,33 @@ class StepCostModel:
         t_mem = bytes_moved / (c.eta_m * c.hbm_bandwidth)
         t_comm = 0.0
         if tp > 1 and busy:
-            volume = 2.0 * (tp - 1) / tp * n * g.hidden_size * ACTIVATION_BYTES
-            t_comm = 2.0 * g.num_layers * (c.alpha_c + c.comm_scale * volume
-                                           / c.allreduce_bandwidth)
+            t_comm = 2.0 * g.num_layers * float(self._allreduce_s(n))
         cpu = c.t_seq * (d + float(f.num_prefill_seqs))
         if c.cpu_overlap:
             gpu = (max(t_comp, t_mem) if c.overlap else t_comp + t_mem) + t_comm
             cpu = max(cpu - gpu, 0.0)
         core = max(t_comp, t_mem) if c.overlap else t_comp + t_mem
         return core + t_comm + (c.t0 + cpu if busy else 0.0)
+
+    def _allreduce_s(self, n: Any) -> Any:
+        """Seconds of one all-reduce of a step of ``n`` tokens (scalar or array; the same
+        operations either way, so the engine's scalar path and numpy's give the same bits)."""
+        g, c = self.geometry, self.coefficients
+        if self._ar is None:
+            tp = g.tensor_parallel_size
+            volume = 2.0 * (tp - 1) / tp * n * g.hidden_size * ACTIVATION_BYTES
+            return c.alpha_c + c.comm_scale * volume / c.allreduce_bandwidth
+        sizes, times, slopes = self._ar
+        size = n * g.hidden_size * ACTIVATION_BYTES
+        if np.ndim(size) == 0:
+            i = max(0, min(int(np.searchsorted(sizes, size, side="right")) - 1, len(sizes) - 1))
+            t = times[i] + max(size - sizes[i], 0.0) * slopes[i] if size > sizes[0] else times[0]
+            return c.comm_scale * float(t)
+        size = np.asarray(size, dtype=float)
+        i = np.clip(np.searchsorted(sizes, size, side="right") - 1, 0, len(sizes) - 1)
+        t = np.where(size > sizes[0],
+                     times[i] + np.maximum(size - sizes[i], 0.0) * slopes[i], times[0])
+        return c.comm_scale * t
 
     def recompute_time(self, features: Any, recomputed_tokens: Any) -> Any:
         """Seconds of the step attributable to its recomputed tokens (elementwise).
@@ -376,22 +404,14 @@ class StepCostModel:
         ones = np.ones_like(y)
         tp = g.tensor_parallel_size
         n = (table["num_prefill_tokens"] + table["num_decode_seqs"]).to_numpy(dtype=float)
-        if tp > 1:
-            comm_fixed = 2.0 * g.num_layers * c.alpha_c * ones
-            comm_var = (
-                2.0 * g.num_layers * 2.0 * (tp - 1) / tp * n * g.hidden_size * ACTIVATION_BYTES
-                / c.allreduce_bandwidth
-            )
-        else:
-            comm_fixed = np.zeros_like(y)
-            comm_var = np.zeros_like(y)
+        # the all-reduce term, kept as modelled
+        known = 2.0 * g.num_layers * self._allreduce_s(n) if tp > 1 else np.zeros_like(y)
         decode = (table["num_prefill_tokens"] == 0).to_numpy()
         changes: dict[str, float] = {}
 
         def inv(coef: float, scale: float) -> float:
             return math.inf if coef <= 0 else 1.0 / (coef * scale)
 
-        known = comm_fixed + c.comm_scale * comm_var  # the all-reduce term, kept as modelled
         if decode.sum() >= 3:
             a = np.column_stack([ones, seqs, terms["bytes_moved"]])[decode]
             x, _ = nnls(a, (y - known)[decode])
@@ -421,6 +441,23 @@ class StepCostModel:
         g, c = self.geometry, self.coefficients
         weights = float(g.weight_bytes_read(batch))
         return (weights + batch * context * g.kv_bytes_per_token_rank) / c.hbm_bandwidth
+
+
+def _segments(table: tuple[tuple[float, float], ...], beyond: float) -> (
+        tuple[np.ndarray, np.ndarray, np.ndarray] | None):
+    """A measured (bytes, seconds) table as sizes, times and the slope (s/B) from each size
+    on: towards the next size, and ``beyond`` past the largest."""
+    if not table:
+        return None
+    pairs = sorted((float(b), float(t)) for b, t in table)
+    if len(pairs) < 2 or any(b <= 0 or t <= 0 for b, t in pairs) or len(
+            {b for b, _ in pairs}) != len(pairs):
+        raise InputError("cost model allreduce_latency: need >= 2 distinct sizes > 0 with "
+                         f"times > 0, got {table!r}")
+    sizes = np.array([b for b, _ in pairs])
+    times = np.array([t for _, t in pairs])
+    slopes = np.append(np.diff(times) / np.diff(sizes), beyond)
+    return sizes, times, slopes
 
 
 def calibrate(model: StepCostModel, steps: Any, time_column: str = "step_duration_s") -> (

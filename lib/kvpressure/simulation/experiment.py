@@ -38,6 +38,7 @@ with ``seeds - 1`` more request sets, drawn from workload seeds derived from the
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -662,7 +663,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def load_experiment(path: str | Path) -> Experiment:
+def load_experiment(path: str | os.PathLike[str]) -> Experiment:
     """Read and validate an experiment YAML; a bare name means ``data/experiments/<name>.yaml``.
     Errors name the file and the field."""
     text_path = str(path)

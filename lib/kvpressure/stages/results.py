@@ -21,6 +21,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Number = float | int
+LevelAxis = Literal["concurrency", "request_rate"]
+"""What a sweep's levels are: closed-loop clients (``concurrency``) or offered load in
+requests/s (``request_rate``: an open loop, or one with a concurrency cap)."""
 
 
 class _Part(BaseModel):
@@ -81,10 +84,17 @@ class Focus(_Windowed):
     concurrency: int | None
     run: str
     why: str
+    request_rate: Number | None = None
+    """The focus level's offered load (requests/s) on a request-rate sweep."""
     point_dir: str | None = None
     """The point folder of a simulated sweep (steps.csv, requests.csv); None for ingested data."""
     counter_origin: str = "first"
     """"zero": the window starts with the server process, its counters count from zero."""
+
+    @property
+    def level(self) -> Number | None:
+        """The focus level on the sweep's axis (a request rate, else a concurrency)."""
+        return self.request_rate if self.request_rate is not None else self.concurrency
 
 
 class Load(_Part):
@@ -153,10 +163,22 @@ class CollectInfo(StageResult):
     settings_from: dict[str, str] = Field(default_factory=dict)
     """Where each of ``settings`` came from (the experiment, vllm:cache_config_info, the server
     log's start-up arguments, the engine arguments given)."""
+    level_axis: LevelAxis = "concurrency"
+    request_rates: list[Number] = Field(default_factory=list)
+    """The swept request rates (requests/s) when ``level_axis`` is ``request_rate``."""
+    max_concurrency: int | None = None
+    """The concurrency cap a request-rate sweep ran under (None: an open loop)."""
 
     @property
     def simulated(self) -> bool:
         return self.mode == "simulation"
+
+    @property
+    def levels(self) -> list[Number]:
+        """The swept levels on the sweep's axis."""
+        if self.level_axis == "request_rate":
+            return list(self.request_rates)
+        return list(self.concurrency_levels)
 
 
 # --------------------------------------------------------------------------- 02 recompute
@@ -165,6 +187,7 @@ class Window(_Windowed):
 
     run: str
     concurrency: int | None
+    request_rate: Number | None = None
 
 
 class RecomputeResult(StageResult):
@@ -221,6 +244,12 @@ class KneeResult(StageResult):
     """One mapping a level: the curve columns (``pipeline.stages.CURVE_COLUMNS``), repeats and
     the throughput's spread."""
     focus_concurrency: int | None
+    focus_request_rate: Number | None = None
+    x: LevelAxis = "concurrency"
+    """The curve's level column (``request_rate`` on a request-rate sweep)."""
+    latency_knees: dict[str, Any] | None = None
+    """On a request-rate sweep, per latency column (TTFT p95, ITL p95) where it turns up
+    against offered load (``analysis.knee.latency_knee``)."""
     itl_mean_s: Number | None
     itl_p95_s: Number | None
     ttft_p95_s: Number | None

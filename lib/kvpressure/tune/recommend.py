@@ -16,7 +16,9 @@ def _ms(v: float) -> str:
     return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
 
 
-def _at(level: Mapping[str, Any], limits: Mapping[str, float], level_name: str) -> str:
+def _at(level: Mapping[str, Any] | None, limits: Mapping[str, float], level_name: str) -> str:
+    if level is None:
+        return f"no {level_name}"
     lat = ", ".join(f"{k.removesuffix('_s')} {_ms(float(level[k]))}"
                     for k in (limits or {"ttft_p95_s": 0, "itl_p95_s": 0}))
     return f"{level_name} {level['level']:g} ({lat})"
@@ -39,6 +41,7 @@ def recommend(table: pd.DataFrame, records: Mapping[str, Mapping[str, Any]],
     best = ok.iloc[0]
     rec = records[best["id"]]
     good, at = best_within_limits(rec["levels"], limits)
+    assert at is not None  # a configuration in ``ok`` meets the limits at some level
     same = ok[(ok["within_limits_output_tok_s"] == best["within_limits_output_tok_s"])
               & (ok["peak_output_tok_s"] == best["peak_output_tok_s"])]
     out["equivalent"] = [i for i in same["id"] if i != best["id"]]
@@ -72,6 +75,7 @@ def recommend(table: pd.DataFrame, records: Mapping[str, Mapping[str, Any]],
     if runner is not None:
         r_rec = records[runner["id"]]
         r_good, r_at = best_within_limits(r_rec["levels"], limits)
+        assert r_at is not None  # the runner-up is in ``ok`` too
         differ = sorted(k for k in set(rec["config"]) | set(r_rec["config"])
                         if rec["config"].get(k) != r_rec["config"].get(k))
         out["runner_up"] = {"id": runner["id"], "config": r_rec["config"],

@@ -18,6 +18,7 @@ Levels are the measured closed loops, keyed by concurrency, or, for a folder of 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,8 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
-from kvpressure.twin.basis import LevelBasis, simulate_basis
+from kvpressure.simulation.engine import simulate
+from kvpressure.twin.basis import LevelBasis, build_scenario, simulate_basis
 from kvpressure.twin.fit import PARAMETERS, TwinFit, fit_step_time
 from kvpressure.twin.fit_report import FitVerdict, comparison_table, verdict
 from kvpressure.twin.lengths import MEANS, PER_REQUEST
@@ -36,7 +38,7 @@ from kvpressure.twin.measured import Measured, ingested_sources, level_name, loa
 from kvpressure.twin.return_lag import ReturnLag, from_step_trace, from_turnaround, given
 from kvpressure.twin.settings import assumed_settings, twin_settings
 from kvpressure.twin.simulate import simulate_level
-from kvpressure.twin.workload import LevelWorkload, level_workloads
+from kvpressure.twin.workload import REDRAWS, LevelWorkload, level_workloads
 
 
 class TwinNotFitted(InputError):
@@ -55,10 +57,11 @@ class Twin:
     measured: Measured
     settings: dict[str, Any]
     settings_source: dict[str, str]
-    workloads: dict[int, LevelWorkload]
+    workloads: dict[Any, LevelWorkload]
     priors: dict[str, float] | None = None
     prior_source: str = "profile"
     bases: dict[int, LevelBasis] = field(default_factory=dict)
+    redrawn_preemptions: dict[Any, np.ndarray] = field(default_factory=dict)
     fitted: TwinFit | None = None
     report: FitReport | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -113,7 +116,7 @@ class Twin:
         bases = {c: self.basis(c) for c in chosen}
         self.timings["basis_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        kw = {} if min_levels is None else {"min_levels": min_levels}
+        kw: dict[str, Any] = {} if min_levels is None else {"min_levels": min_levels}
         sub = self.measured.levels[self.measured.levels["concurrency"].isin(chosen)]
         if self.step_trace is not None:
             from kvpressure.twin.step_trace import fit_on_levels
@@ -128,17 +131,18 @@ class Twin:
         self.timings["fit_s"] = time.perf_counter() - t
         self.report = None
         if self.return_lag is None:
-            self._lag_from_turnaround(chosen)
-            if any(self.return_lag.return_steps.values()):
+            lag = self._lag_from_turnaround(chosen)
+            if any(lag.return_steps.values()):
                 # The lag changes the decisions the bases hold: simulate and fit again.
                 return self.fit(levels=levels, bootstrap=bootstrap, seed=seed,
                                 min_levels=min_levels)
         return self.fitted
 
-    def _lag_from_turnaround(self, levels: list[int]) -> None:
+    def _lag_from_turnaround(self, levels: list[int]) -> ReturnLag:
         """The return lag from the client-side turnaround over the fitted mean step time of
         each fitted level (the others take the median of those)."""
-        coef = np.array(list(self.fitted.step_coefficients().values()), dtype=float)
+        fitted = self.require_fit("the clients' return lag")
+        coef = np.array(list(fitted.step_coefficients().values()), dtype=float)
         step_s = {c: float(self.bases[c].time("duration", coef)) / max(self.bases[c].steps, 1)
                   for c in levels}
         gaps = {c: v["client_gap_s"] for c, v in self.turnaround()["per_level"].items()}
@@ -151,12 +155,14 @@ class Twin:
             self.set_return_lag(lag)
         else:
             self.return_lag = lag  # no lag: the bases and the fit stand
+        return lag
 
     def set_return_lag(self, lag: ReturnLag) -> None:
         """Use ``lag`` for every level from now on (kept bases are simulated again)."""
         self.return_lag = lag
         self.workloads = lag.apply(self.workloads)
         self.bases.clear()
+        self.redrawn_preemptions.clear()
         self.fitted = None
         self.report = None
 
@@ -202,6 +208,18 @@ class Twin:
                 "ttft_p95_s": np.percentile(ttft, 95, axis=0, method="inverted_cdf"),
                 "preemptions": np.full(len(fit.samples), float(basis.preemptions))}
 
+    def preemptions_redrawn(self, level: Any) -> np.ndarray:
+        """A closed-loop level's preemptions over ``REDRAWS`` versions the data cannot tell
+        from the measured one (``LevelWorkload.redrawn``); its decisions do not depend on the
+        step time, so each is simulated in steps."""
+        if level not in self.redrawn_preemptions:
+            settings = self.settings
+            self.redrawn_preemptions[level] = np.array(
+                [simulate(build_scenario(settings, self.workloads[level].redrawn(seed)),
+                          fast_path="leap").summary["preemptions"]
+                 for seed in range(1, REDRAWS + 1)], dtype=float)
+        return self.redrawn_preemptions[level]
+
     def throughput_band(self, level: Any) -> tuple[float, float]:
         """The 5-95% band of a level's output throughput over the fit's draws."""
         return _band(self.level_draws(level)["output_throughput"], 5, 95)
@@ -215,10 +233,12 @@ class Twin:
         twin_levels = {c: self.predict_level(c) for c in chosen}
         draws = {c: self.level_draws(c) for c in chosen}
         band = {c: _band(d["output_throughput"], 5, 95) for c, d in draws.items()}
-        # An open loop's preemptions move with the step times: their whole range over the
-        # replays is what a measured count is read against.
+        # An open loop's preemptions move with the step times, a closed loop's with the order
+        # its requests sent at once reach the engine: their whole range over the replays is
+        # what a measured count is read against.
         spread = ({c: _band(d["preemptions"], 0, 100) for c, d in draws.items()}
-                  if self.open_loop else None)
+                  if self.open_loop else
+                  {c: _band(self.preemptions_redrawn(c), 0, 100) for c in chosen})
         sub = self.measured.levels[self.measured.levels[self.key].isin(chosen)]
         table = comparison_table(sub, twin_levels, band, key=self.key,
                                  preemption_range=spread)
@@ -226,7 +246,7 @@ class Twin:
         self.timings["report_s"] = time.perf_counter() - t
         return self.report
 
-    def predict_remedies(self, *, focus: int | None = None,
+    def predict_remedies(self, *, focus: float | None = None,
                          limits: Mapping[str, float] | None = None,
                          candidates: Mapping[str, Mapping[str, Any]] | None = None,
                          latency_tolerance_pct: float | None = None) -> dict[str, Any]:
@@ -246,8 +266,14 @@ class Twin:
         out = [f"{k} = {self.settings[k]}: {self.settings_source[k]}"
                for k in self.assumed_settings]
         out.extend(self.lengths_assumptions())
-        out.append(self.arrival_assumption() if self.open_loop
-                   else self.turnaround_assumption())
+        if self.open_loop:
+            out.append(self.arrival_assumption())
+        else:
+            out.append(self.turnaround_assumption())
+            out.append(f"the requests a level sends at once (its first C) reach the engine in "
+                       f"the order sent; no result records that order, so each level's "
+                       f"preemptions are read against {REDRAWS} other orders (seeded) and a "
+                       "remedy's interval holds their spread")
         if self.fitted is not None:
             for p in PARAMETERS:
                 if self.fitted.source[p] != "fitted":
@@ -354,7 +380,7 @@ def _band(values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def build_twin(run_dir: str | Path, *, overrides: Mapping[str, Any] | None = None,
+def build_twin(run_dir: str | os.PathLike[str], *, overrides: Mapping[str, Any] | None = None,
                variant: str | None = None, cost_model: Any = None,
                workloads: Mapping[int, LevelWorkload] | None = None,
                server_log: str | Path | None = None,

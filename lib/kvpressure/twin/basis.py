@@ -122,6 +122,7 @@ def simulate_basis(settings: Mapping[str, Any], workload: LevelWorkload) -> Leve
             decisions = (s, here)
         elif decisions[1] != here:  # pragma: no cover - the engine's closed loop is time-free
             raise RuntimeError("closed-loop decisions changed with the step time")
+    assert decisions is not None  # COEFFICIENTS is never empty
     s = decisions[0]
     return LevelBasis(
         concurrency=workload.concurrency,

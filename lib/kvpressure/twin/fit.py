@@ -61,7 +61,7 @@ class TwinFit:
     rows: pd.DataFrame
     """One row per fitted statistic and level: measured, fitted, error %."""
     uniqueness: dict[str, float]
-    levels: list[int]
+    levels: list[Any]
     notes: list[str] = field(default_factory=list)
     step_noise: float = 0.0
     """Relative scatter of the server's step times around the model's (an open loop's draws

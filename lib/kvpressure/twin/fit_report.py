@@ -7,9 +7,12 @@ within one level, where "the knee" is the record's knee of each curve (``analysi
 the report's knee stage finds; a curve without one counts as past its last level). Latency percentiles are shown with their errors and, beyond 25%, named as a
 caveat of any latency limit checked on the twin.
 
-An open loop's preemptions near its knee swing from run to run with a few steps' timing (a
-cascade starts a few steps earlier or later): there the measured count is checked against
-the range of the twin's replays (``open_loop.py``), with the same tolerance on each side. Where
+Past the pool's capacity a level's preemptions are not one number the data pins down. An open
+loop's swing from run to run with a few steps' timing (a cascade starts a few steps earlier or
+later: ``open_loop.py``'s replays); a closed loop's with the order in which the requests it
+sends at once reach the engine, which no result records (``LevelWorkload.redrawn``: the same
+lengths in other orders move a level's count by up to a fifth). The measured count is checked
+against the range of the twin's replays, with the same tolerance on each side. Where
 the replays themselves span more than a factor of ``UNSTABLE_RANGE``, the count is not a
 property of the level but of one run's timing: a measured count outside them is named as a
 caveat, not held against the fit.
@@ -186,19 +189,19 @@ def verdict(table: pd.DataFrame, key: str = "concurrency") -> FitVerdict:
         text = (f"twin fits within {math.ceil(max_err)}% (output throughput, every level); "
                 f"{pre}; knee within {KNEE_TOL_LEVELS} level")
     else:
-        where = []
+        misses: list[str] = []
         if thr_miss:
-            where.append("throughput at " + ", ".join(
+            misses.append("throughput at " + ", ".join(
                 f"{at}{m[key]:g} ({m['error_pct']:+.0f}%)" for m in thr_miss))
         if pre_miss:
-            where.append("preemptions at " + ", ".join(
+            misses.append("preemptions at " + ", ".join(
                 f"{at}{m[key]:g} ({m['measured']:.0f} measured, {m['twin']:.0f} twin"
                 + (f", {m['twin_range'][0]:.0f}-{m['twin_range'][1]:.0f} over its replays"
                    if "twin_range" in m else "") + ")"
                 for m in pre_miss))
         if not knee["ok"]:
-            where.append(f"knee at {_knee_name(at, mk)} measured, {_knee_name(at, tk)} twin")
-        text = "does not fit: " + "; ".join(where)
+            misses.append(f"knee at {_knee_name(at, mk)} measured, {_knee_name(at, tk)} twin")
+        text = "does not fit: " + "; ".join(misses)
     if unstable:
         text += ("; caveat: preemptions swing with the steps' timing at " + ", ".join(
             f"{at}{m[key]:g} (the twin's replays {m['twin_range'][0]:.0f}-"

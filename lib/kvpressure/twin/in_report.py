@@ -73,8 +73,8 @@ def _write_refusal(out: Path, reason: str) -> None:
 
 
 def build_report_twin(run_dir: str | os.PathLike[str], focus: float | None,
-                      levels: list[int], limits: Mapping[str, float] | None = None
-                      ) -> dict[str, Any]:
+                      levels: list[float], limits: Mapping[str, float] | None = None,
+                      axis: str = "concurrency") -> dict[str, Any]:
     """Build, fit and check the twin of the measured run in ``run_dir`` into its ``twin/``,
     and predict the remedies at ``focus`` (when it is one of ``levels``, else the highest).
 
@@ -88,7 +88,11 @@ def build_report_twin(run_dir: str | os.PathLike[str], focus: float | None,
     given = dict(limits or {})
     kept = {k: float(v) for k, v in given.items() if k in PRICED_LATENCIES}
     dropped = sorted(set(given) - set(kept))
-    chosen = int(focus) if focus is not None and int(focus) in set(levels) else None
+    if axis == "request_rate":  # the open loop's twin: its levels are request rates
+        chosen: float | None = (float(focus) if focus is not None
+                                and float(focus) in {float(v) for v in levels} else None)
+    else:
+        chosen = int(focus) if focus is not None and int(focus) in set(levels) else None
     try:
         summary = make_twin_folder(
             run_dir, out, limits=kept, focus=chosen, refusal_ok=True, label=LABEL,

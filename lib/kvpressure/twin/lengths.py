@@ -131,7 +131,7 @@ def from_dataset_args(res: Mapping[str, Any], n: int, totals: tuple[float, float
     if args is None or n < 1:
         return None
     seed = args["seed"] if args["seed"] is not None else 0
-    best = None
+    best: tuple[float, int, list[int], list[int]] | None = None
     for special in (0, 1, 2):
         ins, outs = random_dataset_lengths(n, args["input_len"], args["output_len"],
                                            args["range_ratio"], seed=seed,
@@ -139,6 +139,7 @@ def from_dataset_args(res: Mapping[str, Any], n: int, totals: tuple[float, float
         miss = abs(sum(ins) - totals[0]) / max(totals[0], 1.0)
         if best is None or miss < best[0]:
             best = (miss, special, ins, outs)
+    assert best is not None  # three tries, the first always kept
     miss_in, special, ins, outs = best
     miss_out = abs(sum(outs) - totals[1]) / max(totals[1], 1.0)
     adds_up = miss_in <= _TOTALS_TOL and miss_out <= _TOTALS_TOL

@@ -26,6 +26,7 @@ both keeps the closed loops and says so.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,13 +191,15 @@ def _lens(res: dict[str, Any]) -> tuple[list[int], list[int], list[float] | None
     timed = (isinstance(starts, list) and len(starts) == len(ins)
              and all(isinstance(s, int | float) and math.isfinite(s) for s in starts))
     if timed:
+        assert isinstance(starts, list)  # the check above, for the type checker
         order.sort(key=lambda k: starts[k])
     kept = [k for k in order
             if ok[k] and isinstance(ins[k], int | float) and isinstance(outs[k], int | float)
             and outs[k] >= 1]
     if not kept:
         return None
-    sent = [float(starts[k]) - float(starts[kept[0]]) for k in kept] if timed else None
+    sent = ([float(starts[k]) - float(starts[kept[0]]) for k in kept]
+            if timed and isinstance(starts, list) else None)
     return [int(ins[k]) for k in kept], [int(outs[k]) for k in kept], sent
 
 
@@ -365,7 +368,7 @@ def _window_stats(series: pd.DataFrame, t0: float, t1: float,
     return out
 
 
-def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
+def load_measured(run_dir: str | os.PathLike[str], variant: str | None = None) -> Measured:
     """The baseline curve of ``run_dir`` (or of ``variant``), one row per concurrency level;
     several rows of one level (repeats) are averaged."""
     import json
@@ -466,15 +469,15 @@ def load_measured(run_dir: str | Path, variant: str | None = None) -> Measured:
                 b = _num(res.get("burstiness"))
                 burstiness[c_int] = b if b > 0 else 1.0
             starts, lats = res.get("start_times"), res.get("latencies")
-            gaps = (client_gaps(starts, lats, c_int)
+            gaps: Any = (client_gaps(starts, lats, c_int)
                     if key == "concurrency" and isinstance(starts, list)
                     and isinstance(lats, list) else [])
             if len(gaps):
                 row["client_gap_mean_s"] = float(np.mean(gaps))
         if c_int not in lengths and key == "concurrency":
-            got = _point_lengths(run_dir, chosen, c_int)
-            if got is not None:
-                lengths[c_int] = got
+            point = _point_lengths(run_dir, chosen, c_int)
+            if point is not None:
+                lengths[c_int] = point
         t0, t1 = _num(row.get("t_start")), _num(row.get("t_end"))
         steady = (_num(row.get("t_steady_start")), _num(row.get("t_steady_end")))
         if not (steady[1] > steady[0]):

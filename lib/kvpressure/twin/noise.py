@@ -13,8 +13,9 @@ whatever its sign. The noise, best first:
 3. otherwise estimated at ``ESTIMATED_SD_PCT`` (said so).
 
 A predicted change's 90% interval adds, in quadrature on each side, the spread over the fit's
-coefficient draws, the spread over redraws of the request lengths (where they are a draw of a
-histogram) and the noise of a paired measurement (``sqrt(2)`` times one run's). Where the data
+coefficient draws, the spread over versions of the level the data cannot tell apart (its
+request lengths drawn again where they are a draw, a closed loop's requests sent at once in
+another order: ``LevelWorkload.redrawn``) and the noise of a paired measurement (``sqrt(2)`` times one run's). Where the data
 has only the mean lengths, the interval is stretched to hold 0: the twin cannot tell the sign
 of a change that the length spread drives.
 """

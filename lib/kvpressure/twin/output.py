@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,9 @@ def _figure(twin: Any, remedies: dict[str, Any] | None, path: Path) -> None:
     ax = axes[1]
     ax.plot(x, t["preemptions_measured"], "o-", color="black", label="measured")
     ax.plot(x, t["preemptions_twin"], "s--", color="tab:red", label="twin")
+    if "preemptions_twin_low" in t:
+        ax.fill_between(x, t["preemptions_twin_low"], t["preemptions_twin_high"],
+                        color="tab:red", alpha=0.2, lw=0, label="twin, over its replays")
     ax.set(xlabel=xlabel, ylabel="preemptions", title="preemptions")
     ax.legend(fontsize=8)
     ax = axes[2]
@@ -143,8 +147,8 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 
 def twin_preemptions(r: dict[str, Any]) -> str:
-    """The twin's preemptions at a level, with the range of its replays where it has one (an
-    open loop)."""
+    """The twin's preemptions at a level, with the range of its replays (an open loop's timing,
+    a closed loop's arrival orders) where they differ."""
     def finite(v: Any) -> bool:
         return isinstance(v, int | float) and math.isfinite(v)
 
@@ -216,7 +220,7 @@ def write_twin(twin: Any, remedies: dict[str, Any] | None, out_dir: str | Path,
     return paths
 
 
-def make_twin_folder(run_dir: str | Path, out_dir: str | Path, *,
+def make_twin_folder(run_dir: str | os.PathLike[str], out_dir: str | Path, *,
                      limits: dict[str, float] | None = None, focus: float | None = None,
                      overrides: dict[str, Any] | None = None, cost_model: Any = None,
                      variant: str | None = None, bootstrap: int = 200, seed: int = 0,
@@ -253,6 +257,7 @@ def make_twin_folder(run_dir: str | Path, out_dir: str | Path, *,
                                       encoding="utf-8")
         return {"out": str(out), "files": [TWIN_JSON, SUMMARY_MD], "refused": str(exc)}
     report = twin.fit_report()
+    fitted = twin.require_fit("the twin folder")
     advice = twin.predict_remedies(focus=focus, limits=limits or {},
                                    latency_tolerance_pct=latency_tolerance_pct) if remedies else None
     written = write_twin(twin, advice, out_dir, label)
@@ -260,7 +265,7 @@ def make_twin_folder(run_dir: str | Path, out_dir: str | Path, *,
         "out": str(out_dir), "files": [p.name for p in written], "fit": report.verdict.text,
         "fits": report.verdict.fits,
         "coefficients": {k: {"value": v["value"], "source": v["source"]}
-                         for k, v in twin.fitted.describe().items()},
+                         for k, v in fitted.describe().items()},
     }
     if advice is not None:
         summary["recommendation"] = advice["recommendation"]["text"]

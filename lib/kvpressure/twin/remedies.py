@@ -33,9 +33,8 @@ from kvpressure.twin.noise import (
     run_to_run_noise,
 )
 from kvpressure.twin.simulate import simulate_level
+from kvpressure.twin.workload import REDRAWS
 
-LENGTH_REDRAWS = 3
-"""Extra draws of a drawn level's request lengths each setting is priced on at the focus."""
 # The latencies a twin's level prices (simulate.py), as analysis.limits names them.
 PRICED_LATENCIES = ("ttft_mean_s", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "itl_mean_s",
                     "itl_p50_s", "itl_p95_s", "itl_p99_s", "tpot_mean_s", "tpot_p99_s",
@@ -74,7 +73,7 @@ def _meets(point: Mapping[str, Any], limits: Mapping[str, float]) -> tuple[bool,
     return not out, out
 
 
-def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float],
+def predict_remedies(twin: Any, *, focus: float | None, limits: Mapping[str, float],
                      candidates: Mapping[str, Mapping[str, Any]] | None = None,
                      latency_tolerance_pct: float | None = None,
                      min_gain_pct: float = 2.0) -> dict[str, Any]:
@@ -163,8 +162,10 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
     noise = run_to_run_noise(twin.measured.runs, twin.key, twin.report.table)
     work = twin.workloads[focus]
     spread_known = work.lengths_source != MEANS
-    redraws = [work.redrawn(seed) for seed in range(1, LENGTH_REDRAWS + 1)] if (
-        work.drawn_from is not None) else []
+    # Versions of the focus level the data cannot tell apart: its lengths drawn again where
+    # they are a draw, a closed loop's requests sent at once in another order.
+    redraws = [w for w in (work.redrawn(seed) for seed in range(1, REDRAWS + 1))
+               if w is not work]
     fit = twin.fitted
 
     def redrawn_throughputs(ov: Mapping[str, Any]) -> np.ndarray:
@@ -196,7 +197,7 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
             "effect": effect if ov else NO_EFFECT,
             "effect_text": effect_text(point_change, lo, hi, effect, noise, spread_known)
             if ov else "the current settings",
-            "length_redraws_change_pct": None if redrawn is None else redrawn.tolist(),
+            "redraws_change_pct": None if redrawn is None else redrawn.tolist(),
             "better_than_baseline_share": float(np.mean(change > 0)) if ov else None,
             "ttft_p95_s": p["ttft_p95_s"],
             "ttft_p95_s_p05_p50_p95": _interval(got["ttft_p95_draws"]),
@@ -249,7 +250,7 @@ def predict_remedies(twin: Any, *, focus: int | None, limits: Mapping[str, float
     return {"focus_concurrency": focus if twin.key == "concurrency" else None,
             "focus": {twin.key: focus, "name": at, "rule": focus_rule},
             "no_ops_left_out": no_ops, "noise": noise.to_dict(),
-            "lengths_source": work.lengths_source, "length_redraws": len(redraws),
+            "lengths_source": work.lengths_source, "redraws": len(redraws),
             "assumed_settings": sorted(assumed),
             "limits": dict(limits), "limits_rule": limits_rule,
             "trust": trust,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +186,7 @@ def _server_log(run_dir: Path, logs: list[Path]) -> tuple[dict[str, Any], str] |
 
 
 def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None,
-                  ingest: dict[str, Any], overrides: dict[str, Any] | None = None,
+                  ingest: dict[str, Any], overrides: Mapping[str, Any] | None = None,
                   logs: list[Path] | None = None, bench: dict[str, Any] | None = None
                   ) -> tuple[dict[str, Any], dict[str, str]]:
     """``(settings, source of each setting)`` for the scheduler of the twin; ``logs`` are the
@@ -201,7 +202,8 @@ def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None
     layers.append((_runs_columns(runs, "runs.csv"), "runs.csv"))
     if bench:
         layers.append((_known(dict(bench), "bench result"), "the bench result (--metadata)"))
-    options = ingest.get("options") if isinstance(ingest.get("options"), dict) else {}
+    got_options = ingest.get("options")
+    options: dict[str, Any] = got_options if isinstance(got_options, dict) else {}
     layers.append((_known({k: options.get(k) for k in ("policy", "scheduler_reserve_full_isl")},
                           "ingest.json options"), "ingest.json options"))
     if series is not None and not series.empty:
@@ -222,7 +224,7 @@ def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None
         for key, value in values.items():
             if key not in settings:
                 settings[key], source[key] = value, where
-    if "num_gpu_blocks" not in settings and log_tokens and "block_size" in settings:
+    if log and "num_gpu_blocks" not in settings and log_tokens and "block_size" in settings:
         settings["num_gpu_blocks"] = int(log_tokens) // int(settings["block_size"])
         source["num_gpu_blocks"] = f"{log[1]} (KV cache size in tokens / block_size)"
     if "num_gpu_blocks" not in settings:

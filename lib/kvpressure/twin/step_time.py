@@ -85,6 +85,10 @@ class TwinStepTime:
         return cls({name: 1.0})
 
     def step_time(self, features: Any) -> Any:
+        if self._rng is None and not isinstance(features, Mapping):
+            scalar = self._scalar_step_time(features)
+            if scalar is not None:
+                return scalar
         p = _feature(features, "num_prefill_tokens")
         d = _feature(features, "num_decode_seqs")
         busy = (p + d) > 0
@@ -98,6 +102,29 @@ class TwinStepTime:
         if self._rng is not None:
             out = out * self._rng.lognormal(-0.5 * self.noise ** 2, self.noise, np.shape(out))
         return float(out) if np.ndim(out) == 0 else out
+
+    def _scalar_step_time(self, features: Any) -> float | None:
+        """One step's time in plain floats (the engine prices every step of every twin
+        simulation, where numpy's per-call cost on scalars dominates); None for arrays. The
+        same sum in the same order as the array path, so the same bits."""
+        values = []
+        for name in ("num_prefill_tokens", "num_decode_seqs", "sum_decode_ctx",
+                     "sum_prefill_attn"):
+            v = getattr(features, name, 0)
+            if not isinstance(v, int | float):
+                return None
+            values.append(float(v))
+        if values[0] + values[1] <= 0:
+            return 0.0
+        feature = dict(zip(("num_prefill_tokens", "num_decode_seqs", "sum_decode_ctx",
+                            "sum_prefill_attn"), values, strict=True))
+        total = 0.0
+        for name, value in self.coefficients.items():
+            if value == 0.0:
+                continue
+            feat = FEATURE_OF[name]
+            total = total + value * (1.0 if feat is None else feature[feat])
+        return total
 
     def describe(self) -> dict[str, float]:
         return dict(self.coefficients)

@@ -154,10 +154,10 @@ def fit_step_trace(steps: pd.DataFrame, *, windows: list[tuple[float, float]] | 
         # A second is busy only if the whole second lies inside a level (its steps were kept).
         busy = busy[[any(a_ <= s and s + 1 <= b_ for a_, b_ in windows)
                      for s in busy["second"]]]
-    b_rows = busy[["n", "prefill", "decode"]].to_numpy(float)[:, keep] if len(busy) else None
-    gap = (1.0 - busy["elapsed"].to_numpy(float)) if len(busy) else None
+    b_rows = busy[["n", "prefill", "decode"]].to_numpy(float)[:, keep]
+    gap = 1.0 - busy["elapsed"].to_numpy(float)
     out_idx: list[int] = []
-    if b_rows is None or len(busy) < MIN_BUSY_SECONDS:
+    if len(busy) < MIN_BUSY_SECONDS:
         x_out = np.zeros(len(keep))
         notes.append(f"only {len(busy)} second(s) of the log are busy throughout: the time "
                      "outside the logged elapsed time is not fitted (taken as 0), so the step "

@@ -70,9 +70,9 @@ def run_to_run(first: Mapping[int, Mapping[str, float]],
         rows.append({"concurrency": int(c), "throughput_diff_pct": thr,
                      "preemptions_first": a.get("preemptions"),
                      "preemptions_second": b.get("preemptions"), "preemptions_diff": pre})
-    thr = np.array([r["throughput_diff_pct"] for r in rows], float)
-    pre = np.array([r["preemptions_diff"] for r in rows], float)
-    thr, pre = thr[np.isfinite(thr)], pre[np.isfinite(pre)]
+    thr_all = np.array([r["throughput_diff_pct"] for r in rows], float)
+    pre_all = np.array([r["preemptions_diff"] for r in rows], float)
+    thr, pre = thr_all[np.isfinite(thr_all)], pre_all[np.isfinite(pre_all)]
     return {
         "per_level": rows,
         "throughput_mean_abs_diff_pct": float(np.abs(thr).mean()) if len(thr) else math.nan,

@@ -25,6 +25,10 @@ import numpy as np
 
 from kvpressure.errors import InputError
 
+# Other versions of a level the data cannot tell apart (``LevelWorkload.redrawn``), seeds 1..N:
+# what the twin's preemption ranges and a remedy's interval are read over.
+REDRAWS = 8
+
 
 @dataclass(frozen=True)
 class LevelWorkload:
@@ -52,12 +56,23 @@ class LevelWorkload:
     """The ``lengths.LevelLengths`` the lengths are one draw of (None: not a draw)."""
 
     def redrawn(self, seed: int) -> LevelWorkload:
-        """The same level with another draw of its lengths (itself when they are no draw)."""
-        if self.drawn_from is None or not self.drawn_from.drawn:
-            return self
-        got = self.drawn_from.redrawn(seed)
-        return dataclasses.replace(self, prompt_lens=got.prompt_lens,
-                                   output_lens=got.output_lens, drawn_from=got)
+        """Another version of the level the data cannot tell from this one: its lengths drawn
+        again where they are a draw, and, in a closed loop, the requests it sends at once (the
+        first ``concurrency``) in another order. Those reach the engine core together, in an
+        order no bench result or scrape records, and past the pool's capacity which of them is
+        admitted first moves the level's preemptions by tens of percent."""
+        got = self
+        if self.drawn_from is not None and self.drawn_from.drawn:
+            lengths = self.drawn_from.redrawn(seed)
+            got = dataclasses.replace(self, prompt_lens=lengths.prompt_lens,
+                                      output_lens=lengths.output_lens, drawn_from=lengths)
+        together = min(self.concurrency, self.num_requests)
+        if self.open_loop or together < 2:
+            return got
+        order = [int(i) for i in np.random.default_rng(seed).permutation(together)]
+        order += range(together, self.num_requests)
+        return dataclasses.replace(got, prompt_lens=tuple(got.prompt_lens[i] for i in order),
+                                   output_lens=tuple(got.output_lens[i] for i in order))
 
     @property
     def open_loop(self) -> bool:
@@ -136,15 +151,15 @@ def level_workloads(measured: Any) -> dict[Any, LevelWorkload]:
                     "with --save-detailed)")
             made = from_means(int(round(n)), p, o)
             ins, outs, exact = made.prompt_lens, made.output_lens, False
-        said = {"lengths_source": made.source, "lengths_detail": made.detail,
-                "drawn_from": made if made.drawn else None}
+        said = LevelWorkload(c, ins, outs, exact, lengths_source=made.source,
+                             lengths_detail=made.detail, drawn_from=made if made.drawn else None)
         if not measured.open_loop:
-            out[c] = LevelWorkload(c, ins, outs, exact, **said)
+            out[c] = said
             continue
         sent = measured.arrivals.get(c)
         measured_times = sent is not None and len(sent) == len(ins)
         times = (tuple(sent) if measured_times else
                  drawn_arrivals(len(ins), c, measured.burstiness.get(c, 1.0)))
-        out[c] = LevelWorkload(0, ins, outs, exact, request_rate=c, arrival_times_s=times,
-                               arrivals_measured=measured_times, **said)
+        out[c] = dataclasses.replace(said, concurrency=0, request_rate=c,
+                                     arrival_times_s=times, arrivals_measured=measured_times)
     return out

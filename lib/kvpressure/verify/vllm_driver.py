@@ -32,6 +32,7 @@ import tempfile
 import time
 import traceback
 from collections import deque
+from typing import Any
 
 VOCAB = 30000
 # Scheduler arguments passed on, with vLLM 0.33.0's defaults (a release without one of them
@@ -148,7 +149,8 @@ class _Tracked:
 
     def __init__(self, spec: dict) -> None:
         self.spec = spec
-        self.request = None
+        # vLLM's Request, set when it is submitted (this module runs on vLLM's types alone)
+        self.request: Any = None
         self.submit_step = self.first_sched_step = self.first_token_step = -1
         self.finish_step = -1
         self.hwm = self.recomputed = self.scheduled = self.hit_at_admission = 0
@@ -270,8 +272,8 @@ def run_workload(w: dict, model: _Model) -> int:
                     t.first_token_step = step
             else:
                 sampled.append([])
-        preemptions = sum(1 for rid in was_running
-                          if by_id[rid].request.status == RequestStatus.PREEMPTED)
+        preemptions = sum(by_id[rid].request.status == RequestStatus.PREEMPTED
+                          for rid in was_running)
         queries = hits = 0
         if stats is not None:
             queries = stats.queries + getattr(stats, "preempted_queries", 0)
