@@ -233,3 +233,18 @@ def test_aiperf_phase_copies_of_a_warmed_up_run_are_not_levels(tmp_path):
     (level / "profile_export_aiperf.csv").unlink()
     runs = ingest([tmp_path]).runs
     assert len(runs) == 1 and "phases/profiling" in runs.iloc[0]["source"]
+
+
+# ---------------------------------------------------------------------- vllm bench sweep 0.32
+@pytest.mark.parametrize("part", ["", "summary.csv", "BENCH--max_concurrency=4"])
+def test_vllm_0_32_sweep_results(part):
+    root = DATA / "vllm_sweep_0.32"
+    runs = ingest([root / part] if part else [root]).runs.sort_values("concurrency")
+    expect = [1.0, 4.0] if part != "BENCH--max_concurrency=4" else [4.0]
+    assert runs["concurrency"].tolist() == expect
+    for row in runs.to_dict("records"):
+        c = int(row["concurrency"])
+        result = json.loads((root / f"BENCH--max_concurrency={c}" / "run=0.json").read_text())
+        assert row["output_throughput"] == pytest.approx(result["output_throughput"])
+        assert row["ttft_p99_s"] == pytest.approx(result["p99_ttft_ms"] / 1e3)
+        assert row["num_requests"] == result["completed"] == 8
