@@ -76,9 +76,13 @@ test-slow: $(VENV)/.synced
 # A real vLLM (PyPI's CPU build, in its own cached venv: scripts/vllm-env.sh) serving a small
 # seeded model with a deliberately small KV pool, a real Prometheus scraping it, and
 # `kvpressure collect` sweeping levels below and past the knee; and `kvpressure verify-vllm`
-# diffing the same vLLM's scheduler against the simulation on data/verify/ (tests/e2e/).
+# diffing the same vLLM's scheduler against the simulation on data/verify/; AIPerf and GuideLLM
+# (each in its own cached venv: scripts/aiperf-env.sh, scripts/guidellm-env.sh) loading it, their
+# exports read by `kvpressure report` (tests/e2e/).
 e2e: $(VENV)/.synced
 	scripts/system-deps.sh
+	scripts/aiperf-env.sh >/dev/null
+	scripts/guidellm-env.sh >/dev/null
 	vllm_env=$$(scripts/vllm-env.sh) && \
 	    KVPRESSURE_E2E=1 KVPRESSURE_VLLM_PYTHON=$$vllm_env/bin/python \
 	    $(BIN)/pytest tests/e2e -v -s -p no:cacheprovider

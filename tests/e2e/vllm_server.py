@@ -61,7 +61,7 @@ def start_vllm(python: Path, model: Path, port: int, log: Path, *, num_gpu_block
                max_num_batched_tokens: int, ready_s: float = 420.0,
                extra_args: tuple[str, ...] = ()) -> VllmServer:
     """Start the server and wait for ``/v1/models``; stop it and raise when it does not come
-    up (the log's tail in the message)."""
+    up (the log's tail in the message). ``extra_args`` go on the command line as they are."""
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",

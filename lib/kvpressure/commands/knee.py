@@ -83,6 +83,8 @@ def load_curve_table(path: str | Path, columns: str | None = None,
     rows: list[dict] = []
     for src in detect(p):
         notes.extend(src.notes)
+        if src.kind == "aiperf_metrics":
+            continue  # the server metrics AIPerf recorded beside its exports: not the curve
         if src.kind != "bench":
             raise InputError(f"{src.location}: a {src.kind} source, not a table of runs; "
                              "kvpressure ingest turns scrapes into runs.csv")

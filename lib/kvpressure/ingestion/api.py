@@ -358,7 +358,8 @@ def ingest(
             else:
                 acc = acc_for(name)
                 acc_sources.setdefault(name, []).append(src.location)
-                if src.kind in ("prom_jsonl", "prom_dir", "prom_text", "metrics_url"):
+                if src.kind in ("prom_jsonl", "prom_dir", "prom_text", "metrics_url",
+                                "aiperf_metrics"):
                     scraped.add(name)
                 _read_prom(src, acc, entry, warnings, report, start, end, step, timeout)
             report["sources"].append(entry)
@@ -454,6 +455,10 @@ def _read_prom(
             t = path.stat().st_mtime
             entry["time_from"] = "file modification time"
         add_scrape(acc, t, read_text(path), str(path), warnings)
+    elif src.kind == "aiperf_metrics":
+        from kvpressure.ingestion.aiperf_metrics import read_server_metrics
+
+        read_server_metrics(Path(src.location), acc, warnings)
     elif src.kind == "query_range":
         got = read_query_range_file(Path(src.location), acc)
         entry.update(got)

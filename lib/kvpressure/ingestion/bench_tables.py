@@ -318,17 +318,33 @@ def report_unusable(rows: list[dict[str, Any]], notes: list[str]) -> None:
 
 # ---------------------------------------------------------------------- folders and sources
 def folder_tables(folder: Path, files: list[Path]) -> list[Path]:
-    """A folder's files as a sweep: AIPerf exports one level down are added (AIPerf writes one
-    artifact folder per level, the JSON preferred to the CSV), and a sweep's ``summary.json``
-    beside the ``run=N.json`` files it repeats is left out (its runs would count twice)."""
-    from kvpressure.ingestion.aiperf import EXPORT_NAMES
+    """A folder's files as a sweep: AIPerf's artifact folders at or below it are added (one
+    per level, each its export and the server metrics recorded beside it; the rest of what
+    AIPerf writes there is not a source), and a sweep's ``summary.json`` beside the
+    ``run=N.json`` files it repeats is left out, as are GuideLLM's YAML and CSV copies of the
+    JSON report beside them (their runs would count twice)."""
+    from kvpressure.ingestion import aiperf
 
     if any(f.name.startswith("run=") and f.suffix == ".json" for f in files):
         files = [f for f in files if f.name != "summary.json"]
-    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        found = [sub / n for n in EXPORT_NAMES if (sub / n).is_file()]
-        files.extend(found[:1])
+    files = _one_guidellm_report(files)
+    found = aiperf.artifact_dirs(folder)
+    if found and found[0] == folder:
+        files = [f for f in files if f.name not in aiperf.ARTIFACT_FILES]
+    for sub in found:
+        files.extend(aiperf.artifact_files(sub))
     return files
+
+
+def _one_guidellm_report(files: list[Path]) -> list[Path]:
+    """GuideLLM writes one report in several formats (``--output`` json, yaml, csv): the JSON,
+    when it is GuideLLM's, stands for the others of the same name."""
+    from kvpressure.ingestion import guidellm
+
+    reports = [f for f in files if f.suffix == ".json" and table_format(f) == guidellm.FORMAT]
+    stems = {f.stem for f in reports}
+    return [f for f in files if not (f.stem in stems and f.suffix in (".yaml", ".yml", ".csv")
+                                     and table_format(f) == guidellm.FORMAT)]
 
 
 def read_bench_source(path: Path, run: str, notes: list[str], *,

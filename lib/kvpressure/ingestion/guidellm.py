@@ -12,8 +12,13 @@ breakdown (``successful``, ``incomplete``, ``errored``, ``total``) of distributi
 Older reports keep the strategy under ``args.strategy``.
 
 CSV (``benchmarks.csv``) has a three-row header (group, field, statistic or unit) and one row
-per benchmark; the concurrent profile's stream counts are in its ``Run Info``/``Profile`` JSON,
-indexed by ``Run Index``.
+per benchmark. 0.8 names each row's level in its strategy (``concurrent@16``,
+``constant@2.5``); earlier releases keep the concurrent profile's stream counts in its
+``Run Info``/``Profile`` JSON, indexed by ``Run Index``.
+
+GuideLLM 0.8 (``guidellm run``) writes the same report shape: ``config.strategy`` has
+``type_``, ``streams`` and ``max_concurrency``, ``start_time``/``end_time`` are unix seconds
+of the measured span, ``metadata.guidellm_version`` names the release.
 """
 
 from __future__ import annotations
@@ -237,9 +242,15 @@ _CSV_METRICS = {
 def _csv_row(rec: dict[tuple[str, str, str], str], where: str, source: str, run: str,
              notes: list[str]) -> dict[str, Any]:
     kind = rec.get(("Benchmark", "Strategy", ""), "")
-    level = NaN
+    # 0.8 writes the strategy with its level: ``concurrent@16``, ``constant@2.5``.
+    kind, _, at = kind.partition("@")
+    level, rate = NaN, math.inf if kind == "throughput" else NaN
     if kind == "synchronous":
         level = 1.0
+    elif kind == "concurrent" and at:
+        level = _num(at)
+    elif kind in ("constant", "poisson") and at:
+        rate = _num(at)
     elif kind == "concurrent":
         streams = _streams(rec.get(("Run Info", "Profile", ""), ""))
         index = _num(rec.get(("Run Info", "Run Index", ""), ""))
@@ -250,7 +261,7 @@ def _csv_row(rec: dict[tuple[str, str, str], str], where: str, source: str, run:
                          "Profile column: concurrency left empty")
     row: dict[str, Any] = {
         "run": run, "variant": "default", "concurrency": level,
-        "request_rate": math.inf if kind == "throughput" else NaN,
+        "request_rate": rate,
         "num_requests": _num(rec.get(("Request Counts", "Successful", ""), "")),
         "failed": _num(rec.get(("Request Counts", "Errored", ""), "")),
         "duration_s": _num(rec.get(("Timings", "Duration", "Sec"), "")),

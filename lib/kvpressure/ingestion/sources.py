@@ -12,6 +12,8 @@ Kinds:
 * ``bench``: ``vllm bench serve --save-result`` JSON (one object, or one per line with
   ``--append-result``), or a sweep table of another tool (a runs CSV, ``vllm bench sweep``
   results, GuideLLM and AIPerf exports: :mod:`kvpressure.ingestion.bench_tables`).
+* ``aiperf_metrics``: the server's ``/metrics`` as AIPerf recorded it through a level
+  (``server_metrics_export.jsonl`` or ``.parquet``: :mod:`kvpressure.ingestion.aiperf_metrics`).
 * ``server_log``: a vLLM server's log (``vllm serve ... 2>&1 | tee server.log``, optionally
   gzip-compressed), recognised by vLLM's line prefix or its stats lines.
 * ``prometheus_url``: a live Prometheus server (``http://host:9090``), read over a time range.
@@ -139,8 +141,10 @@ def _first_line(path: Path) -> str:
 
 def sniff_file(path: Path) -> str:
     """The kind of one file, from its first bytes."""
-    from kvpressure.ingestion import bench_tables  # it reads files through this module
+    from kvpressure.ingestion import aiperf_metrics, bench_tables  # both read through this module
 
+    if aiperf_metrics.is_parquet(path):
+        return "aiperf_metrics"
     head = _head(path)
     stripped = head.lstrip()
     if not stripped:
@@ -163,6 +167,8 @@ def sniff_file(path: Path) -> str:
         if isinstance(obj, dict):
             if "text" in obj and any(k in obj for k in ("t", "time", "timestamp")):
                 return "prom_jsonl"
+            if aiperf_metrics.is_jsonl_line(obj):
+                return "aiperf_metrics"
             if "message" in obj and "levelname" in obj:
                 return "server_log"  # vLLM's JSON log lines (--logging-config.formatter json)
             if obj.get("status") in ("success", "error") and ("data" in obj or "error" in obj):
@@ -268,7 +274,7 @@ def _detect_dir(path: Path) -> list[Source]:
         kind = sniff_file(f)
         if kind == "prom_text":
             dumps.append(f)
-        elif kind in ("prom_jsonl", "query_range", "bench", "server_log"):
+        elif kind in ("prom_jsonl", "query_range", "bench", "server_log", "aiperf_metrics"):
             out.append(Source(kind, str(f)))
         else:
             skipped.append(f.name)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the separate environment AIPerf runs from in the end-to-end tests: PyPI's
+# aiperf 0.13.0 in its own venv, never in the project's .venv (its dependencies pin their own
+# versions of pydantic, numpy and the like). Prints the venv's path on stdout; a stamp file makes
+# the check instant once it is complete.
+#
+#   KVPRESSURE_AIPERF_ENV  where the venv lives (default ~/.cache/kvpressure/aiperf-0.13.0)
+#   PYTHON                 the interpreter that creates it (default python3; 3.10 or later)
+set -euo pipefail
+VERSION=0.13.0
+ENV_DIR=${KVPRESSURE_AIPERF_ENV:-$HOME/.cache/kvpressure/aiperf-$VERSION}
+STAMP="$ENV_DIR/.kvpressure-ready"
+WANT="aiperf==$VERSION"
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$ENV_DIR/bin/aiperf" ]; then
+  echo "$ENV_DIR"
+  exit 0
+fi
+
+say() { echo "aiperf-env: $*" >&2; }
+mkdir -p "$(dirname "$ENV_DIR")"
+if [ ! -x "$ENV_DIR/bin/python" ]; then
+  say "creating $ENV_DIR"
+  "${PYTHON:-python3}" -m venv "$ENV_DIR"
+fi
+if ! "$ENV_DIR/bin/python" -c "import importlib.metadata as m; assert m.version('aiperf') == '$VERSION'" 2>/dev/null; then
+  say "installing $WANT"
+  "$ENV_DIR/bin/pip" install --quiet --disable-pip-version-check "$WANT" >&2
+fi
+
+say "checking the command"
+"$ENV_DIR/bin/aiperf" --help >/dev/null
+echo "$WANT" > "$STAMP"
+echo "$ENV_DIR"
