@@ -55,7 +55,7 @@ test: test-fast test-slow e2e
 PYTEST_WORKERS ?= auto
 PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
-# The inner loop: lint, mypy (the packages [tool.mypy] in pyproject.toml names), pytest on
+# The inner loop: lint, mypy on lib/ ([tool.mypy] in pyproject.toml), pytest on
 # tests/ (without tests/e2e and the slow tests) and nbval on notebooks/.
 test-fast: $(VENV)/.synced
 	scripts/system-deps.sh

@@ -88,9 +88,11 @@ def _info_lines(summary: dict[str, Any]) -> list[str]:
         for series in m.get("series") or []:
             if not isinstance(series, dict):
                 continue
-            stats = series.get("stats") if isinstance(series.get("stats"), dict) else {}
+            got_stats = series.get("stats")
+            stats: dict[str, Any] = got_stats if isinstance(got_stats, dict) else {}
             value = _number(stats.get("avg", 1.0))
-            labels = series.get("labels") if isinstance(series.get("labels"), dict) else {}
+            got_labels = series.get("labels")
+            labels: dict[str, Any] = got_labels if isinstance(got_labels, dict) else {}
             if value is not None:
                 samples.append(f"{name}{_labels(labels, series.get('endpoint_url'))} {value}")
         if samples:
@@ -148,9 +150,11 @@ def exposition(url: Any, metrics: dict[str, Any], types: dict[str, str]) -> str:
         for e in entries:
             if not isinstance(e, dict):
                 continue
-            labels = e.get("labels") if isinstance(e.get("labels"), dict) else {}
+            got_labels = e.get("labels")
+            labels = got_labels if isinstance(got_labels, dict) else {}
             if kind == "histogram":
-                buckets = e.get("buckets") if isinstance(e.get("buckets"), dict) else {}
+                got_buckets = e.get("buckets")
+                buckets: dict[str, Any] = got_buckets if isinstance(got_buckets, dict) else {}
                 for le, count in buckets.items():
                     v = _number(count)
                     if v is not None:

@@ -120,7 +120,7 @@ def _families_filter(metrics: str | Sequence[str] | None) -> frozenset[str] | No
 
 def _expected_missing(acc: RunSamples) -> list[str]:
     present = {s.family for s in acc.series}
-    wanted = names.CORE_FAMILIES + ("vllm:cache_config_info",)
+    wanted: tuple[str, ...] = names.CORE_FAMILIES + ("vllm:cache_config_info",)
     if acc.families is not None:
         wanted = tuple(f for f in wanted if f in acc.families)
     out = []

@@ -25,7 +25,7 @@ REQUIRED = ("duration", "completed")
 NaN = math.nan
 
 # runs column -> (result field in ms, detailed array, statistic)
-_LATENCIES = {
+_LATENCIES: dict[str, tuple[str, str | None, str | int]] = {
     "ttft_mean_s": ("mean_ttft_ms", "ttfts", "mean"),
     "ttft_p95_s": ("p95_ttft_ms", "ttfts", 95),
     "ttft_p99_s": ("p99_ttft_ms", "ttfts", 99),
@@ -196,7 +196,8 @@ def bench_row(
         if math.isnan(value) and array is not None:
             data = _detailed(res, array)
             if data is not None:
-                value = float(np.mean(data) if stat == "mean" else np.percentile(data, stat))
+                value = float(np.mean(data) if isinstance(stat, str)
+                              else np.percentile(data, stat))
         if math.isnan(value):
             unknown.append(column)
         row[column] = value

@@ -239,7 +239,7 @@ _CSV_METRICS = {
 }
 
 
-def _csv_row(rec: dict[tuple[str, str, str], str], where: str, source: str, run: str,
+def _csv_row(rec: dict[tuple[str, ...], str], where: str, source: str, run: str,
              notes: list[str]) -> dict[str, Any]:
     kind = rec.get(("Benchmark", "Strategy", ""), "")
     # 0.8 writes the strategy with its level: ``concurrent@16``, ``constant@2.5``.

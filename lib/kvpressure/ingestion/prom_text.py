@@ -70,7 +70,8 @@ def _parse_one(line: str) -> tuple[str, dict[str, str], float, float | None]:
     if len(samples) != 1:
         raise ValueError("not a sample line")
     s = samples[0]
-    return s.name, dict(s.labels), float(s.value), s.timestamp
+    ts = s.timestamp
+    return s.name, dict(s.labels), float(s.value), None if ts is None else float(ts)
 
 
 def _parse_comment(line: str) -> tuple[str, str | None, str | None]:
@@ -375,6 +376,7 @@ class RunSamples:
         # A timestamped sample: the head ends with the value.
         head2, _, value_text = head.rpartition(" ")
         sid = self._head_ts.get(head2)
+        ts: float | None
         if sid is not None:
             try:
                 value, ts = float(value_text), float(tail) / 1000.0
@@ -425,14 +427,16 @@ class RunSamples:
 
     def missing_families(self) -> list[str]:
         """Families with ``# TYPE`` (and maybe HELP) but not a single sample: missing, not 0."""
-        out = []
+        out: list[str] = []
         for fam in self.declared:
             if fam in self.seen_families:
                 continue
             info = canonical_name(fam, self.declared[fam])
             if info.family in self.seen_families or info.created:
                 continue
-            out.append(info.canonical if info.kind != "histogram" else info.family)
+            name = info.canonical if info.kind != "histogram" else info.family
+            if name is not None:  # a _created sample is no series
+                out.append(name)
         return sorted(set(out))
 
     def present_metrics(self) -> list[str]:

@@ -4,6 +4,7 @@ the data does not say (the record keeps it as a meaningful null, never a guess).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ _BUILD_DEVICES = {"cpu": "cpu", "rocm": "rocm", "xpu": "xpu", "hpu": "hpu", "tpu
                   "neuron": "neuron"}
 
 
-def served_platform(reports: dict[str, Any], sources: list[str] = ()
+def served_platform(reports: dict[str, Any], sources: Sequence[str] = ()
                     ) -> tuple[str, str] | None:
     """The device the server ran on (``cuda``, ``cpu``, ``xpu``...): a server log's engine
     configuration line, else the local label of the served version (``0.32.0+cpu``, a
@@ -71,11 +72,13 @@ def served_platform(reports: dict[str, Any], sources: list[str] = ()
         return device, "the server log's engine configuration (device_config)"
     found = _engine_json(list(sources))
     server = found[0].get("server") if found is not None else None
-    if isinstance(server, dict) and isinstance(server.get("device"), str):
+    if found is not None and isinstance(server, dict) and isinstance(server.get("device"), str):
         return server["device"], (f"the server log's engine configuration "
                                   f"({found[1].name}, from collect --server-log)")
     served = served_version(reports, list(sources))
-    label = served[0].partition("+")[2].lower() if served else ""
+    if served is None:
+        return None
+    label = served[0].partition("+")[2].lower()
     build = _BUILD_DEVICES.get(label) or ("cuda" if label.startswith("cu") else None)
     return (build, f"the build of the served version ({served[0]})") if build else None
 

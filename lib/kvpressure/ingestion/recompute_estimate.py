@@ -111,7 +111,7 @@ def _window_points(
 def _base_tokens(
     series: pd.DataFrame, t0: float | None, t1: float | None, run: str | None, origin: str
 ) -> tuple[float, str]:
-    kw = {"run": run, "origin": origin}
+    kw: dict[str, Any] = {"run": run, "origin": origin}
     gen = window_increase(series, "vllm:generation_tokens_total", t0, t1, **kw)
     local = window_increase(
         series, "vllm:prompt_tokens_by_source_total", t0, t1, {"source": "local_compute"}, **kw
@@ -368,7 +368,7 @@ def recompute_range(
         fcfs = False
         assumptions.append("admission by first chunk (scheduler_reserve_full_isl off): victims "
                            "may be cut mid-prompt, so the FCFS prompt rule does not apply")
-    if fcfs:
+    if fcfs and prompt_mean is not None:
         b_eff = b_size if b_size is not None else DEFAULT_BLOCK_SIZE
         if b_size is None:
             assumptions.append(f"block_size unknown ({CACHE_CONFIG_INFO} missing or without it): "
