@@ -32,13 +32,13 @@ import httpx
 import pandas as pd
 import pytest
 import yaml
-from vllm_server import SERVED_NAME, VllmServer, start_vllm, stop_group, tiny_model, vllm_python
+from vllm_server import SERVED_NAME, VllmServer, serving, stop_group, vllm_python
 
 from kvpressure.ingestion.api import ingest
 from kvpressure.ingestion.counters import window_increase
 from kvpressure.live.server import metric_total
 from kvpressure.pipeline.report import make_report
-from prometheus_server import free_port, prometheus_server, require_prometheus
+from prometheus_server import prometheus_server, require_prometheus
 
 pytestmark = pytest.mark.e2e
 
@@ -119,14 +119,8 @@ class Sweep:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    python = vllm_python()
-    model = tiny_model(python)
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    srv = start_vllm(python, model, free_port(), log, **POOL)
-    try:
+    with serving(tmp_path_factory, POOL) as srv:
         yield srv
-    finally:
-        stop_group(srv.proc)
 
 
 @pytest.fixture(scope="module")

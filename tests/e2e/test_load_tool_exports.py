@@ -28,9 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from vllm_server import SERVED_NAME, VllmServer, start_vllm, stop_group, tiny_model, vllm_python
-
-from prometheus_server import free_port
+from vllm_server import SERVED_NAME, VllmServer, serving, stop_group, tiny_model, vllm_python
 
 pytestmark = pytest.mark.e2e
 
@@ -90,17 +88,10 @@ def _report(sources: list[Path], out: Path, log: Path) -> tuple[str, int, int]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    python = vllm_python()
-    model = tiny_model(python)
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     # Without the prefix cache: AIPerf's synthetic prompts share most of their blocks, which
     # would let its requests fit the pool more densely than the others' and move its knee.
-    srv = start_vllm(python, model, free_port(), log, **POOL,
-                     extra_args=("--no-enable-prefix-caching",))
-    try:
+    with serving(tmp_path_factory, POOL, ("--no-enable-prefix-caching",)) as srv:
         yield srv
-    finally:
-        stop_group(srv.proc)
 
 
 @pytest.fixture(scope="module")

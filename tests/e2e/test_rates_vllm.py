@@ -28,11 +28,10 @@ import httpx
 import pytest
 import yaml
 from test_live_vllm import POOL, Poller, run_cli
-from vllm_server import VllmServer, start_vllm, stop_group, tiny_model, vllm_python
+from vllm_server import VllmServer, serving, vllm_python
 
 from kvpressure.live.load import read_dataset, read_trace
 from kvpressure.live.server import metric_total
-from prometheus_server import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -49,16 +48,9 @@ SEND_TOLERANCE_S = 0.25
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    python = vllm_python()
-    model = tiny_model(python)
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     # Its steps logged, as an open loop's twin is fitted on them.
-    srv = start_vllm(python, model, free_port(), log, **POOL,
-                     extra_args=("--enable-logging-iteration-details",))
-    try:
+    with serving(tmp_path_factory, POOL, ("--enable-logging-iteration-details",)) as srv:
         yield srv
-    finally:
-        stop_group(srv.proc)
 
 
 def _totals(url: str) -> dict[str, float]:

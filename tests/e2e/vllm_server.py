@@ -7,12 +7,15 @@ neither may outlive the test.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -102,3 +105,20 @@ def start_vllm(python: Path, model: Path, port: int, log: Path, *, num_gpu_block
     except BaseException:
         stop_group(proc)
         raise
+
+
+@contextlib.contextmanager
+def serving(tmp_path_factory: Any, pool: dict[str, int], extra_args: tuple[str, ...] = ()
+            ) -> Iterator[VllmServer]:
+    """A test module's server: the cached vLLM environment and model, a log of its own, its
+    process group stopped however the module ends."""
+    from prometheus_server import free_port
+
+    python = vllm_python()
+    model = tiny_model(python)
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    srv = start_vllm(python, model, free_port(), log, **pool, extra_args=extra_args)
+    try:
+        yield srv
+    finally:
+        stop_group(srv.proc)
