@@ -87,6 +87,15 @@ def test_a_bad_dataset_line_is_refused_naming_it(tmp_path: Path):
     path.write_text('{"input_length": 4, "output_length": 2}\n{"output_length": 3}\n')
     with pytest.raises(InputError, match="line 2: no prompt"):
         read_dataset(path, 8)
+    # a number past Python's integer limit is no JSON syntax error, and still named by line
+    path.write_text('{"input_length": 4, "output_length": 2}\n{"input_length": '
+                    + "9" * 5000 + ', "output_length": 2}\n')
+    with pytest.raises(InputError, match="line 2: not JSON"):
+        read_dataset(path, 8)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": ' + "9" * 5000 + ', "input_length": 5, "output_length": 2}\n')
+    with pytest.raises(InputError, match="line 1: not JSON"):
+        read_trace(trace)
 
 
 def _args(**kw) -> argparse.Namespace:
