@@ -213,9 +213,8 @@ class Twin:
         from the measured one (``LevelWorkload.redrawn``); its decisions do not depend on the
         step time, so each is simulated in steps."""
         if level not in self.redrawn_preemptions:
-            settings = self.settings
             self.redrawn_preemptions[level] = np.array(
-                [simulate(build_scenario(settings, self.workloads[level].redrawn(seed)),
+                [simulate(build_scenario(self.settings, self.workloads[level].redrawn(seed)),
                           fast_path="leap").summary["preemptions"]
                  for seed in range(1, REDRAWS + 1)], dtype=float)
         return self.redrawn_preemptions[level]
@@ -270,8 +269,8 @@ class Twin:
             out.append(self.arrival_assumption())
         else:
             out.append(self.turnaround_assumption())
-            out.append(f"the requests a level sends at once (its first C) reach the engine in "
-                       f"the order sent; no result records that order, so each level's "
+            out.append("the requests a level sends at once (its first C) reach the engine in "
+                       "the order sent; no result records that order, so each level's "
                        f"preemptions are read against {REDRAWS} other orders (seeded) and a "
                        "remedy's interval holds their spread")
         if self.fitted is not None:
