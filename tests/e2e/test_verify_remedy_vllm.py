@@ -144,4 +144,10 @@ def test_a_control_that_cannot_act_measures_inside_its_noise(sweep):
     # Two server processes differ by a few percent that paired rounds on the same two servers
     # cannot average out (a restart of the same server moved a level by -3.6% to +8.9% here:
     # tests/data/twin_saved/quiet, the control): inside that noise, far from the remedy's change.
-    assert abs(m["mean_pct"]) <= RESTART_NOISE_PCT, m
+    # Where the rounds scatter more than that (a machine that moves between rounds), the
+    # interval is what the kit reads, and it must hold no change: no measurable effect.
+    lo, hi = m["interval_pct"]
+    if (hi - lo) / 2 < RESTART_NOISE_PCT:
+        assert abs(m["mean_pct"]) <= RESTART_NOISE_PCT, m
+    else:
+        assert lo <= 0.0 <= hi and m["effect"] == "no measurable effect", m
