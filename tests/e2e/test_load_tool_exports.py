@@ -80,7 +80,10 @@ def _verdict(folder: Path) -> tuple[str, int | None, int | None]:
 
 
 def _report(sources: list[Path], out: Path, log: Path) -> tuple[str, int, int]:
-    proc = _kvpressure(["report", "--source", *map(str, sources), "--out", str(out),
+    """The record a report on ``sources`` gives, computed by ``kvpressure analyse`` (the
+    report's library calls without Jupyter, byte-equal results: tests/test_report_pipeline.py):
+    collect's own report above is the full page."""
+    proc = _kvpressure(["analyse", str(out), "--source", *map(str, sources),
                         "--param", f"engine_args={ENGINE_ARGS}"], 300, log)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return _verdict(out)
