@@ -156,10 +156,15 @@ def test_bench_sweep_with_one_log_is_investigated_like_the_simulation(full, swee
     lens = pd.read_csv(points / "c32" / "requests.csv")["prompt_len"]
     assert rec.workload.input_len_distribution.mean == pytest.approx(lens.mean())
     # Everything measured: the only nulls are what the data does not hold (the comparison, the
-    # seeds, the device its server ran on).
+    # seeds, the device its server ran on) and the rate axis's fields of a concurrency sweep.
     data = load_record(full.record_path).model_dump(mode="json")
     assert list(empty_fields(data)) == ["scheduler.async_scheduling",
-                                         "perf.knee.same_schedule_from", "evidence.comparison",
+                                         "counters.window.request_rate",
+                                         "workload.request_rate", "workload.request_rates",
+                                         "workload.max_concurrency",
+                                         "perf.knee.same_schedule_from",
+                                         "perf.throughput_by_request_rate",
+                                         "evidence.comparison",
                                          "provenance.seed", "provenance.vllm_version_served",
                                          "provenance.seeds", "provenance.platform",
                                          "missing"]
