@@ -242,9 +242,14 @@ def test_the_knee_lies_where_measured_throughput_stops_growing(sweep: Sweep) -> 
     # lets running grow only from 2 to 3, so that step is small by construction).
     below = [c for c in LEVELS if c < k]
     assert not below or tput[k] >= 1.05 * tput[below[-1]]
-    # The pool holds REQUESTS_IN_POOL requests: the knee is at a level next to that number.
-    assert k in (max(c for c in LEVELS if c <= REQUESTS_IN_POOL),
-                 min(c for c in LEVELS if c >= REQUESTS_IN_POOL))
+    # The pool holds REQUESTS_IN_POOL requests: the knee lies next to the first level that
+    # preempts (the first past that number), at most one level past it. On a quiet machine
+    # the clients' turnaround leaves slots the extra clients fill, so the curve may still
+    # grow for one level after the pool is full (measured 286 -> 350 tok/s from 4 to 8).
+    pre = dict(zip(runs["concurrency"].astype(int), runs["preemptions"], strict=True))
+    first = LEVELS.index(min(c for c in LEVELS if pre[c] > 0))
+    assert first == LEVELS.index(min(c for c in LEVELS if c > REQUESTS_IN_POOL)), pre
+    assert k in LEVELS[max(first - 1, 0):first + 2], (k, pre)
 
 
 def test_status_is_kv_bound_past_the_knee_and_not_below_it(sweep: Sweep,
@@ -255,7 +260,10 @@ def test_status_is_kv_bound_past_the_knee_and_not_below_it(sweep: Sweep,
     knee = record["perf"]["knee"]["knee_x"]
     assert focus > knee
     assert record["status"] == KV_BOUND, (record["status"], record["evidence"])
-    below = max(c for c in LEVELS if c < knee)
+    # below the pool's capacity: the largest level nothing was preempted at
+    runs = _runs(sweep)
+    below = max(int(c) for c, p in zip(runs["concurrency"], runs["preemptions"], strict=True)
+                if p == 0 and c < knee)
     params = {"engine_args": sweep.engine["engine_args"], "model_name": SERVED_NAME,
               "focus_concurrency": below}
     make_report(tmp_path / "below", sources=[sweep.out / "bench",
