@@ -21,7 +21,7 @@ unexport JUPYTER_PATH
 # dependencies' bytecode at install (--compile-bytecode); the kit's own is written as it runs.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: report test test-fast test-slow e2e lab bench native lock lint clean help
+.PHONY: report test test-fast test-slow e2e e2e-control lab bench native lock lint clean help
 
 help:
 	@echo "make report   run the investigation on the built-in seed case -> reports/$(NAME)/"
@@ -30,6 +30,7 @@ help:
 	@echo "make test-slow  the tests marked slow (whole reports, real Prometheus, a browser)"
 	@echo "make e2e      kvpressure collect against a real vLLM server (CPU build, own venv);"
 	@echo "              kvpressure verify-vllm against that vLLM's scheduler"
+	@echo "make e2e-control  make e2e plus verify-remedy's control (2 minutes more)"
 	@echo "make lab      open the notebooks in JupyterLab"
 	@echo "make bench    speed and memory benchmarks (benchmarks/)"
 	@echo "make native   compile the simulation's exact step with mypyc (used when built)"
@@ -95,6 +96,11 @@ $(VENV)/.lab: $(VENV)/.synced
 # environment), outputs reach git only through the nbstripout filter installed here, and
 # `make lab EXPERIMENT=...` makes that experiment the run the notebooks read.
 LAB_CHOOSE := $(if $(filter command line environment,$(origin EXPERIMENT)),--choose $(EXPERIMENT))
+
+# The same suite with verify-remedy's control too (a setting that cannot act, measured in
+# paired rounds on two more servers: about 2 minutes more than make e2e).
+e2e-control:
+	KVPRESSURE_E2E_CONTROL=1 $(MAKE) e2e
 
 lab: $(VENV)/.lab
 	$(BIN)/python -m kvpressure.pipeline.lab $(LAB_CHOOSE) --install-filter --start -- $(LAB_ARGS)

@@ -133,6 +133,10 @@ def test_the_remedy_measures_the_predicted_change(sweep):
     assert row["held"] is True
 
 
+# Two more servers and three more rounds (about 2 minutes): outside the CI budget, run with
+# KVPRESSURE_E2E_CONTROL=1 (make e2e-control).
+@pytest.mark.skipif(os.environ.get("KVPRESSURE_E2E_CONTROL") != "1",
+                    reason="the control's rounds run with KVPRESSURE_E2E_CONTROL=1")
 def test_a_control_that_cannot_act_measures_inside_its_noise(sweep):
     doc, took = _verify(sweep, "control", "max_num_seqs=128")
     (row,) = doc["levels"]
