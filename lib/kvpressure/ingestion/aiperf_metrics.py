@@ -159,16 +159,29 @@ def exposition(url: Any, metrics: dict[str, Any], types: dict[str, str]) -> str:
                     v = _number(count)
                     if v is not None:
                         lines.append(f"{name}_bucket{_labels(labels, url, ('le', le))} {v}")
-                for part in ("sum", "count"):
-                    v = _number(e.get(part))
-                    if v is not None:
-                        lines.append(f"{name}_{part}{_labels(labels, url)} {v}")
+                lines.extend(_sum_and_count(name, labels, url, e))
                 continue
-            v = _number(e.get("value"))
-            if v is not None:
-                sample = f"{name}_total" if kind == "counter" else name
-                lines.append(f"{sample}{_labels(labels, url)} {v}")
+            lines.extend(_value(name, kind, labels, url, e.get("value")))
     return "\n".join(lines) + "\n"
+
+
+def _value(name: str, kind: str, labels: dict[str, Any], url: Any, value: Any) -> list[str]:
+    """A counter's or gauge's sample line (none for a value that is no number)."""
+    v = _number(value)
+    if v is None:
+        return []
+    sample = f"{name}_total" if kind == "counter" else name
+    return [f"{sample}{_labels(labels, url)} {v}"]
+
+
+def _sum_and_count(name: str, labels: dict[str, Any], url: Any, source: Any) -> list[str]:
+    """A histogram's ``_sum`` and ``_count`` lines from ``source``'s ``sum`` and ``count``."""
+    out = []
+    for part in ("sum", "count"):
+        v = _number(source.get(part))
+        if v is not None:
+            out.append(f"{name}_{part}{_labels(labels, url)} {v}")
+    return out
 
 
 def _jsonl_scrapes(path: Path, types: dict[str, str], warnings: list[str]
@@ -225,15 +238,9 @@ def _parquet_scrapes(path: Path) -> Iterator[tuple[float, str, str]]:
                         lines.append(f"{name}_bucket{_labels(labels, url, ('le', rec['bucket_le']))}"
                                      f" {v}")
                     if rec.get("bucket_le") == "+Inf":
-                        for p in ("sum", "count"):
-                            s = _number(rec.get(p))
-                            if s is not None:
-                                lines.append(f"{name}_{p}{_labels(labels, url)} {s}")
+                        lines.extend(_sum_and_count(name, labels, url, rec))
                     continue
-                v = _number(rec.get("value"))
-                if v is not None:
-                    sample = f"{name}_total" if kind == "counter" else name
-                    lines.append(f"{sample}{_labels(labels, url)} {v}")
+                lines.extend(_value(name, kind, labels, url, rec.get("value")))
         yield float(ts) / 1e9, "\n".join(lines) + "\n", f"{path} (timestamp_ns {ts})"
 
 
