@@ -53,6 +53,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         yield srv
 
 
+def _served_exactly(before: dict[str, float], after: dict[str, float], requests: list) -> None:
+    """The server counted exactly these requests' prompt and output tokens, and every one."""
+    grew = {n: after[n] - before[n] for n in COUNTERS}
+    assert grew["vllm:prompt_tokens_total"] == sum(r.input_len for r in requests)
+    assert grew["vllm:generation_tokens_total"] == sum(r.output_len for r in requests)
+    assert grew["vllm:request_success_total"] == len(requests)
+
+
 def _totals(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics", timeout=5,
                      headers={"Accept": "text/plain; version=0.0.4"}).text
@@ -140,10 +148,7 @@ def test_a_dataset_of_token_counts_is_sent_with_exactly_its_lengths(
                     "--load-engine", "builtin", "--no-report"], timeout_s=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     after = _settled(server.url)
-    grew = {n: after[n] - before[n] for n in COUNTERS}
-    assert grew["vllm:prompt_tokens_total"] == sum(r.input_len for r in wanted)
-    assert grew["vllm:generation_tokens_total"] == sum(r.output_len for r in wanted)
-    assert grew["vllm:request_success_total"] == len(wanted)
+    _served_exactly(before, after, wanted)
 
 
 def test_a_trace_is_replayed_at_its_times_with_its_lengths(
@@ -156,10 +161,7 @@ def test_a_trace_is_replayed_at_its_times_with_its_lengths(
                     "--warmup", "0", "--load-engine", "builtin", "--no-report"], timeout_s=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     after = _settled(server.url)
-    grew = {n: after[n] - before[n] for n in COUNTERS}
-    assert grew["vllm:prompt_tokens_total"] == sum(r.input_len for r in trace)
-    assert grew["vllm:generation_tokens_total"] == sum(r.output_len for r in trace)
-    assert grew["vllm:request_success_total"] == len(trace)
+    _served_exactly(before, after, trace)
     bench = json.loads((out / "bench" / "trace.json").read_text())
     assert bench["input_lens"] == [r.input_len for r in trace]
     assert bench["output_lens"] == [r.output_len for r in trace]

@@ -128,6 +128,20 @@ class LoopResult:
     stopped: str | None = None  # why the loop stopped before its end, if it did
 
 
+def _reported(outcome: RequestOutcome, on_outcome: Callable[[RequestOutcome], None] | None,
+              should_stop: Callable[[], str | None] | None, stop_reason: list[str]) -> bool:
+    """A finished request told to the caller, then its stopping rule asked (once a reason is
+    kept it is not asked again); True when this outcome gave the reason."""
+    if on_outcome is not None:
+        on_outcome(outcome)
+    if should_stop is not None and not stop_reason:
+        reason = should_stop()
+        if reason:
+            stop_reason.append(reason)
+            return True
+    return False
+
+
 async def closed_loop(
     http: httpx.AsyncClient,
     url: str,
@@ -173,12 +187,7 @@ async def closed_loop(
             prompt, max_tokens = request_at(k)
             outcome = await stream_completion(http, url, model, prompt, max_tokens)
             outcomes.append(outcome)
-            if on_outcome is not None:
-                on_outcome(outcome)
-            if should_stop is not None and not stop_reason:
-                reason = should_stop()
-                if reason:
-                    stop_reason.append(reason)
+            _reported(outcome, on_outcome, should_stop, stop_reason)
             if outcome.success:
                 errors_in_row = 0
             else:
@@ -244,13 +253,8 @@ async def open_loop(
         else:
             outcome = await stream_completion(http, url, model, prompt, max_tokens)
         outcomes[k] = outcome
-        if on_outcome is not None:
-            on_outcome(outcome)
-        if should_stop is not None and not stop_reason:
-            reason = should_stop()
-            if reason:
-                stop_reason.append(reason)
-                wake.set()
+        if _reported(outcome, on_outcome, should_stop, stop_reason):
+            wake.set()
 
     async def sender() -> list[asyncio.Task]:
         tasks = []
