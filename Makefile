@@ -64,7 +64,7 @@ test-fast: $(VENV)/.synced
 	$(BIN)/ruff check lib tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m kvpressure.pipeline.lab --install-filter --verify
-	$(BIN)/pytest tests -m "not slow" $(PYTEST_PARALLEL)
+	$(BIN)/pytest tests -m "not slow" $(PYTEST_PARALLEL) --durations=15
 	cd notebooks && KVPRESSURE_NB_EXPERIMENT=../data/experiments/ci_small.yaml \
 	    KVPRESSURE_RUN_CONTEXT=$(CURDIR)/.venv/nbval-run.json \
 	    ../$(BIN)/pytest --nbval-lax --nbval-current-env .
@@ -72,7 +72,7 @@ test-fast: $(VENV)/.synced
 test-slow: $(VENV)/.synced
 	scripts/system-deps.sh
 	$(MAKE) native
-	$(BIN)/pytest tests -m slow $(PYTEST_PARALLEL)
+	$(BIN)/pytest tests -m slow $(PYTEST_PARALLEL) --durations=15
 
 # A real vLLM (PyPI's CPU build, in its own cached venv: scripts/vllm-env.sh) serving a small
 # seeded model with a deliberately small KV pool, a real Prometheus scraping it, and
@@ -86,7 +86,7 @@ e2e: $(VENV)/.synced
 	scripts/guidellm-env.sh >/dev/null
 	vllm_env=$$(scripts/vllm-env.sh) && \
 	    KVPRESSURE_E2E=1 KVPRESSURE_VLLM_PYTHON=$$vllm_env/bin/python \
-	    $(BIN)/pytest tests/e2e -v -s -p no:cacheprovider
+	    $(BIN)/pytest tests/e2e -v -s -p no:cacheprovider --durations=0
 
 $(VENV)/.lab: $(VENV)/.synced
 	$(UV) sync --locked --extra test --extra report --extra lab --inexact --compile-bytecode

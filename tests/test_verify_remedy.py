@@ -114,6 +114,19 @@ def test_a_prediction_outside_the_interval_held_within_ten_points_with_the_same_
     assert held is False and "11.0 points" in why
 
 
+def test_a_measurement_inside_the_predicted_interval_held_with_its_sign():
+    # the CI machine's case: +66% (33 to 98) against +108% claimed as 53 to 128
+    held, why = paired.prediction_held(_measured(66.0, 33.5, 98.4), 108.3, [53.2, 127.8])
+    assert held is True and "inside the predicted interval" in why
+    # without the twin's interval the same numbers are 42 points apart
+    assert paired.prediction_held(_measured(66.0, 33.5, 98.4), 108.3)[0] is False
+    # an unsigned measurement is no evidence for a signed band that happens to hold its mean
+    held, why = paired.prediction_held(_measured(4.0, -2.0, 10.0), 25.0, [3.0, 45.0])
+    assert held is False and paired.NO_EFFECT in why
+    # a measured fall inside a band that crosses zero but predicts a rise is not a hold
+    assert paired.prediction_held(_measured(-8.0, -12.0, -4.0), 20.0, [-10.0, 50.0])[0] is False
+
+
 def test_the_other_sign_never_holds_outside_the_interval():
     held, why = paired.prediction_held(_measured(4.0, 1.0, 7.0), -3.0)
     assert held is False and "other sign" in why

@@ -7,9 +7,11 @@ that round's own change (remedy over baseline); the order of the arms rotates fr
 the mean over the rounds with its two-sided Student-t interval (``paired_change``); it has a
 sign only when the interval excludes 0.
 
-A prediction held when the measured interval covers it, or when the two agree within
-``HELD_TOLERANCE_PP`` points with the same sign. A measured interval that holds 0 is "no
-measurable effect", whatever the mean's sign.
+A prediction held when the measured interval covers it, when the measured mean falls inside
+the prediction's own interval (the band the twin claimed, coefficients, length draws and noise)
+with a measured sign that agrees, or when the two agree within ``HELD_TOLERANCE_PP`` points with
+the same sign. A measured interval that holds 0 is "no measurable effect", whatever the mean's
+sign.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def measured_change(runs: Sequence[Mapping[str, Any]], level: int, baseline: str
 
 
 def prediction_held(measured: Mapping[str, Any], predicted_pct: float,
+                    predicted_interval: Sequence[float] | None = None,
                     tolerance_pp: float = HELD_TOLERANCE_PP) -> tuple[bool | None, str]:
     """Whether a predicted change held against a measured one (module docstring), with why.
     ``None`` when fewer than two rounds give no interval."""
@@ -76,11 +79,17 @@ def prediction_held(measured: Mapping[str, Any], predicted_pct: float,
         return None, "not known: an interval needs at least two paired rounds"
     if lo <= predicted_pct <= hi:
         return True, "the measured interval covers the prediction"
+    sign = measured.get("sign")
+    if predicted_interval is not None and sign is not None:
+        p_lo, p_hi = (float(x) for x in predicted_interval)
+        if p_lo <= mean <= p_hi and (sign > 0) == (predicted_pct > 0):
+            return True, (f"the measured {mean:+.1f}% lies inside the predicted interval "
+                          f"({p_lo:+.1f} to {p_hi:+.1f})")
     near = abs(mean - predicted_pct) <= tolerance_pp
     same_sign = (mean > 0) == (predicted_pct > 0) and mean != 0 and predicted_pct != 0
     if near and same_sign:
         return True, f"within {tolerance_pp:g} points of the prediction, with its sign"
-    if measured.get("sign") is None:
+    if sign is None:
         return False, (f"{NO_EFFECT} measured (the interval holds 0), the twin predicted "
                        f"{predicted_pct:+.1f}%")
     return False, (f"measured {mean:+.1f}% is {abs(mean - predicted_pct):.1f} points from the "

@@ -376,7 +376,8 @@ def summarise(runs: list[dict[str, Any]], levels: list[int],
     for c in levels:
         change = paired.measured_change(runs, c)
         pred = predicted.get(c) or {}
-        held, why = (paired.prediction_held(change, float(pred["change_pct"]))
+        held, why = (paired.prediction_held(change, float(pred["change_pct"]),
+                                            pred.get("interval_pct"))
                      if pred else (None, "no prediction"))
         arms = {}
         for arm in ARMS:
@@ -462,7 +463,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
     lines += ["", "The change per round is the remedy's output throughput over the baseline's "
               "in that round (the arms back to back, their order rotating); the interval is "
               "Student-t over the rounds. A prediction held when the measured interval covers "
-              f"it, or both agree within {paired.HELD_TOLERANCE_PP:g} points with the same sign; "
+              "it, when the measured change lies inside the prediction's own interval with its "
+              f"sign, or both agree within {paired.HELD_TOLERANCE_PP:g} points with the same sign; "
               f"an interval that holds 0 is {paired.NO_EFFECT}."
               + (" Both servers ran throughout (`--mode ports`): a steady difference between "
                  "the two server processes themselves (a few percent, as a restart of one "
