@@ -347,7 +347,7 @@ def test_a_server_killed_mid_level_keeps_what_was_measured(server: VllmServer,
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvpressure.cli", "collect", server.url, "--levels", "4,16",
          "--out", str(out), "--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN),
-         "--duration-per-level", "30", "--cooldown", "1", "--warmup", "0",
+         "--duration-per-level", "10", "--cooldown", "1", "--warmup", "0",
          "--scrape-interval", "0.5", "--engine-args", ENGINE_ARGS, "--load-engine", "builtin"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

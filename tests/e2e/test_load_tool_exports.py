@@ -79,12 +79,13 @@ def _verdict(folder: Path) -> tuple[str, int | None, int | None]:
             None if focus is None else int(focus))
 
 
-def _report(sources: list[Path], out: Path, log: Path) -> tuple[str, int, int]:
+def _report(sources: list[Path], out: Path, log: Path, engine_args: str | None = ENGINE_ARGS
+            ) -> tuple[str, int, int]:
     """The record a report on ``sources`` gives, computed by ``kvpressure analyse`` (the
-    report's library calls without Jupyter, byte-equal results: tests/test_report_pipeline.py):
-    collect's own report above is the full page."""
-    proc = _kvpressure(["analyse", str(out), "--source", *map(str, sources),
-                        "--param", f"engine_args={ENGINE_ARGS}"], 300, log)
+    report's library calls without Jupyter, byte-equal results: tests/test_report_pipeline.py),
+    for collect's run folder as for the tools' exports (the full page is test_live_vllm.py's)."""
+    given = ["--param", f"engine_args={engine_args}"] if engine_args else []
+    proc = _kvpressure(["analyse", str(out), "--source", *map(str, sources), *given], 300, log)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return _verdict(out)
 
@@ -107,9 +108,10 @@ def collected(server: VllmServer, tmp_path_factory: pytest.TempPathFactory):
                         "--out", str(out), "--input-len", str(INPUT_LEN),
                         "--output-len", str(OUTPUT_LEN), "--duration-per-level", str(SECONDS),
                         "--cooldown", "1", "--warmup", "2", "--engine-args", ENGINE_ARGS,
-                        "--load-engine", "builtin"], 480, tmp / "collect.log")
+                        "--load-engine", "builtin", "--no-report"], 480, tmp / "collect.log")
     assert proc.returncode == 0, proc.stdout[-4000:]
-    verdict = _verdict(out / "report")
+    # the run folder alone: collect recorded the engine arguments it was given
+    verdict = _report([out], tmp / "report", tmp / "report.log", engine_args=None)
     print(f"\ncollect: {verdict} in {time.monotonic() - t0:.0f} s")
     return verdict
 

@@ -79,7 +79,10 @@ def start_vllm(python: Path, model: Path, port: int, log: Path, *, num_gpu_block
         "--dtype", "bfloat16", "--num-gpu-blocks-override", str(num_gpu_blocks),
         "--block-size", str(block_size), "--max-model-len", str(max_model_len),
         "--max-num-seqs", str(max_num_seqs),
-        "--max-num-batched-tokens", str(max_num_batched_tokens), *extra_args,
+        "--max-num-batched-tokens", str(max_num_batched_tokens),
+        # No compilation: it took about 25 s a start here (vLLM's compile cache fails to load
+        # again on each start) and the scheduler's decisions, all these tests read, are the same.
+        "-O0", *extra_args,
     ]
     out = open(log, "wb")  # noqa: SIM115 - the child holds it; closed with the process
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,

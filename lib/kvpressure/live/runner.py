@@ -44,6 +44,14 @@ import httpx
 import numpy as np
 
 from kvpressure.errors import InputError, refuse_unknown
+from kvpressure.ingestion.collect_folder import (
+    BENCH_DIR,
+    ENGINE_JSON,
+    LEVELS_JSON,
+    SCRAPE_LOG,
+    SERVER_LOG_COPY,
+    read_collect_folder,
+)
 from kvpressure.ingestion.live_scrape import ACCEPT, Scraper, check_url
 from kvpressure.ingestion.names import PREEMPTIONS, RUNNING, WAITING
 from kvpressure.live.client import LoopResult, RequestOutcome, closed_loop, open_loop
@@ -63,13 +71,6 @@ from kvpressure.live.prompts import DEFAULT_TOKEN_IDS, RequestSource
 from kvpressure.live.results import bench_result, error_summary, write_result
 from kvpressure.live.server import ServerInfo, metric_total, probe
 
-ENGINE_JSON = "engine.json"
-LEVELS_JSON = "levels.json"
-SCRAPE_LOG = "metrics.prom.jsonl"
-# The server's log as it stood when the sweep ended: the running server goes on writing the
-# file given, and the report reads its inputs once, unchanged.
-SERVER_LOG_COPY = "server.log"
-BENCH_DIR = "bench"
 PROMETHEUS_DIR = "prometheus"
 REPORT_DIR = "report"
 WARMUP_STREAM = 0  # request streams: 0 the warm-up, the concurrency for each level
@@ -835,17 +836,10 @@ def report_on(outcome: CollectOutcome, *, jobs: int = 2,
     out = outcome.out
     if not outcome.complete_levels:
         return None
-    engine = json.loads((out / ENGINE_JSON).read_text(encoding="utf-8"))
-    doc = json.loads((out / LEVELS_JSON).read_text(encoding="utf-8"))
-    report_args = dict(engine["engine_args"])
-    merged = {"engine_args": report_args, "model_name": doc["model"], **(params or {})}
-    log = out / SCRAPE_LOG
-    # A server whose /metrics never answered leaves an empty log: the curve alone, then.
-    with open(log, encoding="utf-8", errors="replace") as fh:
-        has_scrapes = any('"text"' in line for line in fh)
-    sources = [out / BENCH_DIR, log] if has_scrapes else [out / BENCH_DIR]
-    if outcome.server_log is not None and Path(outcome.server_log).is_file():
-        sources.append(Path(outcome.server_log))
-    result = make_report(out / REPORT_DIR, sources=sources, params=merged, jobs=jobs)
+    folder = read_collect_folder(out, None if outcome.server_log is None
+                                 else Path(outcome.server_log))
+    merged = {"engine_args": folder.engine_args, "model_name": folder.model_name,
+              **(params or {})}
+    result = make_report(out / REPORT_DIR, sources=folder.sources, params=merged, jobs=jobs)
     outcome.report = result.index_path
     return result.index_path

@@ -15,6 +15,7 @@ import pandas as pd
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.cache_config import cache_config
+from kvpressure.ingestion.collect_folder import expand as expand_collect_folders
 from kvpressure.ingestion.provenance import load_tool, served_platform, served_version
 from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes
 from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report, recompute_args
@@ -120,6 +121,12 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     """
     from kvpressure.ingestion.api import ingest
 
+    given_sources = list(sources)  # re-analysis expands them again
+    sources, collected = expand_collect_folders(given_sources)
+    recorded, recorded_from = _recorded_engine_args(collected)
+    given = dict(engine_args)
+    engine_args = {**recorded, **given}
+    model_name = model_name or next((f.model_name for f in collected if f.model_name), "")
     files: list[tuple[Path, str, int | None]] = []
     others: list[str] = []
     for s in sources:
@@ -129,7 +136,8 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
             files.extend((p, *_point_of(p)) for p in scrapes)
         else:
             others.append(s)
-    (run_dir / SOURCES_FILE).write_text(json.dumps({"sources": sources}, indent=2) + "\n")
+    (run_dir / SOURCES_FILE).write_text(json.dumps({"sources": given_sources}, indent=2)
+                                        + "\n")
     inputs = []
     rows = []
     focus_series: dict[str, pd.DataFrame] = {}
@@ -240,7 +248,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     settings = {**geometry, **logged, **dict(engine_args)}
     settings_from = {**dict.fromkeys(geometry, "vllm:cache_config_info"),
                      **dict.fromkeys(logged, "the server log's start-up arguments"),
-                     **dict.fromkeys(engine_args, "given (engine_args)")}
+                     **recorded_from, **dict.fromkeys(given, "given (engine_args)")}
     load["notes"].extend(log_notes(reports))
     variant_settings = {}
     for v in variants:
@@ -335,6 +343,23 @@ def _counter_origin(reports: Mapping[str, Any], run: str) -> str:
         if origin:
             return str(origin)
     return "first"
+
+
+def _recorded_engine_args(folders: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The engine arguments collect run folders recorded, and where each came from; two
+    folders that recorded different values for one argument are not one server's."""
+    args: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for folder in folders:
+        for key, value in folder.engine_args.items():
+            if key in args and args[key] != value:
+                raise InputError(
+                    f"{folder.path}: recorded {key}={value!r}, another source folder "
+                    f"{args[key]!r} ({origin[key]}): report one server's runs at a time, or "
+                    "give the value with --param 'engine_args={...}'")
+            args[key] = value
+            origin.setdefault(key, folder.engine_args_from[key])
+    return args, origin
 
 
 def _dropped_model_name(reports: Mapping[str, Any]) -> str | None:
