@@ -131,8 +131,8 @@ def sweep(server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Sweep
     with Poller(server.url + "/metrics") as poller, prometheus_server(target, binary) as prom:
         proc = run_cli(["collect", server.url, "--levels", ",".join(map(str, LEVELS)),
                         "--out", str(out), "--input-len", str(INPUT_LEN),
-                        "--output-len", str(OUTPUT_LEN), "--duration-per-level", "8",
-                        "--cooldown", "2", "--warmup", "4", "--engine-args", ENGINE_ARGS,
+                        "--output-len", str(OUTPUT_LEN), "--duration-per-level", "6",
+                        "--cooldown", "1", "--warmup", "2", "--engine-args", ENGINE_ARGS,
                         "--prometheus", prom, "--load-engine", "builtin",
                         "--server-log", str(server.log)], timeout_s=480)
         time.sleep(0.5)  # one more direct read after the sweep
