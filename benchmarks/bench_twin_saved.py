@@ -139,6 +139,14 @@ def twin_of(folder: Path, engine: dict, candidates: dict) -> dict:
     arms = {name: {c: {k: twin.predict_level(c, ov)[k] for k in ("output_throughput",
                                                                  "preemptions")}
                    for c in sorted(twin.workloads)} for name, ov in candidates.items()}
+    # each level's predicted change with its 90% interval, as the report gives it at a focus
+    for c in sorted(twin.workloads):
+        at = twin.predict_remedies(focus=c, candidates=candidates, latency_tolerance_pct=None)
+        for row in at["candidates"]:
+            if row["setting"] in arms:
+                arms[row["setting"]][c].update(
+                    change_pct=row["throughput_change_pct"],
+                    interval_pct=row["throughput_change_pct_with_noise"])
     return {"ingest_s": round(ingest_s, 2), "fit_and_check_s": round(fit_s, 2),
             "fit_check_predict_s": round(time.perf_counter() - t, 2),
             "lengths": twin.lengths_sources(), "verdict": rep.verdict.text,
@@ -205,9 +213,11 @@ def targets(out: dict) -> dict:
         if p["concurrency"] < 6:
             continue
         m, t = p["measured_change_pct"], p["twin_change_pct"]
+        lo, hi = p["twin_interval_pct"] or (float("nan"), float("nan"))
         got["pairs"].append({**{k: p[k] for k in ("pair", "route", "concurrency")},
                              "points_apart": round(abs(t - m), 1),
-                             "sign_right": abs(m) <= 10 or (m > 0) == (t > 0)})
+                             "sign_right": abs(m) <= 10 or (m > 0) == (t > 0),
+                             "interval_covers": bool(lo <= m <= hi)})
     return got
 
 
@@ -273,7 +283,8 @@ def main() -> int:
                     "preemptions_measured": [ma[c]["preemptions_measured"],
                                              mb[c]["preemptions_measured"]],
                     "preemptions_twin": [twin_a[c]["preemptions_twin"],
-                                         pred[c]["preemptions"]]})
+                                         pred[c]["preemptions"]],
+                    "twin_interval_pct": pred[c].get("interval_pct")})
     out["targets"] = targets(out)
     text = json.dumps(bt._rounded(out), indent=1, default=str)
     bt.OUT.mkdir(parents=True, exist_ok=True)

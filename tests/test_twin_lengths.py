@@ -130,3 +130,27 @@ def test_a_change_inside_the_noise_is_no_measurable_effect():
     # the same change with the spread of lengths unknown: its sign cannot be told
     lo, hi, effect = change_interval(12.0, 10.0, 14.0, None, noise, False)
     assert effect == NO_EFFECT and lo == 0.0
+
+
+def test_a_noise_measured_on_few_values_takes_students_t():
+    import pandas as pd
+
+    from kvpressure.twin.noise import run_to_run_noise
+
+    # t(0.95) at 5 degrees of freedom, from the tables: 2.015
+    assert RunNoise(2.0, "measured", True, 5).change_halfwidth_pct == pytest.approx(
+        2.015 * 2 ** 0.5 * 2.0, rel=1e-3)
+    # six levels around the fitted twin: errors 3, -3, 4, -4, 0, 0 % -> rms sqrt(50/6), dof 5
+    fit = pd.DataFrame({"output_throughput_error_pct": [3.0, -3.0, 4.0, -4.0, 0.0, 0.0]})
+    got = run_to_run_noise(pd.DataFrame(), "concurrency", fit)
+    assert got.dof == 5 and got.throughput_sd_pct == pytest.approx((50 / 6) ** 0.5)
+    # two repeats at each of two levels: (100, 110) and (200, 180): relative deviations
+    # +-1/21 and +-1/19, one degree of freedom each; t(0.95, 2) = 2.920
+    runs = pd.DataFrame({"concurrency": [4, 4, 8, 8],
+                         "output_throughput": [100.0, 110.0, 200.0, 180.0]})
+    got = run_to_run_noise(runs, "concurrency", None)
+    sd = 100 * ((2 / 21 ** 2 + 2 / 19 ** 2) / 2) ** 0.5
+    assert got.dof == 2 and got.throughput_sd_pct == pytest.approx(sd)
+    assert got.change_halfwidth_pct == pytest.approx(2.920 * 2 ** 0.5 * sd, rel=1e-3)
+    # an estimate (no data to measure it on) keeps the normal quantile
+    assert run_to_run_noise(pd.DataFrame(), "concurrency", None).quantile == pytest.approx(1.645)

@@ -12,6 +12,10 @@ whatever its sign. The noise, best first:
    twin's own error too;
 3. otherwise estimated at ``ESTIMATED_SD_PCT`` (said so).
 
+A standard deviation estimated from a few values is itself uncertain: the band of a measured
+one takes Student's t quantile at its degrees of freedom (6 levels: 2.02, against the normal
+1.645), so a twin fitted on few levels does not claim a narrower band than its data holds.
+
 A predicted change's 90% interval adds, in quadrature on each side, the spread over the fit's
 coefficient draws, the spread over versions of the level the data cannot tell apart (its
 request lengths drawn again where they are a draw, a closed loop's requests sent at once in
@@ -40,15 +44,26 @@ class RunNoise:
     """One run's throughput standard deviation at a level, % of the level's throughput."""
     source: str
     measured: bool
+    dof: int | None = None
+    """Degrees of freedom of a measured standard deviation; None for an estimate."""
+
+    @property
+    def quantile(self) -> float:
+        """The two-sided 90% quantile the band takes: Student's t at ``dof``, else normal."""
+        if self.dof is None:
+            return Z90
+        from scipy.stats import t
+
+        return float(t.ppf(0.95, self.dof))
 
     @property
     def change_halfwidth_pct(self) -> float:
         """Half the 90% band of a change measured between two runs."""
-        return Z90 * math.sqrt(2.0) * self.throughput_sd_pct
+        return self.quantile * math.sqrt(2.0) * self.throughput_sd_pct
 
     def to_dict(self) -> dict[str, Any]:
         return {"throughput_sd_pct": self.throughput_sd_pct, "source": self.source,
-                "measured": self.measured,
+                "measured": self.measured, "dof": self.dof, "quantile": self.quantile,
                 "change_halfwidth_pct": self.change_halfwidth_pct}
 
 
@@ -65,7 +80,7 @@ def run_to_run_noise(runs: pd.DataFrame, key: str, fit_table: pd.DataFrame | Non
         if dof >= 1:
             sd = 100.0 * math.sqrt(sum(float((r ** 2).sum()) for r in rel) / dof)
             return RunNoise(sd, f"measured: repeats of {len(rel)} level(s) in the runs table "
-                            f"({dof} degree(s) of freedom)", True)
+                            f"({dof} degree(s) of freedom)", True, dof)
     if fit_table is not None and "output_throughput_error_pct" in fit_table:
         err = fit_table["output_throughput_error_pct"].to_numpy(float)
         err = err[np.isfinite(err)]
@@ -73,7 +88,7 @@ def run_to_run_noise(runs: pd.DataFrame, key: str, fit_table: pd.DataFrame | Non
             sd = float(np.sqrt(np.mean(err ** 2)))
             return RunNoise(sd, f"measured: the scatter of the {len(err)} measured levels around "
                             "the fitted twin (an upper bound: it holds the twin's own error)",
-                            True)
+                            True, len(err) - 1)
     return RunNoise(ESTIMATED_SD_PCT, f"estimated at {ESTIMATED_SD_PCT:g}% (the data has no "
                     "repeats and too few levels to measure it)", False)
 
