@@ -25,7 +25,8 @@ def test_simulate_writes_the_reference_files(tmp_path):
     assert (out / "requests.csv").read_text() == (DATA / f"{name}.requests.csv").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["prefix_cache_hits"] == 126976
-    assert set(summary["timing"]) == {"loop_wall_s", "steps_per_second", "setup_s", "import_s"}
+    assert set(summary["timing"]) == {"loop_wall_s", "steps_per_second", "setup_s", "finish_s",
+                                      "import_s"}
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
