@@ -92,6 +92,10 @@ def test_two_folders_of_different_servers_are_refused_naming_the_setting(tmp_pat
     (two / "engine.json").write_text(json.dumps(engine))
     with pytest.raises(InputError, match=r"two: recorded num_gpu_blocks=48.*24"):
         analyse(tmp_path / "both", source=[str(one), str(two)])
+    # the value given settles it, as the message says
+    path = analyse(tmp_path / "given", source=[str(one), str(two)],
+                   engine_args={"num_gpu_blocks": 24})
+    assert _record(path.parent)["scheduler"]["num_gpu_blocks"] == 24
 
 
 def test_a_broken_engine_json_names_the_file(tmp_path):

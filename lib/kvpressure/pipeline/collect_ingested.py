@@ -15,6 +15,7 @@ import pandas as pd
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.cache_config import cache_config
+from kvpressure.ingestion.collect_folder import CollectFolder
 from kvpressure.ingestion.collect_folder import expand as expand_collect_folders
 from kvpressure.ingestion.provenance import load_tool, served_platform, served_version
 from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes
@@ -123,8 +124,8 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
 
     given_sources = list(sources)  # re-analysis expands them again
     sources, collected = expand_collect_folders(given_sources)
-    recorded, recorded_from = _recorded_engine_args(collected)
     given = dict(engine_args)
+    recorded, recorded_from = _recorded_engine_args(collected, given)
     engine_args = {**recorded, **given}
     model_name = model_name or next((f.model_name for f in collected if f.model_name), "")
     files: list[tuple[Path, str, int | None]] = []
@@ -345,13 +346,16 @@ def _counter_origin(reports: Mapping[str, Any], run: str) -> str:
     return "first"
 
 
-def _recorded_engine_args(folders: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The engine arguments collect run folders recorded, and where each came from; two
-    folders that recorded different values for one argument are not one server's."""
+def _recorded_engine_args(folders: list[CollectFolder], given: Mapping[str, Any]
+                          ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The engine arguments collect run folders recorded and not given, and where each came
+    from; two folders that recorded different values for one argument are not one server's."""
     args: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for folder in folders:
         for key, value in folder.engine_args.items():
+            if key in given:
+                continue
             if key in args and args[key] != value:
                 raise InputError(
                     f"{folder.path}: recorded {key}={value!r}, another source folder "
