@@ -125,6 +125,7 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
         "settings_from": _settings_from(exp, settings),
         "server_platform": f"simulated {hw.device_name}" + (f" x{tp} (TP {tp})" if tp > 1 else ""),
         "server_platform_from": f"the hardware profile {hw.name}",
+        "latency_fidelity": _latency_fidelity(hw.name),
         "load_tool": f"the simulation's {'closed' if exp.mode == 'closed' else 'open'}-loop "
                      "clients",
         "num_requests": int(len(requests)),
@@ -162,3 +163,11 @@ def _settings_from(exp: Any, settings: dict[str, Any]) -> dict[str, str]:
 def _variant_settings(exp: Any, variant: str) -> dict[str, Any]:
     overrides = exp.variants(include_remedies=True).get(variant, {})
     return exp.settings(overrides)
+
+
+def _latency_fidelity(hardware: str) -> dict[str, Any]:
+    from kvpressure.pipeline.sentences import latency_fidelity_sentence
+    from kvpressure.profiles.fidelity import latency_fidelity
+
+    got = latency_fidelity(hardware)
+    return {**got, "statement": latency_fidelity_sentence(got)}

@@ -234,6 +234,9 @@ def verdict_view(record: Record, headline: str = "", verdict: VerdictResult | No
         # Sentences carry their own markup (to_html escapes the text first).
         "lead": Markup(to_html(lead_sentence(record))),
         "version_warning": Markup(to_html(warning)) if warning else None,
+        "fidelity": (Markup(to_html(p.latency_fidelity.statement)) if p.latency_fidelity
+                     else None),
+        "fidelity_checked": bool(p.latency_fidelity and p.latency_fidelity.checked),
         "headline": Markup(headline),
         "comparison": record.evidence.comparison,
         "reasons": [_reason(r) for r in record.evidence.reasons],

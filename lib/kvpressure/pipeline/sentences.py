@@ -543,6 +543,41 @@ def version_warning(served: str | None, rules: str) -> str:
             f"an environment with vLLM {served}).")
 
 
+_LATENCY_NAMES = {"ttft_mean": "TTFT mean", "ttft_p99": "TTFT p99", "itl_mean": "ITL",
+                  "e2e_mean": "E2E mean", "e2e_p99": "E2E p99"}
+
+
+def latency_fidelity_sentence(f: Mapping[str, Any]) -> str:
+    """How far a simulated report's latencies can be read (``profiles.fidelity``): the card's
+    own errors against real servers, or that none were checked and what the checked cards
+    gave."""
+    where = "benchmarks/bench_sim_to_real.py"
+    if f["checked"]:
+        errors = ", ".join(f"{name} {f['mape_pct'][m]:.1f}%" for m, name in _LATENCY_NAMES.items()
+                           if m in f["mape_pct"])
+        text = (f"Latencies are simulated on the {f['hardware']} profile. Against real vLLM "
+                f"servers on that card, over {f['held_out_stages']} load stages of "
+                f"{f['held_out_runs']} runs the profile was not fitted on ({where}), the mean "
+                f"error was {errors}.")
+        if not f["calibrated"]:
+            text += (" No run on this card was used to fit its step costs; they are the "
+                     "profile's published starting values.")
+        return text
+    cards = f["checked_cards"]
+    if not cards:
+        return (f"Latencies are simulated on the {f['hardware']} profile. They are roofline "
+                "estimates: no real vLLM server was checked against the simulation.")
+    spans = []
+    for m, name in _LATENCY_NAMES.items():
+        vals = [c[m] for c in cards.values() if m in c]
+        if vals:
+            spans.append(f"{name} {min(vals):.1f}% to {max(vals):.1f}%")
+    return (f"Latencies are simulated on the {f['hardware']} profile. They are roofline "
+            "estimates: no real vLLM server on this card was checked against the simulation. "
+            f"On the cards that were ({', '.join(sorted(cards))}), over the stages no value was "
+            f"fitted on ({where}), the mean error per card was {', '.join(spans)}.")
+
+
 # --------------------------------------------------------------------------- two run folders
 def two_runs_markdown(result: Mapping[str, Any]) -> str:
     """``kvpressure compare``'s result (``analysis.two_runs.TwoRuns.to_dict()``) as Markdown:

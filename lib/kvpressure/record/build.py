@@ -218,6 +218,8 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
             "itl_mean": knee.itl_mean_s,
             "itl_p95": knee.itl_p95_s,
             "ttft_p95": knee.ttft_p95_s,
+            "latency_fidelity": (None if collect.latency_fidelity is None
+                                 else collect.latency_fidelity.model_dump()),
         },
         "status": status.status,
         "evidence": {

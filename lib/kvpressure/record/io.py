@@ -75,6 +75,8 @@ def _drop_rate_fields(data: dict[str, Any]) -> None:
 def record_to_yaml(record: Record) -> str:
     data = record.model_dump(mode="json")
     _drop_rate_fields(data)
+    if data["perf"].get("latency_fidelity") is None:
+        data["perf"].pop("latency_fidelity", None)  # measured latencies: nothing to qualify
     header = HEADER + NULL_NOTE if data.get("missing") else HEADER
     if not data.get("missing"):
         data.pop("missing", None)  # a complete record reads as the seed's form

@@ -203,6 +203,25 @@ class Knee(_Strict):
                     "when the levels all differ")
 
 
+class LatencyFidelity(_Strict):
+    """How far the simulated latencies of a hardware profile held against real vLLM servers
+    (``benchmarks/bench_sim_to_real.py``, stages the profile was not fitted on)."""
+
+    hardware: NonEmptyStr
+    checked: bool = Field(description="real vLLM servers on this card were simulated and "
+                                      "compared; false: the latencies are roofline estimates")
+    held_out_stages: Count
+    held_out_runs: Count
+    calibrated: bool = Field(description="a run on this card was used to choose a value (the "
+                                         "calibration split); false: its costs are as published")
+    mape_pct: dict[NonEmptyStr, NonNegative] = Field(
+        description="mean absolute percentage error per latency on this card's held-out stages")
+    checked_cards: dict[NonEmptyStr, dict[NonEmptyStr, NonNegative]] = Field(
+        description="the same per card for every card real servers were checked on")
+    source: str
+    statement: NonEmptyStr = Field(description="the sentence the report prints")
+
+
 class Perf(_Strict):
     variant: NonEmptyStr
     throughput_by_concurrency: Annotated[list[ThroughputPoint], Field(min_length=1)] | None
@@ -213,6 +232,9 @@ class Perf(_Strict):
     throughput_by_request_rate: Annotated[list[RatePoint], Field(min_length=1)] | None = Field(
         default=None, description="the request-rate curve (workload.level_axis request_rate), "
         "knee included; left out on a concurrency sweep")
+    latency_fidelity: LatencyFidelity | None = Field(
+        default=None, description="simulated data: how far the hardware profile's latencies "
+        "held against real servers; null for measured data")
 
     @model_validator(mode="after")
     def _sorted_unique(self) -> Perf:
@@ -319,7 +341,7 @@ _MEANINGFUL_NULLS = frozenset({"perf.knee.knee_x", "perf.knee.same_schedule_from
                                "provenance.vllm_version_served", "provenance.seed",
                                "provenance.platform", "provenance.load_tool",
                                "provenance.seeds", "evidence.comparison",
-                               "scheduler.async_scheduling"})
+                               "scheduler.async_scheduling", "perf.latency_fidelity"})
 
 
 # The closed loop's level fields, empty by design on a request-rate sweep.

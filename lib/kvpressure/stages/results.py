@@ -20,6 +20,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvpressure.record.schema import LatencyFidelity
+
 Number = float | int
 LevelAxis = Literal["concurrency", "request_rate"]
 """What a sweep's levels are: closed-loop clients (``concurrency``) or offered load in
@@ -163,6 +165,8 @@ class CollectInfo(StageResult):
     settings_from: dict[str, str] = Field(default_factory=dict)
     """Where each of ``settings`` came from (the experiment, vllm:cache_config_info, the server
     log's start-up arguments, the engine arguments given)."""
+    latency_fidelity: LatencyFidelity | None = None
+    """A simulation's: how far its hardware profile's latencies held against real servers."""
     level_axis: LevelAxis = "concurrency"
     request_rates: list[Number] = Field(default_factory=list)
     """The swept request rates (requests/s) when ``level_axis`` is ``request_rate``."""

@@ -1,0 +1,70 @@
+"""A simulated report says how far its latencies held against real vLLM servers: the card's own
+held-out errors where real servers on it were checked (benchmarks/bench_sim_to_real.py), else
+that none were and what the checked cards gave."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvpressure.paths import data_dir
+from kvpressure.pipeline.sentences import latency_fidelity_sentence
+from kvpressure.profiles.fidelity import FIDELITY_FILE, METRICS, latency_fidelity, summarise
+
+
+def _row(run, hardware, split, real, pred, overload=False):
+    metrics = dict.fromkeys(METRICS, None)
+    return {"run": run, "hardware": hardware, "split": split, "overload": overload,
+            "measured": {**metrics, "ttft_mean": real[0], "itl_mean": real[1]},
+            "after": {**metrics, "ttft_mean": pred[0], "itl_mean": pred[1]}}
+
+
+def test_the_summary_is_the_mean_error_over_scored_held_out_stages():
+    rows = [
+        _row("a", "h100-80g", "held-out", (0.100, 0.010), (0.110, 0.009)),  # +10%, -10%
+        _row("a", "h100-80g", "held-out", (0.200, 0.020), (0.140, 0.021)),  # -30%, +5%
+        _row("b", "h100-80g", "calibration", (0.100, 0.010), (0.500, 0.050)),  # not scored
+        _row("c", "h100-80g", "held-out", (0.100, 0.010), (9.0, 9.0), overload=True),
+        _row("d", "l40s", "held-out", (0.050, 0.010), (0.040, 0.012)),  # -20%, +20%
+    ]
+    got = summarise(rows)
+    assert got["h100-80g"] == {"held_out_stages": 2, "held_out_runs": 1,
+                               "calibration_stages": 1,
+                               "mape_pct": {"ttft_mean": 20.0, "itl_mean": 7.5}}
+    assert got["l40s"]["mape_pct"] == {"ttft_mean": 20.0, "itl_mean": 20.0}
+    assert got["l40s"]["calibration_stages"] == 0
+
+
+def test_the_shipped_table_covers_the_benchmarks_cards():
+    doc = json.loads(data_dir().joinpath(*FIDELITY_FILE).read_text())
+    assert set(doc["cards"]) == {"h100-80g", "a100-80g", "l40s"}
+    h100 = latency_fidelity("h100-80g")
+    assert h100["checked"] and h100["calibrated"] and h100["held_out_stages"] >= 50
+    assert set(h100["mape_pct"]) == set(METRICS)
+    a100 = latency_fidelity("a100-80g")
+    assert a100["checked"] and not a100["calibrated"]
+
+
+def test_a_checked_card_gets_its_own_errors_and_an_unchecked_one_says_so():
+    h100 = latency_fidelity("h100-80g")
+    text = latency_fidelity_sentence(h100)
+    itl = h100["mape_pct"]["itl_mean"]
+    assert f"ITL {itl:.1f}%" in text and f"{h100['held_out_stages']} load stages" in text
+    assert "published starting values" not in text
+    assert "published starting values" in latency_fidelity_sentence(latency_fidelity("a100-80g"))
+    ascend = latency_fidelity("ascend-910b-64g")
+    assert not ascend["checked"] and ascend["mape_pct"] == {}
+    text = latency_fidelity_sentence(ascend)
+    assert "roofline estimates" in text and "no real vLLM server on this card" in text
+    worst = max(c["ttft_p99"] for c in ascend["checked_cards"].values())
+    assert f"to {worst:.1f}%" in text
+
+
+@pytest.mark.parametrize("hardware", ["h100-80g", "ascend-910b-64g"])
+def test_the_record_of_a_simulation_carries_it(hardware, tmp_path):
+    from kvpressure.pipeline.collect_simulated import _latency_fidelity
+    from kvpressure.record.schema import LatencyFidelity
+
+    got = LatencyFidelity.model_validate(_latency_fidelity(hardware))
+    assert got.hardware == hardware and got.statement.startswith("Latencies are simulated")
