@@ -156,7 +156,8 @@ def test_bench_sweep_with_one_log_is_investigated_like_the_simulation(full, swee
     lens = pd.read_csv(points / "c32" / "requests.csv")["prompt_len"]
     assert rec.workload.input_len_distribution.mean == pytest.approx(lens.mean())
     # Everything measured: the only nulls are what the data does not hold (the comparison, the
-    # seeds, the device its server ran on) and the rate axis's fields of a concurrency sweep.
+    # seeds, the device its server ran on), the rate axis's fields of a concurrency sweep and
+    # the simulated latencies' fidelity (measured ones need none).
     data = load_record(full.record_path).model_dump(mode="json")
     assert list(empty_fields(data)) == ["scheduler.async_scheduling",
                                          "counters.window.request_rate",
@@ -164,6 +165,7 @@ def test_bench_sweep_with_one_log_is_investigated_like_the_simulation(full, swee
                                          "workload.max_concurrency",
                                          "perf.knee.same_schedule_from",
                                          "perf.throughput_by_request_rate",
+                                         "perf.latency_fidelity",
                                          "evidence.comparison",
                                          "provenance.seed", "provenance.vllm_version_served",
                                          "provenance.seeds", "provenance.platform",
