@@ -62,7 +62,7 @@ def test_a_checked_card_gets_its_own_errors_and_an_unchecked_one_says_so():
 
 
 @pytest.mark.parametrize("hardware", ["h100-80g", "ascend-910b-64g"])
-def test_the_record_of_a_simulation_carries_it(hardware, tmp_path):
+def test_the_record_of_a_simulation_carries_it(hardware):
     from kvpressure.pipeline.collect_simulated import _latency_fidelity
     from kvpressure.record.schema import LatencyFidelity
 
