@@ -9,8 +9,8 @@ import json
 import pytest
 
 from kvpressure.paths import data_dir
-from kvpressure.pipeline.sentences import latency_fidelity_sentence
 from kvpressure.profiles.fidelity import FIDELITY_FILE, METRICS, latency_fidelity, summarise
+from kvpressure.report.sentences import latency_fidelity_sentence
 
 
 def _row(run, hardware, split, real, pred, overload=False):
@@ -63,7 +63,7 @@ def test_a_checked_card_gets_its_own_errors_and_an_unchecked_one_says_so():
 
 @pytest.mark.parametrize("hardware", ["h100-80g", "ascend-910b-64g"])
 def test_the_record_of_a_simulation_carries_it(hardware):
-    from kvpressure.pipeline.collect_simulated import _latency_fidelity
+    from kvpressure.investigation.collect_simulated import _latency_fidelity
     from kvpressure.record.schema import LatencyFidelity
 
     got = LatencyFidelity.model_validate(_latency_fidelity(hardware))

@@ -8,8 +8,8 @@ import shutil
 
 from kvpressure.ingestion.api import ingest
 from kvpressure.ingestion.provenance import load_tool, served_platform
+from kvpressure.investigation.analyse import analyse
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.analyse import analyse
 from kvpressure.record.io import load_record
 
 DATA = REPO_ROOT / "tests" / "data"

@@ -110,8 +110,8 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvpressure.folders.output_folder import check_replaceable, output_folder
     from kvpressure.ingestion.api import ingest
-    from kvpressure.pipeline.output_folder import check_replaceable, output_folder
 
     out: Path = args.out
     check_options(args)

@@ -44,6 +44,7 @@ Where this goes wrong is docs/scheduler.md#rec-pitfalls; the assumptions travel 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -427,3 +428,15 @@ def recompute_range(
         assumptions.append(f"ratio = recomputed / ({base_how} + recomputed), the tokens the "
                            "engine processed (within one token per request)")
     return result
+
+
+def recompute_args(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """What the recompute estimate takes from the engine arguments (vLLM exports only the pool
+    geometry): the same for the ``runs`` table and stage 02, so both give one number."""
+    return {
+        "num_gpu_blocks": settings.get("num_gpu_blocks"),
+        "block_size": settings.get("block_size"),
+        "prefix_caching": settings.get("enable_prefix_caching"),
+        "policy": settings.get("scheduling_policy", settings.get("policy")),
+        "scheduler_reserve_full_isl": settings.get("scheduler_reserve_full_isl"),
+    }

@@ -831,7 +831,7 @@ def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
 def report_on(outcome: CollectOutcome, *, jobs: int = 2,
               params: dict[str, Any] | None = None) -> Path | None:
     """``kvpressure report`` on the complete levels and the scrape log, into ``report/``."""
-    from kvpressure.pipeline.report import make_report
+    from kvpressure.investigation.report import make_report
 
     out = outcome.out
     if not outcome.complete_levels:

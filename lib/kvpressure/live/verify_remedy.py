@@ -193,7 +193,7 @@ def predictions(run_dir: Path, out: Path, cmd_settings: Mapping[str, Any],
     if twin.open_loop:
         raise InputError(f"{run_dir}: an open loop (request rates); verify-remedy replays "
                          "closed loops at concurrency levels")
-    from kvpressure.pipeline.focus import focus_level
+    from kvpressure.analysis.focus import focus_level
 
     focus, rule = focus_level(twin.measured.levels)
     chosen = list(levels) if levels else [int(focus)]

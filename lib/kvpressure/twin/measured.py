@@ -373,7 +373,7 @@ def load_measured(run_dir: str | os.PathLike[str], variant: str | None = None) -
     several rows of one level (repeats) are averaged."""
     import json
 
-    from kvpressure.pipeline.levels import base_repeat
+    from kvpressure.analysis.levels import base_repeat
 
     top = Path(run_dir)
     if not top.is_dir():

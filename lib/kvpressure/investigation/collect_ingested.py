@@ -13,30 +13,32 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvpressure.analysis.focus import focus_level
 from kvpressure.errors import InputError
+from kvpressure.folders.layout import (
+    BASELINE,
+    INGEST_JSON,
+    RUNS_CSV,
+    SCRAPE_FILES,
+    SERIES_CSV,
+    SOURCES_FILE,
+)
+from kvpressure.folders.run_folder import display_path, sha256_file
 from kvpressure.ingestion.cache_config import cache_config
 from kvpressure.ingestion.collect_folder import CollectFolder
 from kvpressure.ingestion.collect_folder import expand as expand_collect_folders
 from kvpressure.ingestion.provenance import load_tool, served_platform, served_version
+from kvpressure.ingestion.recompute_estimate import recompute_args
 from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes
-from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report, recompute_args
-from kvpressure.pipeline.focus import focus_level
-from kvpressure.pipeline.lengths import (
+from kvpressure.investigation.lengths import (
     bench_lengths,
     bench_source,
     keep_mean,
     length_from_histogram,
     unmeasured,
 )
-from kvpressure.pipeline.run_folder import (
-    INGEST_JSON,
-    RUNS_CSV,
-    SERIES_CSV,
-    SOURCES_FILE,
-    display_path,
-    sha256_file,
-)
-from kvpressure.pipeline.windows import ingested_window
+from kvpressure.investigation.windows import ingested_window
+from kvpressure.jsonable import to_jsonable
 from kvpressure.stages.files import as_result
 from kvpressure.stages.results import CollectInfo
 from kvpressure.table_files import write_table
@@ -241,7 +243,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     load.update(idle=win.idle, snapshot=win.snapshot, notes=[*load["notes"], *win.notes])
     write_table(series, run_dir / SERIES_CSV)
     (run_dir / INGEST_JSON).write_text(
-        json.dumps(ingest_report({"runs": reports}), indent=2, sort_keys=True) + "\n")
+        json.dumps(to_jsonable({"runs": reports}), indent=2, sort_keys=True) + "\n")
     engine_metrics = bool(len(series))
     geometry = cache_config(series) if engine_metrics else {}
     # A server log shows some engine arguments (max_num_seqs...); what the user gives wins.
