@@ -37,6 +37,7 @@ from kvpressure.ingestion.recompute_estimate import check_scheduler_args
 from kvpressure.ingestion.scrape_runs import RUNS_COLUMNS, SCRAPE_COLUMNS, scrape_row
 from kvpressure.ingestion.series_presence import as_warnings, presence_notes
 from kvpressure.ingestion.server_log import read_server_log
+from kvpressure.ingestion.source_kind import NEED_SAMPLES, SCRAPED, SourceKind
 from kvpressure.ingestion.sources import (
     Source,
     detect,
@@ -343,13 +344,13 @@ def ingest(
             name = run or default_run_name(src.location)
             entry: dict[str, Any] = {"location": src.location, "kind": src.kind, "run": name}
             warnings.extend(src.notes)
-            if src.kind == "bench":
+            if src.kind == SourceKind.BENCH:
                 notes: list[str] = []
                 rows = read_bench_source(Path(src.location), name, notes, columns=mapping)
                 bench_rows.extend(rows)
                 warnings.extend(notes)
                 entry["bench_runs"] = len(rows)
-            elif src.kind == "server_log":
+            elif src.kind == SourceKind.SERVER_LOG:
                 acc = acc_for(name)
                 acc_sources.setdefault(name, []).append(src.location)
                 server_logs[name] = read_server_log(Path(src.location), acc, warnings,
@@ -358,8 +359,7 @@ def ingest(
             else:
                 acc = acc_for(name)
                 acc_sources.setdefault(name, []).append(src.location)
-                if src.kind in ("prom_jsonl", "prom_dir", "prom_text", "metrics_url",
-                                "aiperf_metrics"):
+                if src.kind in SCRAPED:
                     scraped.add(name)
                 _read_prom(src, acc, entry, warnings, report, start, end, step, timeout)
             report["sources"].append(entry)
@@ -440,26 +440,26 @@ def _read_prom(
     before_scrapes = acc.stats.scrapes
     before_lines = acc.stats.sample_lines
     declared_before = len(acc.declared)
-    if src.kind == "prom_jsonl":
+    if src.kind == SourceKind.PROM_JSONL:
         for scrape in iter_jsonl(Path(src.location), warnings):
             if math.isnan(scrape.t):
                 continue
             add_scrape(acc, scrape.t, scrape.text, scrape.where, warnings)
-    elif src.kind == "prom_dir":
+    elif src.kind == SourceKind.PROM_DIR:
         for scrape in iter_dir_dumps(src, warnings):
             add_scrape(acc, scrape.t, scrape.text, scrape.where, warnings)
-    elif src.kind == "prom_text":
+    elif src.kind == SourceKind.PROM_TEXT:
         path = Path(src.location)
         t = time_from_name(path.name)
         if t is None:
             t = path.stat().st_mtime
             entry["time_from"] = "file modification time"
         add_scrape(acc, t, read_text(path), str(path), warnings)
-    elif src.kind == "aiperf_metrics":
+    elif src.kind == SourceKind.AIPERF_METRICS:
         from kvpressure.ingestion.aiperf_metrics import read_server_metrics
 
         read_server_metrics(Path(src.location), acc, warnings)
-    elif src.kind == "query_range":
+    elif src.kind == SourceKind.QUERY_RANGE:
         got = read_query_range_file(Path(src.location), acc)
         entry.update(got)
         if got["empty"]:
@@ -467,7 +467,7 @@ def _read_prom(
                 f"{src.location}: the answer holds no series (an unknown metric gives an "
                 "empty result): reported as missing"
             )
-    elif src.kind == "prometheus_url":
+    elif src.kind == SourceKind.PROMETHEUS_URL:
         if start is None or end is None:
             raise InputError(f"{src.location}: a Prometheus server needs --start and --end")
         t0 = parse_time(start, "--start")
@@ -480,7 +480,7 @@ def _read_prom(
                 f"{src.location}: stopped answering at {gap['start']} ({gap['error']}); the "
                 f"samples fetched before are kept, [{gap['start']}, {gap['end']}] is missing"
             )
-    elif src.kind == "metrics_url":
+    elif src.kind == SourceKind.METRICS_URL:
         scrape_exporter(src.location, acc, warnings, timeout=timeout, t=time.time())
     else:  # pragma: no cover - detect() returns only the kinds above
         raise InputError(f"{src.location}: unknown source kind {src.kind}")
@@ -488,7 +488,7 @@ def _read_prom(
     entry["samples"] = acc.n_samples - before_samples
     lines = acc.stats.sample_lines - before_lines
     if (
-        src.kind in ("prom_jsonl", "prom_dir", "prom_text", "metrics_url")
+        src.kind in NEED_SAMPLES
         and lines == 0
         and len(acc.declared) == declared_before
     ):

@@ -19,6 +19,7 @@ from kvpressure.ingestion.collect_folder import CollectFolder
 from kvpressure.ingestion.collect_folder import expand as expand_collect_folders
 from kvpressure.ingestion.provenance import load_tool, served_platform, served_version
 from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes
+from kvpressure.ingestion.source_kind import SourceKind
 from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report, recompute_args
 from kvpressure.pipeline.focus import focus_level
 from kvpressure.pipeline.lengths import (
@@ -87,7 +88,7 @@ def _parse_variant(name: str) -> dict[str, Any]:
 LOAD_TEST = "load_test"  # the run a continuous scrape log and its bench results share
 
 
-def _kinds(sources: list[str]) -> set[str]:
+def _kinds(sources: list[str]) -> set[SourceKind]:
     from kvpressure.ingestion.sources import detect
 
     return {src.kind for s in sources for src in detect(s)}
@@ -154,9 +155,9 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         reports[run_name] = res.report
         inputs.append({"path": display_path(path), "sha256": sha256_file(path)})
     kinds = _kinds(others) if others else set()
-    has_bench = "bench" in kinds
-    has_scrapes = bool(kinds - {"bench"}) or bool(files)
-    shared_log = has_bench and bool(kinds - {"bench"})
+    has_bench = SourceKind.BENCH in kinds
+    has_scrapes = bool(kinds - {SourceKind.BENCH}) or bool(files)
+    shared_log = has_bench and bool(kinds - {SourceKind.BENCH})
     matched = "scrape folders laid out by point" if files else None
     if others:
         # A log recorded through the whole load test and its bench results are one run, so
@@ -279,7 +280,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "server_platform_from": platform[1] if platform else None,
         "load_tool": load_tool(sources, [
             s["location"] for s in (reports.get("other") or {}).get("sources", [])
-            if s.get("kind") == "bench"]),
+            if s.get("kind") == SourceKind.BENCH]),
         "settings_from": settings_from,
         "name": run_dir.name,
         "description": "ingested metrics",
@@ -412,7 +413,7 @@ def incomplete_levels(sources: list[str]) -> list[dict[str, Any]]:
         except InputError:
             continue
         for src in found:
-            if src.kind != "bench":
+            if src.kind != SourceKind.BENCH:
                 continue
             try:
                 results = load_results(Path(src.location))

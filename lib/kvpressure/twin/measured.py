@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.ingestion.source_kind import SourceKind
 from kvpressure.twin.lengths import LevelLengths, from_dataset_args, from_histograms
 from kvpressure.twin.turnaround import client_gaps, engine_gap_s
 
@@ -271,7 +272,7 @@ def _report_sources(run_dir: Path) -> list[Path]:
     return out
 
 
-def ingested_sources(run_dir: Path, ingest: dict[str, Any], kind: str) -> list[Path]:
+def ingested_sources(run_dir: Path, ingest: dict[str, Any], kind: SourceKind) -> list[Path]:
     """The files of one ``kind`` (``prom_jsonl``, ``server_log``, ...) the run folder was made
     from: the sources ``ingest.json`` names, else a report's ``sources.json`` read by content."""
     from kvpressure.ingestion.sources import sniff_file
@@ -295,7 +296,7 @@ def ingested_scrape_log(run_dir: Path, ingest: dict[str, Any]) -> pd.DataFrame |
     windows; None when there is not exactly one or it is gone."""
     from kvpressure.ingestion.api import ingest as read
 
-    logs = ingested_sources(run_dir, ingest, "prom_jsonl")
+    logs = ingested_sources(run_dir, ingest, SourceKind.PROM_JSONL)
     if len(logs) != 1 or not logs[0].is_file():
         return None
     return read([logs[0]], run="log", metrics=list(_WINDOW_FAMILIES)).series
