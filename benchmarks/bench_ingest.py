@@ -137,7 +137,7 @@ else:
     extra["series_rows"] = len(result.series)
     extra["series_bytes"] = int(result.series.memory_usage(deep=False).sum())
     extra["runs_rows"] = len(result.runs)
-    est = result.report["runs"]["day"].get("recompute_estimate", {})
+    est = result.report.runs["day"].get("recompute_estimate", {})
     extra["preemptions"] = est.get("preemptions")
 wall = time.perf_counter() - start
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

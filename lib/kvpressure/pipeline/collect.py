@@ -82,18 +82,6 @@ def ingest_report(report: Mapping[str, Any]) -> dict[str, Any]:
     return to_jsonable(dict(report))
 
 
-def recompute_args(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """What the recompute estimate takes from the engine arguments (vLLM exports only the pool
-    geometry): the same for the ``runs`` table and stage 02, so both give one number."""
-    return {
-        "num_gpu_blocks": settings.get("num_gpu_blocks"),
-        "block_size": settings.get("block_size"),
-        "prefix_caching": settings.get("enable_prefix_caching"),
-        "policy": settings.get("scheduling_policy", settings.get("policy")),
-        "scheduler_reserve_full_isl": settings.get("scheduler_reserve_full_isl"),
-    }
-
-
 def collect(
     run_dir: str | os.PathLike[str],
     experiment: str | os.PathLike[str] = "",

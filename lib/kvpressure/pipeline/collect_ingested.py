@@ -17,10 +17,12 @@ from kvpressure.errors import InputError
 from kvpressure.ingestion.cache_config import cache_config
 from kvpressure.ingestion.collect_folder import CollectFolder
 from kvpressure.ingestion.collect_folder import expand as expand_collect_folders
+from kvpressure.ingestion.engine_facts import EngineFacts
+from kvpressure.ingestion.ingest_options import IngestOptions
 from kvpressure.ingestion.provenance import load_tool, served_platform, served_version
 from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes
 from kvpressure.ingestion.source_kind import SourceKind
-from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report, recompute_args
+from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report
 from kvpressure.pipeline.focus import focus_level
 from kvpressure.pipeline.lengths import (
     bench_lengths,
@@ -146,13 +148,13 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     reports: dict[str, Any] = {}
     for path, variant, level in files:
         run_name = f"{variant}/c{level}"
-        res = ingest([path], run=run_name, metrics=_INGESTED_FAMILIES,
-                     **recompute_args({**engine_args, **_parse_variant(variant)}))
+        res = ingest([path], run=run_name, options=IngestOptions(metrics=_INGESTED_FAMILIES),
+                     engine=EngineFacts.from_settings({**engine_args, **_parse_variant(variant)}))
         row = res.runs.iloc[0].to_dict()
         row.update(run=run_name, variant=variant, concurrency=level)
         rows.append(row)
         focus_series[run_name] = res.series
-        reports[run_name] = res.report
+        reports[run_name] = res.report.to_dict()
         inputs.append({"path": display_path(path), "sha256": sha256_file(path)})
     kinds = _kinds(others) if others else set()
     has_bench = SourceKind.BENCH in kinds
@@ -162,15 +164,16 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     if others:
         # A log recorded through the whole load test and its bench results are one run, so
         # ingestion cuts the log at each bench run's time window.
-        res = ingest(others, run=LOAD_TEST if shared_log else None,
-                     metrics=_INGESTED_FAMILIES, bench_timezone=bench_timezone or None,
-                     columns=columns or None, log_year=log_year or None,
-                     log_timezone=log_timezone or None, **recompute_args(engine_args))
+        options = IngestOptions(metrics=_INGESTED_FAMILIES, bench_timezone=bench_timezone or None,
+                                columns=columns or None, log_year=log_year or None,
+                                log_timezone=log_timezone or None)
+        res = ingest(others, run=LOAD_TEST if shared_log else None, options=options,
+                     engine=EngineFacts.from_settings(engine_args))
         for _, r in res.runs.iterrows():
             rows.append(r.to_dict())
         for run_name in pd.unique(res.series["run"]) if len(res.series) else []:
             focus_series[str(run_name)] = res.series[res.series["run"] == run_name]
-        reports["other"] = res.report
+        reports["other"] = res.report.to_dict()
         if shared_log:
             matched = ("each bench run's time window ('date' - 'duration', in "
                        f"{bench_timezone or 'local time'}) cut from one continuous scrape log")

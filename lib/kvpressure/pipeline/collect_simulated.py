@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.errors import InputError
-from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report
+from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES
 from kvpressure.pipeline.focus import focus_level
 from kvpressure.pipeline.lengths import length_stats
 from kvpressure.pipeline.run_folder import (
@@ -94,7 +94,7 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
     ingested = ingest([scrape], run=run_name)
     write_table(ingested.series, run_dir / SERIES_CSV)
     (run_dir / INGEST_JSON).write_text(
-        json.dumps(ingest_report(ingested.report), indent=2, sort_keys=True) + "\n")
+        json.dumps(ingested.report.to_dict(), indent=2, sort_keys=True) + "\n")
     requests = pd.read_csv(point / "requests.csv")
     t0, t1 = steady_window(requests, ingested.series)
     settings = exp.settings()

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.ingestion.ingest_options import IngestOptions
 from kvpressure.ingestion.source_kind import SourceKind
 from kvpressure.twin.lengths import LevelLengths, from_dataset_args, from_histograms
 from kvpressure.twin.turnaround import client_gaps, engine_gap_s
@@ -236,7 +237,8 @@ def scrape_log_series(run_dir: Path) -> pd.DataFrame | None:
     for name in ("metrics.prom.jsonl", "metrics.prom.jsonl.gz"):
         path = run_dir / name
         if path.is_file():
-            return ingest([path], run="log", metrics=list(_WINDOW_FAMILIES)).series
+            return ingest([path], run="log",
+                          options=IngestOptions(metrics=list(_WINDOW_FAMILIES))).series
     return None
 
 
@@ -299,7 +301,8 @@ def ingested_scrape_log(run_dir: Path, ingest: dict[str, Any]) -> pd.DataFrame |
     logs = ingested_sources(run_dir, ingest, SourceKind.PROM_JSONL)
     if len(logs) != 1 or not logs[0].is_file():
         return None
-    return read([logs[0]], run="log", metrics=list(_WINDOW_FAMILIES)).series
+    return read([logs[0]], run="log",
+                options=IngestOptions(metrics=list(_WINDOW_FAMILIES))).series
 
 
 def _covering(frames: tuple[pd.DataFrame | None, ...], t0: float, t1: float
