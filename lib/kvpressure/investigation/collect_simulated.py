@@ -27,7 +27,6 @@ from kvpressure.folders.layout import (
 from kvpressure.folders.run_folder import display_path, sha256_file
 from kvpressure.investigation.lengths import length_stats
 from kvpressure.investigation.windows import steady_window
-from kvpressure.jsonable import to_jsonable
 from kvpressure.stages.files import as_result
 from kvpressure.stages.results import CollectInfo
 from kvpressure.table_files import write_table
@@ -95,7 +94,7 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
     ingested = ingest([scrape], run=run_name)
     write_table(ingested.series, run_dir / SERIES_CSV)
     (run_dir / INGEST_JSON).write_text(
-        json.dumps(to_jsonable(dict(ingested.report)), indent=2, sort_keys=True) + "\n")
+        json.dumps(ingested.report.to_dict(), indent=2, sort_keys=True) + "\n")
     requests = pd.read_csv(point / "requests.csv")
     t0, t1 = steady_window(requests, ingested.series)
     settings = exp.settings()

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.analysis.levels import level_means
+from kvpressure.ingestion.engine_facts import EngineFacts
 from kvpressure.ingestion.names import KV_USAGE, PREEMPTIONS, RUNNING, WAITING, WAITING_BY_REASON
-from kvpressure.ingestion.recompute_estimate import recompute_args
 from kvpressure.investigation.collect import Tables
 from kvpressure.jsonable import finite_or_none
 from kvpressure.stages.files import as_result
@@ -122,15 +122,15 @@ def focus_recompute_estimate(tables: Tables) -> Any:
 
     focus = tables.info.focus
     t0, t1 = tables.window
-    args = recompute_args(tables.info.settings)
+    engine = EngineFacts.from_settings(tables.info.settings)
     # A window from the start of a log that starts with the process counts from zero, as the
     # runs table does over the same span.
     zero = focus.counter_origin == "zero"
     return recompute_from_series(
         tables.series, None if zero else t0, t1, run=focus.run,
-        num_gpu_blocks=args["num_gpu_blocks"], block_size=args["block_size"],
-        enable_prefix_caching=args["prefix_caching"], policy=args["policy"],
-        scheduler_reserve_full_isl=args["scheduler_reserve_full_isl"],
+        num_gpu_blocks=engine.num_gpu_blocks, block_size=engine.block_size,
+        enable_prefix_caching=engine.enable_prefix_caching, policy=engine.scheduling_policy,
+        scheduler_reserve_full_isl=engine.scheduler_reserve_full_isl,
         origin="zero" if zero else "first",
     )
 
