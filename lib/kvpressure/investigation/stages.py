@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvpressure.analysis.knee import MIN_KNEE_LEVELS
 from kvpressure.analysis.levels import level_means
 from kvpressure.ingestion.engine_facts import EngineFacts
 from kvpressure.ingestion.names import KV_USAGE, PREEMPTIONS, RUNNING, WAITING, WAITING_BY_REASON
@@ -238,7 +239,6 @@ def _kv_mean(series: pd.DataFrame, run: str, t0: float | None, t1: float | None)
 
 
 # --------------------------------------------------------------------------- 03 knee
-MIN_KNEE_LEVELS = 3  # the symptom "rises, flattens, then falls" needs as many
 # The latencies whose turn against offered load a request-rate sweep locates.
 LATENCY_KNEE_COLUMNS = ("ttft_p95_s", "itl_p95_s")
 def curve(runs: pd.DataFrame, x: str = "concurrency") -> pd.DataFrame:
