@@ -186,6 +186,62 @@ class KVCacheManager:
             self.cache_blocks(req, total if total < L else L)
         return True
 
+    # -- decoding requests (one token a step): the exact step's decode branch and the fast
+    # path's decoding head take their blocks here, as every chunk does above.
+    def allocate_decode_slot(self, req: Request) -> bool:
+        """A decoding request's token at position ``c``: a new block when ``c`` starts one
+        (docs/scheduler.md#run-alloc, what ``allocate_slots_running(req, 1)`` decides), the
+        block's key when the token fills it (#kv-cache-eager). False, nothing done, when the
+        block is needed and none is free (the scheduler's general path then preempts)."""
+        c = req.num_computed_tokens
+        B = self.block_size
+        if not c % B:
+            pool = self.pool
+            if not pool.num_free_blocks:
+                return False
+            req.blocks.append(pool.pop_one())
+        if self.enable_caching and (c + 1) % B == 0:
+            self.cache_blocks(req, c + 1)
+        return True
+
+    def append_block(self, req: Request) -> bool:
+        """One new block for ``req`` (a decoding request whose token starts one,
+        docs/scheduler.md#run-alloc); False, nothing done, when none is free."""
+        pool = self.pool
+        if not pool.num_free_blocks:
+            return False
+        req.blocks.append(pool.pop_one())
+        return True
+
+    def append_blocks(self, groups: list[list[Request]]) -> bool:
+        """One new block for each request of ``groups``, popped (and evicted, #kv-evict) in
+        their order, group after group: the crossings of one or many decode steps in the order
+        the step-by-step path pops them. False, nothing done, when fewer blocks are free."""
+        total = 0
+        for g in groups:
+            total += len(g)
+        pool = self.pool
+        if total > pool.num_free_blocks:
+            return False
+        if total:
+            # One call pops them all, in exactly the order single pops would.
+            new_blocks = pool.get_new_blocks(total)
+            i = 0
+            for g in groups:
+                for r in g:
+                    r.blocks.append(new_blocks[i])
+                    i += 1
+        return True
+
+    def num_free_blocks(self) -> int:
+        """Blocks a request may still take (cached blocks nobody holds included)."""
+        return self.pool.num_free_blocks
+
+    def usages(self, num_free: list[int]) -> list[float]:
+        """``usage()`` with each count of free blocks in ``num_free`` (a leap's steps)."""
+        denominator = self.pool.usage_denominator
+        return [1.0 - n / denominator for n in num_free]
+
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Register the keys of the request's blocks that are full of known tokens
         (``BlockPool.cache_block`` and ``Request.block_key``, inlined).

@@ -297,26 +297,19 @@ class Scheduler:
         mark = out.mark
         priority = self.priority_policy
         max_model_len = self.max_model_len
-        block_size = self.block_size
-        pool = kv.pool
-        caching = kv.enable_caching
         while req_index < len(running) and budget > 0:
             req = running[req_index]
-            c = req.num_computed_tokens
-            if not req.is_prefill_chunk and (c % block_size or pool.num_free_blocks):
+            if not req.is_prefill_chunk and kv.allocate_decode_slot(req):
                 # Decoding (c = L - 1): n = 1 whatever T and the budget, and a block is needed
                 # only when position c starts one (#run-alloc); the general path below
-                # decides the same, slower.
-                if not c % block_size:
-                    req.blocks.append(pool.pop_one())
-                if caching and (c + 1) % block_size == 0:
-                    kv.cache_blocks(req, c + 1)  # #kv-cache-eager
+                # decides the same, slower, and preempts when that block is not free.
                 req.grant = 1
                 req.grant_mark = mark
                 granted.append(req)
                 budget -= 1
                 req_index += 1
                 continue
+            c = req.num_computed_tokens
             n = req.num_tokens - c
             if 0 < threshold < n:
                 n = threshold  # #step-threshold
