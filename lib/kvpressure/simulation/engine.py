@@ -50,7 +50,7 @@ from kvpressure.simulation.recorder import Recorder, RecorderHooks
 from kvpressure.simulation.request import PREEMPTED, Request
 from kvpressure.simulation.request_path import NO_PATH, RequestPath
 from kvpressure.simulation.scenario import Scenario
-from kvpressure.simulation.scheduler import Scheduler, SchedulerOutput
+from kvpressure.simulation.scheduler import Scheduler, SchedulerOutput, decode_step_output
 from kvpressure.simulation.step_clock import StepClock
 from kvpressure.simulation.step_features import StepFeatures
 from kvpressure.simulation.steps_table import StepsTable
@@ -401,8 +401,9 @@ class Simulation:
         usage_last = sched.kv.usage() if finished else usage[-1]
         waiting = sched.waiting
         self.steps.add_decode_steps(self.step, arrivals, num_running, len(waiting),
-                                    waiting.num_preempted, len(sched.deferred_waiting), usage,
-                                    num_finished, usage_last, t_start, durations, ends)
+                                    waiting.num_preempted, len(sched.deferred_waiting),
+                                    decode_step_output(num_running), usage, num_finished,
+                                    usage_last, t_start, durations, ends)
         if hooks.recorder is not None:
             self._report_leap(members, times, usage, num_finished, usage_last)
         self.step += num_steps
@@ -544,19 +545,9 @@ class Simulation:
         num_running_after = len(sched.running)
         num_deferred = len(sched.deferred_waiting)
         usage_after = kv.usage()
-        self.steps.add_step(
-            step=step, arrivals=arrivals, num_running=num_running,
-            num_scheduled_reqs=len(out.granted) + num_lazy, num_waiting=num_waiting,
-            num_waiting_new=num_waiting - num_waiting_preempted,
-            num_waiting_preempted=num_waiting_preempted, num_waiting_deferred=num_deferred,
-            kv_usage=usage, num_scheduled_tokens=out.num_scheduled_tokens,
-            num_prefill_tokens=out.num_prefill_tokens,
-            num_decode_tokens=out.num_decode_tokens, admitted_new=out.admitted_new,
-            resumed=out.resumed, recomputed_tokens=out.recomputed_tokens,
-            preemptions=len(out.preempted), finished=num_finished,
-            num_running_after=num_running_after, num_waiting_after=num_waiting_after,
-            kv_usage_after=usage_after, prefix_cache_queries=out.prefix_cache_queries,
-            prefix_cache_hits=out.prefix_cache_hits, time_s=t0, step_duration_s=duration)
+        self.steps.add_step(step, arrivals, num_running, num_waiting, num_waiting_preempted,
+                            num_deferred, usage, out, num_finished, num_running_after,
+                            num_waiting_after, usage_after, t0, duration)
         if step_hooks:
             if hooks.on_step_end is not None:
                 hooks.on_step_end(t1, num_running_after, num_waiting_after, num_deferred,

@@ -188,21 +188,34 @@ class KVCacheManager:
 
     # -- decoding requests (one token a step): the exact step's decode branch and the fast
     # path's decoding head take their blocks here, as every chunk does above.
-    def allocate_decode_slot(self, req: Request) -> bool:
-        """A decoding request's token at position ``c``: a new block when ``c`` starts one
+    def allocate_decode_slots(self, reqs: list[Request], start: int, limit: int) -> int:
+        """The decoding requests of ``reqs`` from ``start`` on, at most ``limit`` of them, one
+        token each at its position ``c``: a new block when ``c`` starts one
         (docs/scheduler.md#run-alloc, what ``allocate_slots_running(req, 1)`` decides), the
-        block's key when the token fills it (#kv-cache-eager). False, nothing done, when the
-        block is needed and none is free (the scheduler's general path then preempts)."""
-        c = req.num_computed_tokens
+        block's key when the token fills it (#kv-cache-eager). Stops at a prefill chunk, or
+        before a request whose block is needed when none is free (nothing done for it: the
+        scheduler's general path then preempts); returns the index it stopped at. One call
+        for a run of them: the exact step's commonest work, done without a call a request."""
+        end = start + limit
+        if end > len(reqs):
+            end = len(reqs)
         B = self.block_size
-        if not c % B:
-            pool = self.pool
-            if not pool.num_free_blocks:
-                return False
-            req.blocks.append(pool.pop_one())
-        if self.enable_caching and (c + 1) % B == 0:
-            self.cache_blocks(req, c + 1)
-        return True
+        caching = self.enable_caching
+        pool = self.pool
+        i = start
+        while i < end:
+            req = reqs[i]
+            if req.is_prefill_chunk:
+                break
+            c = req.num_computed_tokens
+            if not c % B:
+                if not pool.num_free_blocks:
+                    break
+                req.blocks.append(pool.pop_one())
+            if caching and (c + 1) % B == 0:
+                self.cache_blocks(req, c + 1)
+            i += 1
+        return i
 
     def append_block(self, req: Request) -> bool:
         """One new block for ``req`` (a decoding request whose token starts one,

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from array import array
 from struct import Struct
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 # Imported with the module, not at the first flush: a lazy import would land inside the
 # simulation's timed loop (tens of milliseconds against a loop of a few).
 import numpy as np
+
+if TYPE_CHECKING:
+    from kvpressure.simulation.scheduler import SchedulerOutput
 
 # Rows buffered before they move into the columns (Final: a constant in compiled code, not a
 # module lookup at every row).
@@ -102,62 +105,63 @@ class StepsTable:
     def __len__(self) -> int:
         return len(self._columns["step"]) + self._num_rows
 
-    def add_step(self, *, step: int, arrivals: int, num_running: int,
-                 num_scheduled_reqs: int, num_waiting: int, num_waiting_new: int,
+    def add_step(self, step: int, arrivals: int, num_running: int, num_waiting: int,
                  num_waiting_preempted: int, num_waiting_deferred: int, kv_usage: float,
-                 num_scheduled_tokens: int, num_prefill_tokens: int, num_decode_tokens: int,
-                 admitted_new: int, resumed: int, recomputed_tokens: int, preemptions: int,
-                 finished: int, num_running_after: int, num_waiting_after: int,
-                 kv_usage_after: float, prefix_cache_queries: int, prefix_cache_hits: int,
-                 time_s: float = 0.0, step_duration_s: float = 0.0) -> None:
-        """One step's row, by ``StepRow``'s names (the time fields are dropped when
-        untimed). The one place the columns' order is written: packed at once (one ``struct``
-        call), the row kept as bytes until the next flush."""
+                 out: SchedulerOutput, num_finished: int, num_running_after: int,
+                 num_waiting_after: int, kv_usage_after: float, time_s: float = 0.0,
+                 step_duration_s: float = 0.0) -> None:
+        """One step's row: the queues and the KV usage right after ``schedule()`` (``out``,
+        what it decided) and after ``update_from_output()`` (``num_finished`` requests
+        finished), and in time mode the step's start and duration (dropped when untimed).
+        The one place the columns' order is written: packed at once (one ``struct`` call),
+        the row kept as bytes until the next flush."""
         if self._num_rows >= _BLOCK:
             # Before the row, not after: the row just added stays the last of ``_rows``
             # (``add_decode_steps`` repeats it).
             self._flush()
         self._rows.append(self._pack(
-            step, arrivals, num_running, num_scheduled_reqs, num_waiting, num_waiting_new,
-            num_waiting_preempted, num_waiting_deferred, kv_usage, num_scheduled_tokens,
-            num_prefill_tokens, num_decode_tokens, admitted_new, resumed, recomputed_tokens,
-            preemptions, finished, num_running_after, num_waiting_after, kv_usage_after,
-            prefix_cache_queries, prefix_cache_hits, time_s, step_duration_s))
+            step, arrivals, num_running, len(out.granted) + out.num_lazy, num_waiting,
+            num_waiting - num_waiting_preempted, num_waiting_preempted, num_waiting_deferred,
+            kv_usage, out.num_scheduled_tokens, out.num_prefill_tokens, out.num_decode_tokens,
+            out.admitted_new, out.resumed, out.recomputed_tokens, len(out.preempted),
+            num_finished, num_running_after, num_waiting_after, kv_usage_after,
+            out.prefix_cache_queries, out.prefix_cache_hits, time_s, step_duration_s))
         self._num_rows += 1
 
     def add_decode_steps(self, step: int, arrivals: int, num_running: int, num_waiting: int,
                          num_waiting_preempted: int, num_waiting_deferred: int,
-                         usage: list[float], num_finished: int, usage_last: float,
-                         t_start: float, durations: Any, ends: Any) -> None:
+                         out: SchedulerOutput, usage: list[float], num_finished: int,
+                         usage_last: float, t_start: float, durations: Any, ends: Any
+                         ) -> None:
         """The rows of a leap (docs/scheduler.md#loop-row): ``len(usage)`` steps from
-        ``step``, each serving the same ``num_running`` decoding requests one token and
-        changing no queue but by the finishes of the last; only the step, the KV usage
-        (``usage``, after each step's blocks; ``usage_last`` after the last step's finishes)
-        and the times (time mode: from ``t_start``, then ``ends``, lasting ``durations``)
-        differ. Short leaps go in row by row; longer ones as one run of packed rows (the
-        first row repeated, the columns that differ written over it by numpy); the longest
-        by column (no run of rows that long is held twice in memory while the table joins
-        it)."""
+        ``step``, each with the output ``out`` (the ``num_running`` decoding requests one
+        token each, nothing else) and no change to a queue but by the finishes of the last;
+        only the step, the KV usage (``usage``, after each step's blocks; ``usage_last``
+        after the last step's finishes) and the times (time mode: from ``t_start``, then
+        ``ends``, lasting ``durations``) differ. Short leaps go in row by row; longer ones
+        as one run of packed rows (the first row repeated, the columns that differ written
+        over it by numpy); the longest by column (no run of rows that long is held twice in
+        memory while the table joins it)."""
         num_steps = len(usage)
         if num_steps <= _ROWS_MAX:
             t = t_start
+            last = num_steps - 1
             for k in range(num_steps):
                 time_s = duration = 0.0
                 if ends is not None:
                     time_s = t
                     duration = float(durations[k])
                     t = float(ends[k])
-                last = k == num_steps - 1
-                self._add_decode_step(step + k, arrivals if k == 0 else 0, num_running,
-                                      num_waiting, num_waiting_preempted,
-                                      num_waiting_deferred, usage[k],
-                                      num_finished if last else 0,
-                                      usage_last if last else usage[k], time_s, duration)
+                finished = num_finished if k == last else 0
+                self.add_step(step + k, arrivals if k == 0 else 0, num_running, num_waiting,
+                              num_waiting_preempted, num_waiting_deferred, usage[k], out,
+                              finished, num_running - finished, num_waiting,
+                              usage_last if k == last else usage[k], time_s, duration)
         elif num_steps <= _RUN_MAX:
             duration = float(durations[0]) if durations is not None else 0.0
-            self._add_decode_step(step, arrivals, num_running, num_waiting,
-                                  num_waiting_preempted, num_waiting_deferred, usage[0], 0,
-                                  usage[0], t_start, duration)
+            self.add_step(step, arrivals, num_running, num_waiting, num_waiting_preempted,
+                          num_waiting_deferred, usage[0], out, 0, num_running, num_waiting,
+                          usage[0], t_start, duration)
             self._repeat_last(num_steps, usage, arrivals, num_finished,
                               num_running - num_finished, usage_last, t_start, durations,
                               ends)
@@ -165,24 +169,6 @@ class StepsTable:
             self._add_decode_columns(step, arrivals, num_running, num_waiting,
                                      num_waiting_preempted, num_waiting_deferred, usage,
                                      num_finished, usage_last, t_start, durations, ends)
-
-    def _add_decode_step(self, step: int, arrivals: int, num_running: int, num_waiting: int,
-                         num_preempted: int, num_deferred: int, usage: float,
-                         num_finished: int, usage_after: float, time_s: float,
-                         duration: float) -> None:
-        """One step of a leap: every running request decodes one token."""
-        self.add_step(step=step, arrivals=arrivals, num_running=num_running,
-                      num_scheduled_reqs=num_running, num_waiting=num_waiting,
-                      num_waiting_new=num_waiting - num_preempted,
-                      num_waiting_preempted=num_preempted,
-                      num_waiting_deferred=num_deferred, kv_usage=usage,
-                      num_scheduled_tokens=num_running, num_prefill_tokens=0,
-                      num_decode_tokens=num_running, admitted_new=0, resumed=0,
-                      recomputed_tokens=0, preemptions=0, finished=num_finished,
-                      num_running_after=num_running - num_finished,
-                      num_waiting_after=num_waiting, kv_usage_after=usage_after,
-                      prefix_cache_queries=0, prefix_cache_hits=0, time_s=time_s,
-                      step_duration_s=duration)
 
     def _repeat_last(self, num_rows: int, usage: list[float], arrivals: int,
                      num_finished: int, num_running_after: int, usage_after: float,
