@@ -226,25 +226,31 @@ class KVCacheManager:
         req.blocks.append(pool.pop_one())
         return True
 
-    def append_blocks(self, groups: list[list[Request]]) -> bool:
-        """One new block for each request of ``groups``, popped (and evicted, #kv-evict) in
-        their order, group after group: the crossings of one or many decode steps in the order
-        the step-by-step path pops them. False, nothing done, when fewer blocks are free."""
+    def append_blocks(self, reqs: list[Request]) -> bool:
+        """One new block for each of ``reqs``, popped (and evicted, #kv-evict) in their order:
+        the crossings of one decode step. False, nothing done, when fewer blocks are free."""
+        n = len(reqs)
+        pool = self.pool
+        if n > pool.num_free_blocks:
+            return False
+        if n:
+            for r, b in zip(reqs, pool.get_new_blocks(n)):  # noqa: B905 (same length)
+                r.blocks.append(b)
+        return True
+
+    def append_blocks_of_steps(self, groups: list[list[Request]]) -> None:
+        """``append_blocks`` for each group in turn (the crossings of many decode steps, a
+        leap's), as one pop: the order single pops would take. The caller has checked that
+        enough blocks are free."""
         total = 0
         for g in groups:
             total += len(g)
-        pool = self.pool
-        if total > pool.num_free_blocks:
-            return False
-        if total:
-            # One call pops them all, in exactly the order single pops would.
-            new_blocks = pool.get_new_blocks(total)
-            i = 0
-            for g in groups:
-                for r in g:
-                    r.blocks.append(new_blocks[i])
-                    i += 1
-        return True
+        new_blocks = self.pool.get_new_blocks(total)
+        i = 0
+        for g in groups:
+            for r in g:
+                r.blocks.append(new_blocks[i])
+                i += 1
 
     def num_free_blocks(self) -> int:
         """Blocks a request may still take (cached blocks nobody holds included)."""

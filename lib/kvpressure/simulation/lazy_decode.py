@@ -115,7 +115,7 @@ class LazyDecode(DecodeProgress):
         cross = self.buckets[clock % self.block_size]
         stopped = False
         # Enough free blocks for every crossing: popped in running order, at once.
-        if not kv.append_blocks([cross]):
+        if cross and not kv.append_blocks(cross):
             # Not every crossing gets a block: preemptions, in running order. FCFS takes
             # victims from the end of running (members still to come in this bucket); PRIORITY
             # may take any running request, served members included (their token of this

@@ -12,8 +12,8 @@ blocks, or with the step whose outputs reach the recorder's next scrape. A leap 
 nothing and admits nothing.
 
 Blocks are popped in exactly the order the step-by-step path pops them (the KV-cache
-manager's ``append_blocks``, one pop for the whole leap), so the free queue, evictions and
-every row are identical.
+manager's ``append_blocks_of_steps``, one pop for the whole leap), so the free queue,
+evictions and every row are identical.
 
 This module decides what the scheduler does over the leapt steps. What the engine does over
 them (time, clients, the steps table, the recorder) is the engine's: a leap reads none of its
@@ -101,7 +101,7 @@ def try_leap(sim: Simulation, sched: Scheduler, lazy: LazyDecode, arrivals: int)
         durations = durations[:num_steps]
         ends = ends[:num_steps]
     # The crossing blocks in step order, running order within a step (#run-alloc).
-    kv.append_blocks([crossings[j % block_size] for j in range(num_steps)])
+    kv.append_blocks_of_steps([crossings[j % block_size] for j in range(num_steps)])
     if kv.enable_caching:
         # Members whose token of step j completes a block register its key.
         for j in range(num_steps):
