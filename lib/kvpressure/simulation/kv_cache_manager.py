@@ -351,4 +351,6 @@ class KVCacheManager:
             self.prefix_hits += num_hit_tokens
 
     def usage(self) -> float:
-        return self.pool.get_usage()
+        """``BlockPool.get_usage()`` (read twice a step: one call, not two)."""
+        pool = self.pool
+        return 1.0 - pool.num_free_blocks / pool.usage_denominator

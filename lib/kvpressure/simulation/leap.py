@@ -62,6 +62,8 @@ def try_leap(sim: Simulation, sched: Scheduler, lazy: LazyDecode, arrivals: int)
     # Up to the step of the first member's last token, included: its update frees blocks,
     # so nothing after it can be leapt without a fresh look.
     until_finish = lazy.next_finish() - clock + 1
+    if until_finish < 2:
+        return False
     num_steps = until_finish
     # A submission comes before its step: the leap ends before it.
     until_submission = sim.steps_before_submission()
