@@ -63,7 +63,7 @@ test-fast: $(VENV)/.synced
 	$(MAKE) native
 	$(BIN)/ruff check lib tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m kvpressure.pipeline.lab --install-filter --verify
+	$(BIN)/python -m kvpressure.notebooks.lab --install-filter --verify
 	$(BIN)/pytest tests -m "not slow" $(PYTEST_PARALLEL) --durations=15
 	cd notebooks && KVPRESSURE_NB_EXPERIMENT=../data/experiments/ci_small.yaml \
 	    KVPRESSURE_RUN_CONTEXT=$(CURDIR)/.venv/nbval-run.json \
@@ -103,7 +103,7 @@ e2e-control:
 	KVPRESSURE_E2E_CONTROL=1 $(MAKE) e2e
 
 lab: $(VENV)/.lab
-	$(BIN)/python -m kvpressure.pipeline.lab $(LAB_CHOOSE) --install-filter --start -- $(LAB_ARGS)
+	$(BIN)/python -m kvpressure.notebooks.lab $(LAB_CHOOSE) --install-filter --start -- $(LAB_ARGS)
 
 bench: $(VENV)/.synced
 	$(MAKE) native || echo "bench: no compiled simulation, its sources are measured"

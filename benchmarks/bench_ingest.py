@@ -11,7 +11,8 @@ subprocesses, each reporting its wall time and peak RSS (``ru_maxrss``):
 * ``prometheus_client``: ``text_string_to_metric_families`` over every sample of a sample of
   scrapes, without building a table, extrapolated to the whole file;
 * ``ingest_all``: ``ingest()`` keeping every family;
-* ``ingest_core``: ``ingest(metrics="core")``, the families the analysis reads.
+* ``ingest_core``: ``ingest(options=IngestOptions(metrics="core"))``, the families the analysis
+  reads.
 
 Results go to stdout and ``benchmarks/out/bench_ingest.json``.
 """
@@ -133,11 +134,13 @@ elif mode == "prometheus_client":
     extra["samples"] = samples
 else:
     from kvpressure.ingestion.api import ingest
-    result = ingest([path], run="day", metrics=None if mode == "ingest_all" else "core")
+    from kvpressure.ingestion.ingest_options import IngestOptions
+    result = ingest([path], run="day",
+                    options=IngestOptions(metrics=None if mode == "ingest_all" else "core"))
     extra["series_rows"] = len(result.series)
     extra["series_bytes"] = int(result.series.memory_usage(deep=False).sum())
     extra["runs_rows"] = len(result.runs)
-    est = result.report["runs"]["day"].get("recompute_estimate", {})
+    est = result.report.runs["day"].get("recompute_estimate", {})
     extra["preemptions"] = est.get("preemptions")
 wall = time.perf_counter() - start
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from kvpressure.ingestion.api import ingest
-from kvpressure.ingestion.sources import open_text
+from kvpressure.ingestion.ingest_options import IngestOptions
+from kvpressure.ingestion.text_files import open_text
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out"
@@ -88,7 +89,9 @@ def main() -> int:
     result: dict[str, object] = {"lines": n, "hours": args.hours, "requests": args.requests}
     for name, path in (("plain", plain), ("gzip", packed)):
         floor = _best(lambda p=path: _lines(p))
-        read = _best(lambda p=path: ingest([p], run="day", log_year=2026, log_timezone="UTC"))
+        read = _best(lambda p=path: ingest([p], run="day",
+                                           options=IngestOptions(log_year=2026,
+                                                                 log_timezone="UTC")))
         result[name] = {"lines_s": floor, "ingest_s": read, "ingest_over_lines": read / floor}
         print(f"{name}: {n} lines; ingest {read / floor:.1f}x iterating over the lines "
               f"({read:.2f} s vs {floor:.3f} s)")

@@ -15,8 +15,9 @@ Two settings of the simulation are compared in the same run:
 * ``after``: vLLM 0.33.0's defaults, async scheduling on, and the request path priced from the
   hardware profile (API server, tokenising, output path).
 
-Split: the runs of the ``CALIBRATION_WORKLOADS`` (one run of every model, at two rates each) are
-the only ones any profile value or modelling choice may be made on; every other run (other
+Split: the runs of the ``CALIBRATION_WORKLOADS`` (one run of every H100 model, at two rates
+each) and the ``CALIBRATION_RUNS`` (one A100 run: the data has no codegen run on A100) are the
+only ones any profile value or modelling choice may be made on; every other run (other
 workloads, other rates, the same servers) is held out, and MAPE is reported on each split apart. Runs whose real
 server failed more than 10% of its requests (overload with client time-outs) are shown but
 left out of the MAPE: their latencies are the client's time-out, not the server's.
@@ -44,6 +45,9 @@ from kvpressure.simulation.experiment import experiment_from_dict  # noqa: E402
 DATA = ROOT / "data" / "sim_to_real"
 HARDWARE = {"H100 SXM 80GB": "h100-80g", "A100 SXM 80GB": "a100-80g", "L40S 48GB": "l40s"}
 CALIBRATION_WORKLOADS = ("codegen",)
+# No A100 run is a codegen run: the one A100 run on a model with an H100 codegen run, at TP 1
+# (no all-reduce in its steps), fixes the A100 profile's values (data/hardware/a100-80g.yaml).
+CALIBRATION_RUNS = ("38-llama-3-1-8b-tp1-general-lite-1-1",)
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p99",
            "output_tps")
 OVERLOAD_FAILURES = 0.10
@@ -123,6 +127,12 @@ def stage_metrics(result, stages: list[dict]) -> list[dict]:
     return rows
 
 
+def split_of(run: dict) -> str:
+    """``calibration`` for the runs profile values were fitted on, else ``held-out``."""
+    calibration = workload_name(run) in CALIBRATION_WORKLOADS or run["id"] in CALIBRATION_RUNS
+    return "calibration" if calibration else "held-out"
+
+
 def workload_name(run: dict) -> str:
     """The load generator's workload of the run (its id ends with it where not given)."""
     return run["workload"].get("name") or run["id"].rsplit("-", 1)[-1]
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     t_wall = time.perf_counter()
     for run in runs:
-        split = "calibration" if workload_name(run) in CALIBRATION_WORKLOADS else "held-out"
+        split = split_of(run)
         if args.split and split != args.split:
             continue
         predicted = {}
@@ -197,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
 
         doc = {"source": "benchmarks/bench_sim_to_real.py on benchmarks/data/sim_to_real/ "
                          "(real vLLM servers, public measurements; held-out: every workload "
-                         "but codegen)",
+                         "but codegen, and every run but "
+                         + ", ".join(CALIBRATION_RUNS) + ")",
                "cards": summarise(rows)}
         Path(args.fidelity).parent.mkdir(parents=True, exist_ok=True)
         Path(args.fidelity).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -28,9 +28,9 @@ def _size(root: Path) -> int:
 
 
 def bench(name: str, repeat: int) -> dict:
-    from kvpressure.pipeline.sweep import run_sweep
     from kvpressure.simulation.engine import simulate
     from kvpressure.simulation.experiment import load_experiment
+    from kvpressure.sweeps.sweep import run_sweep
 
     exp = load_experiment(name)
     result: dict = {"experiment": name, "variants": list(exp.variants()), "levels": exp.levels}

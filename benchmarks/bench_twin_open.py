@@ -632,9 +632,10 @@ def kept() -> int:
     """The sweep kept in the tests' data, ingested and checked as a measured one is (nothing
     measured: a run of every benchmark stays off the real server)."""
     from kvpressure.ingestion.api import ingest as ingest_api
+    from kvpressure.ingestion.engine_facts import EngineFacts
 
     runs = ingest_api([KEPT / "bench", KEPT / "metrics.prom.jsonl.gz"], run="load",
-                      scheduler_reserve_full_isl=False).runs
+                      engine=EngineFacts(scheduler_reserve_full_isl=False)).runs
     print(f"the sweep kept in {KEPT.relative_to(ROOT)} (--real measures one):")
     out = summarise(KEPT / "metrics.prom.jsonl.gz", runs)
     _print_sweep(out)

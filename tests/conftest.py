@@ -25,7 +25,7 @@ def ci_small_report(tmp_path_factory):
     once for every module that reads the run folder (none of them may change it). Under
     parallel workers (pytest -n) the first worker to ask writes it and the others wait for it
     and read the same folder: a second report would only cost a core for a minute."""
-    from kvpressure.pipeline.report import make_report
+    from kvpressure.investigation.report import make_report
 
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         out = tmp_path_factory.mktemp("report") / "ci_small"

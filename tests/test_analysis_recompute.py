@@ -16,6 +16,7 @@ from kvpressure.analysis.recompute import (
     recompute_from_steps,
     validate_recompute_estimator,
 )
+from kvpressure.ingestion.engine_facts import EngineFacts
 from kvpressure.ingestion.recompute_estimate import recompute_range
 
 DATA = Path(__file__).parent / "data" / "analysis"
@@ -130,7 +131,7 @@ def test_analysis_and_ingestion_share_one_estimator():
     s = constructed_series(prefix_caching=True)
     for rule in (True, False, None):
         a = recompute_from_series(s, 0.0, 10.0, scheduler_reserve_full_isl=rule)
-        i = recompute_range(s, 0.0, 10.0, scheduler_reserve_full_isl=rule)
+        i = recompute_range(s, 0.0, 10.0, engine=EngineFacts(scheduler_reserve_full_isl=rule))
         assert (a.recomputed_low, a.recomputed_point, a.recomputed_high) == (
             i["low"], i["point"], i["high"])
         assert (a.ratio_low, a.recompute_ratio, a.ratio_high) == (

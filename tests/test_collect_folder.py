@@ -18,7 +18,7 @@ import yaml
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.collect_folder import expand, is_collect_folder, read_collect_folder
-from kvpressure.pipeline.analyse import analyse
+from kvpressure.investigation.analyse import analyse
 
 DATA = Path(__file__).parent / "data" / "collect_run_0.32"
 

@@ -18,7 +18,7 @@ import yaml
 
 from kvpressure.cli import main
 from kvpressure.paths import data_dir
-from kvpressure.pipeline.point_marker import POINT_MARKER
+from kvpressure.sweeps.point_marker import POINT_MARKER
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

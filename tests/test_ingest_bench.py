@@ -27,7 +27,7 @@ def test_aggregate_result_converts_ms_to_seconds() -> None:
     assert row["itl_p99_s"] == 0.06 and row["tpot_mean_s"] == 0.028
     # vLLM wrote only p99 and no e2el statistics: unknown, and the report says how to get them.
     assert math.isnan(row["ttft_p95_s"]) and math.isnan(row["e2e_mean_s"])
-    assert any("ttft_p95_s" in w and "--save-detailed" in w for w in result.report["warnings"])
+    assert any("ttft_p95_s" in w and "--save-detailed" in w for w in result.report.warnings)
     # A bench run carries no preemption data.
     assert math.isnan(row["preemptions"]) and math.isnan(row["recompute_ratio"])
 
@@ -56,7 +56,7 @@ def test_older_vllm_without_max_concurrency_is_read_with_a_note() -> None:
     row = result.runs.iloc[0]
     assert math.isnan(row["concurrency"]) and row["request_rate"] == 4.0
     assert row["total_token_throughput"] == (1000 + 5000) / 100.0  # computed from totals
-    assert any("max_concurrency" in w for w in result.report["warnings"])
+    assert any("max_concurrency" in w for w in result.report.warnings)
 
 
 def test_other_tool_and_missing_fields_are_refused_by_name() -> None:

@@ -28,6 +28,7 @@ from kvpressure.ingestion.bench_tables import (
     throughput_problem,
     unusable_reason,
 )
+from kvpressure.ingestion.ingest_options import IngestOptions
 
 DATA = Path(__file__).parent / "data" / "bench_tables"
 LEVELS = [1.0, 4.0, 8.0, 16.0, 32.0, 64.0]
@@ -89,12 +90,14 @@ def test_csv_with_a_column_mapping_through_knee(capsys):
 def test_explicit_units_and_bad_mappings(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text("users,tput,first_token\n1,10,0.5\n2,20,0.6\n4,40,0.7\n", encoding="utf-8")
-    res = ingest([p], columns="concurrency=users,output_throughput=tput,ttft_mean_s=first_token:s")
+    res = ingest([p], options=IngestOptions(
+        columns="concurrency=users,output_throughput=tput,ttft_mean_s=first_token:s"))
     assert res.runs["ttft_mean_s"].tolist() == [0.5, 0.6, 0.7]
-    res = ingest([p], columns="concurrency=users,output_throughput=tput,ttft_mean_s=first_token:ms")
+    res = ingest([p], options=IngestOptions(
+        columns="concurrency=users,output_throughput=tput,ttft_mean_s=first_token:ms"))
     assert res.runs["ttft_mean_s"].tolist() == pytest.approx([5e-4, 6e-4, 7e-4])
     with pytest.raises(InputError, match="no column 'conc'"):
-        ingest([p], columns="concurrency=conc,output_throughput=tput")
+        ingest([p], options=IngestOptions(columns="concurrency=conc,output_throughput=tput"))
     with pytest.raises(InputError, match="no 'concurrency' column; map one with --columns"):
         ingest([p])
     with pytest.raises(InputError, match="'speed' is not a runs column"):
@@ -183,7 +186,7 @@ def test_vllm_bench_sweep_of_a_server_setting_gives_one_curve_per_setting(tmp_pa
     res = ingest([p])
     assert sorted(set(res.runs["variant"])) == ["max_num_seqs=128", "max_num_seqs=256"]
     assert any("settings varied between runs, one curve each: max_num_seqs" in w
-               for w in res.report["warnings"])
+               for w in res.report.warnings)
     assert main(["knee", str(p)]) == 0
     lines = [json.loads(s) for s in capsys.readouterr().out.splitlines()]
     assert [d["group"] for d in lines] == ["max_num_seqs=128", "max_num_seqs=256"]
@@ -199,7 +202,7 @@ def test_vllm_bench_sweep_row_without_a_limit_at_inf_rate_is_reported(tmp_path):
     res = ingest([p])
     assert len(res.runs) == 2
     assert any("item 2: kept in runs, left out of the knee: no concurrency limit and an "
-               "infinite request rate" in w for w in res.report["warnings"])
+               "infinite request rate" in w for w in res.report.warnings)
 
 
 # ---------------------------------------------------------------------- GuideLLM
@@ -235,7 +238,7 @@ def test_guidellm_rate_strategies_are_not_concurrency_levels(tmp_path):
     runs = res.runs
     assert runs["concurrency"].tolist()[:3][0] == 1.0
     assert runs["request_rate"].tolist()[1:3] == [math.inf, 2.5]
-    warnings = " | ".join(res.report["warnings"])
+    warnings = " | ".join(res.report.warnings)
     assert "benchmarks[1] (throughput): kept in runs, left out of the knee: no concurrency " \
            "limit and an infinite request rate" in warnings
     assert "benchmarks[2] (constant): kept in runs, left out of the knee: a request-rate " \
@@ -264,4 +267,4 @@ def test_aiperf_csv_takes_the_level_from_its_folder():
     assert (row["concurrency"], row["output_throughput"], row["num_requests"]) == (16, 960, 480)
     assert row["ttft_p95_s"] == pytest.approx(0.05) and row["itl_p99_s"] == pytest.approx(0.0208)
     assert any("concurrency 16 read from the artifact folder" in w
-               for w in res.report["warnings"])
+               for w in res.report.warnings)

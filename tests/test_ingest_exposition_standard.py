@@ -18,6 +18,7 @@ import pytest
 from kvpressure.cli import main
 from kvpressure.ingestion.api import ingest
 from kvpressure.ingestion.counters import window_increase
+from kvpressure.ingestion.ingest_options import IngestOptions
 from kvpressure.ingestion.prom_text import openmetrics_as_prometheus
 
 OPENMETRICS = """# HELP vllm:num_preemptions Preemptions.
@@ -66,7 +67,7 @@ def test_a_series_absent_from_some_scrapes_is_counted_across_the_gap_and_reporte
     log = _log(tmp_path / "gap.jsonl", [_scrape(i, preempt=not 3 <= i <= 6) for i in range(10)])
     result = ingest([log], run="gap")
     assert window_increase(result.series, "vllm:num_preemptions_total") == 27
-    notes = result.report["runs"]["gap"]["series_presence"]
+    notes = result.report.runs["gap"]["series_presence"]
     assert notes == ["run gap: series vllm:num_preemptions_total absent from 4 of the 10 "
                      "scrapes in between (counted across the gap)"]
     assert main(["ingest", str(log), "--out", str(tmp_path / "o")]) == 0
@@ -77,7 +78,7 @@ def test_a_series_that_vanishes_says_how_far_it_counts(tmp_path):
     log = _log(tmp_path / "v.jsonl", [_scrape(i, preempt=i <= 4) for i in range(10)])
     result = ingest([log], run="v")
     assert window_increase(result.series, "vllm:num_preemptions_total") == 12
-    (note,) = result.report["runs"]["v"]["series_presence"]
+    (note,) = result.report.runs["v"]["series_presence"]
     assert "vanishes after t=1020" in note and "ends at 1045" in note
 
 
@@ -95,7 +96,7 @@ def test_a_scrape_log_whose_first_line_is_over_64_kib_is_recognised(tmp_path):
     log = _log(tmp_path / "wide.jsonl", [body] * 3)
     assert len(log.read_text().split("\n", 1)[0]) > 65536
     result = ingest([log], run="wide")
-    assert result.report["sources"][0]["kind"] == "prom_jsonl"
+    assert result.report.sources[0]["kind"] == "prom_jsonl"
     assert result.series["metric"].nunique() == 1 and len(result.series) == 3900
 
 
@@ -152,10 +153,10 @@ def strict_server() -> Iterator[str]:
 
 
 def test_busy_answers_are_retried_and_large_ranges_split(strict_server):
-    result = ingest([strict_server], run="p", start=0, end=1200)
+    result = ingest([strict_server], run="p", options=IngestOptions(start=0, end=1200))
     s = result.series
     # every sample 0..1200 s once, in order: nothing lost to the 503s or the 422s
     assert s["t"].tolist() == [float(t) for t in range(0, 1201, 100)]
     assert window_increase(s, "vllm:num_preemptions_total") == 120
-    assert result.report["gaps"] == []
+    assert result.report.gaps == []
     assert len(_Strict.calls) > 4  # two busy answers, refusals, then the split windows

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from kvpressure.ingestion.api import ingest
+from kvpressure.ingestion.engine_facts import EngineFacts
 from kvpressure.paths import REPO_ROOT
 
 DATA = REPO_ROOT / "tests" / "data" / "twin_real_open"
@@ -25,7 +26,7 @@ _COUNTER = re.compile(r"^vllm:num_preemptions_total(?:\{[^}]*\})? (\S+)$", re.M)
 @pytest.fixture(scope="module")
 def runs():
     got = ingest([DATA / "bench", DATA / "metrics.prom.jsonl.gz"], run="load",
-                 scheduler_reserve_full_isl=False)
+                 engine=EngineFacts(scheduler_reserve_full_isl=False))
     return got.runs.sort_values("request_rate").reset_index(drop=True)
 
 
@@ -113,7 +114,7 @@ def test_the_notes_say_each_window_is_the_results_own():
     # Each result carries its exact span (kvpressure_window): the note must not say the span
     # was rebuilt from vLLM's whole-second 'date'.
     got = ingest([DATA / "bench", DATA / "metrics.prom.jsonl.gz"], run="load",
-                 scheduler_reserve_full_isl=False)
-    placed = [w for w in got.report["warnings"] if "preemption columns from scrapes in" in w]
+                 engine=EngineFacts(scheduler_reserve_full_isl=False))
+    placed = [w for w in got.report.warnings if "preemption columns from scrapes in" in w]
     assert len(placed) == len(BENCH)
     assert all("(the result's kvpressure_window)" in w and "'date'" not in w for w in placed)

@@ -11,6 +11,7 @@ import pytest
 from kvpressure.errors import InputError
 from kvpressure.ingestion.api import ingest
 from kvpressure.ingestion.counters import gauge_mean, window_increase
+from kvpressure.ingestion.ingest_options import IngestOptions
 from kvpressure.ingestion.labels import format_labels, parse_labels
 
 DATA = Path(__file__).parent / "data" / "prom"
@@ -62,11 +63,11 @@ def test_heavy_run_totals_match_vllm(heavy) -> None:
     row = heavy.runs.iloc[0]
     assert row["num_requests"] == HEAVY_REQUESTS
     assert row["preemptions"] == HEAVY_PREEMPTIONS
-    assert heavy.report["runs"][run]["counter_origin"]["origin"] == "zero"
+    assert heavy.report.runs[run]["counter_origin"]["origin"] == "zero"
 
 
 def test_heavy_run_names_labels_and_generation(heavy) -> None:
-    info = heavy.report["runs"]["heavy_closed_c64_fcfs"]
+    info = heavy.report.runs["heavy_closed_c64_fcfs"]
     assert info["generation"] == "v1"
     assert info["dropped_labels"] == {"model_name": "llama-reference", "engine": "0"}
     metrics = set(heavy.series["metric"].astype(str).unique())
@@ -84,7 +85,7 @@ def test_heavy_run_names_labels_and_generation(heavy) -> None:
 
 def test_v0_names_are_mapped_and_generation_detected(tmp_path: Path) -> None:
     result = ingest([DATA / "v0_engine.prom"], run="old")
-    info = result.report["runs"]["old"]
+    info = result.report.runs["old"]
     assert info["generation"] == "v0"
     assert "vllm:num_requests_swapped" in info["generation_evidence"]
     assert info["mapped_names"]["vllm:gpu_cache_usage_perc"] == "vllm:kv_cache_usage_perc"
@@ -109,10 +110,10 @@ def test_family_without_samples_is_missing_not_zero(tmp_path: Path) -> None:
     )
     log = _jsonl(tmp_path / "m.jsonl", [(0.0, text), (1.0, text)])
     result = ingest([log], run="r")
-    assert "vllm:num_preemptions_total" in result.report["runs"]["r"]["metrics_missing"]
+    assert "vllm:num_preemptions_total" in result.report.runs["r"]["metrics_missing"]
     assert math.isnan(window_increase(result.series, "vllm:num_preemptions_total"))
     assert math.isnan(result.runs.iloc[0]["preemptions"])
-    assert result.report["runs"]["r"]["recompute_estimate"]["assumptions"][0].startswith(
+    assert result.report.runs["r"]["recompute_estimate"]["assumptions"][0].startswith(
         "vllm:num_preemptions_total is missing"
     )
 
@@ -120,7 +121,7 @@ def test_family_without_samples_is_missing_not_zero(tmp_path: Path) -> None:
 def test_escaped_names_two_engines_keep_engine_label() -> None:
     result = ingest([DATA / "two_engines_escaped.prom"], run="dp2")
     s = result.series
-    info = result.report["runs"]["dp2"]
+    info = result.report.runs["dp2"]
     assert info["mapped_names"]["vllm_num_requests_running"] == "vllm:num_requests_running"
     assert info["dropped_labels"] == {"model_name": "m"}
     assert info["target_labels_kept"] == {"engine": ["0", "1"]}
@@ -183,7 +184,7 @@ def test_truncated_text_keeps_complete_samples_and_reports_the_cut(tmp_path: Pat
         "vllm:num_preemptions_total",
         "vllm:num_requests_running",
     ]
-    warnings = " ".join(result.report["warnings"])
+    warnings = " ".join(result.report.warnings)
     assert "cut" in warnings and "line 6" in warnings
 
 
@@ -194,19 +195,19 @@ def test_truncated_jsonl_and_gzip_keep_complete_scrapes(tmp_path: Path) -> None:
     log.write_bytes(raw[: len(raw) - 20])  # the last line loses its end
     result = ingest([log], run="r")
     assert result.series["value"].tolist() == [0.0, 1.0, 2.0, 3.0]
-    assert any("line 5" in w and "middle of a scrape" in w for w in result.report["warnings"])
+    assert any("line 5" in w and "middle of a scrape" in w for w in result.report.warnings)
 
     # A download of the reference log that stopped at 60 %: the scrapes before the cut stay.
     gz = tmp_path / "cut.metrics.prom.jsonl.gz"
     data = HEAVY.read_bytes()
     gz.write_bytes(data[: len(data) * 6 // 10])
-    cut = ingest([gz], run="g", counter_origin="zero").series
-    full = ingest([HEAVY], run="g", counter_origin="zero").series
+    cut = ingest([gz], run="g", options=IngestOptions(counter_origin="zero")).series
+    full = ingest([HEAVY], run="g", options=IngestOptions(counter_origin="zero")).series
     n = cut["t"].nunique()
     assert 10 < n < full["t"].nunique()
     assert cut.reset_index(drop=True).equals(full.iloc[: len(cut)].reset_index(drop=True))
     assert len(cut) == n * full.groupby(["metric", "labels"], observed=True).ngroups
-    assert any("compressed stream ends early" in w for w in ingest([gz]).report["warnings"])
+    assert any("compressed stream ends early" in w for w in ingest([gz]).report.warnings)
 
 
 def test_unsorted_and_duplicate_timestamps(tmp_path: Path) -> None:
@@ -220,11 +221,11 @@ def test_unsorted_and_duplicate_timestamps(tmp_path: Path) -> None:
     s = result.series
     assert s["t"].tolist() == [1.0, 2.0, 3.0]
     assert s["value"].tolist() == [10.0, 20.0, 31.0]  # the last one read wins
-    assert result.report["runs"]["r"]["duplicates_dropped"] == 1
-    assert any("repeated a series" in w for w in result.report["warnings"])
+    assert result.report.runs["r"]["duplicates_dropped"] == 1
+    assert any("repeated a series" in w for w in result.report.warnings)
     # the first line out of order is named
     assert any("line 2: t 1.000 is earlier than line 1's 2.000" in w
-               for w in result.report["warnings"])
+               for w in result.report.warnings)
 
 
 def test_nan_and_inf_values_are_kept_and_reported(tmp_path: Path) -> None:
@@ -237,7 +238,7 @@ def test_nan_and_inf_values_are_kept_and_reported(tmp_path: Path) -> None:
     result = ingest([_jsonl(tmp_path / "m.jsonl", scrapes)], run="r")
     values = result.series["value"].tolist()
     assert math.isnan(values[1]) and math.isinf(values[2])
-    assert result.report["runs"]["r"]["nonfinite_values"] == {
+    assert result.report.runs["r"]["nonfinite_values"] == {
         "vllm:kv_cache_usage_perc": {"nan": 1, "inf": 1}
     }
     # A NaN sample is skipped by the mean; the held values are 0.5 (2 s: 0..1 and through the
@@ -285,9 +286,10 @@ def test_several_models_keep_model_name(tmp_path: Path) -> None:
 
 def test_metrics_filter_keeps_only_asked_families(tmp_path: Path) -> None:
     text = _gauge("vllm:num_requests_running", 2) + _gauge("vllm:engine_sleep_state", 1)
-    result = ingest([_jsonl(tmp_path / "m.jsonl", [(0.0, text)])], run="r", metrics="core")
+    result = ingest([_jsonl(tmp_path / "m.jsonl", [(0.0, text)])], run="r",
+                    options=IngestOptions(metrics="core"))
     assert result.series["metric"].astype(str).tolist() == ["vllm:num_requests_running"]
-    assert result.report["runs"]["r"]["filtered_out_families"] == ["vllm:engine_sleep_state"]
+    assert result.report.runs["r"]["filtered_out_families"] == ["vllm:engine_sleep_state"]
 
 
 def test_label_strings_round_trip_with_separators() -> None:

@@ -15,6 +15,7 @@ import pytest
 from kvpressure.errors import InputError
 from kvpressure.ingestion.api import ingest
 from kvpressure.ingestion.counters import histogram_quantile, window_increase
+from kvpressure.ingestion.ingest_options import IngestOptions
 
 DATA = Path(__file__).parent / "data" / "promapi"
 
@@ -22,7 +23,7 @@ DATA = Path(__file__).parent / "data" / "promapi"
 def test_saved_query_range_answer_is_mapped_and_labelled() -> None:
     result = ingest([DATA / "escaped_matrix.json"], run="prod")
     s = result.series
-    info = result.report["runs"]["prod"]
+    info = result.report.runs["prod"]
     assert set(s["metric"].astype(str)) == {
         "vllm:num_preemptions_total",
         "vllm:kv_cache_usage_perc",
@@ -50,8 +51,8 @@ def test_saved_query_range_answer_is_mapped_and_labelled() -> None:
 def test_empty_answer_is_missing_and_error_answers_are_refused() -> None:
     result = ingest([DATA / "empty_result.json"], run="e")
     assert result.series.empty
-    assert any("holds no series" in w for w in result.report["warnings"])
-    assert "vllm:num_preemptions_total" in result.report["runs"]["e"]["metrics_missing"]
+    assert any("holds no series" in w for w in result.report.warnings)
+    assert "vllm:num_preemptions_total" in result.report.runs["e"]["metrics_missing"]
     with pytest.raises(InputError, match="bad_data"):
         ingest([DATA / "error_answer.json"])
     with pytest.raises(InputError, match="no __name__"):
@@ -109,12 +110,13 @@ def flaky_server() -> Iterator[str]:
 
 def test_server_that_stops_answering_keeps_what_was_fetched(flaky_server: str) -> None:
     # 0..1500 s in raw mode: windows (0, 600], (600, 1200], (1200, 1500]
-    result = ingest([flaky_server], run="live", start=0, end=1500, timeout=0.3)
+    result = ingest([flaky_server], run="live",
+                    options=IngestOptions(start=0, end=1500, timeout=0.3))
     assert result.series["value"].tolist() == [1.0, 4.0]
-    gaps = result.report["gaps"]
+    gaps = result.report.gaps
     assert len(gaps) == 1 and gaps[0]["start"] == 600 and gaps[0]["end"] == 1500
     assert "Timeout" in gaps[0]["error"]
-    assert any("stopped answering" in w for w in result.report["warnings"])
+    assert any("stopped answering" in w for w in result.report.warnings)
     assert _Flaky.calls == 3  # one good window, then the failing one and its retry
 
 
@@ -122,6 +124,6 @@ def test_server_url_needs_a_time_range(flaky_server: str) -> None:
     with pytest.raises(InputError, match="--start and --end"):
         ingest([flaky_server])
     with pytest.raises(InputError, match="must be after"):
-        ingest([flaky_server], start=10, end=5)
+        ingest([flaky_server], options=IngestOptions(start=10, end=5))
     with pytest.raises(InputError, match="not a time"):
-        ingest([flaky_server], start="yesterday", end="now")
+        ingest([flaky_server], options=IngestOptions(start="yesterday", end="now"))

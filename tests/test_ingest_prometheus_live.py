@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvpressure.ingestion.api import ingest
+from kvpressure.ingestion.ingest_options import IngestOptions
 from prometheus_server import prometheus_server, replay_exporter, require_prometheus
 
 pytestmark = pytest.mark.prometheus
@@ -64,15 +65,16 @@ def test_live_prometheus_gives_back_what_was_scraped(tmp_path: Path) -> None:
             while len(collector.served) < 6 and time.time() < deadline:
                 time.sleep(0.2)
             time.sleep(0.5)  # let the last scrape reach the TSDB head
-            result = ingest([url], run="live", start=began - 5, end=time.time() + 1)
-            stepped = ingest(
-                [url], run="stepped", start=began - 5, end=time.time(), step=1.0, metrics="core"
-            )
+            result = ingest([url], run="live",
+                            options=IngestOptions(start=began - 5, end=time.time() + 1))
+            stepped = ingest([url], run="stepped",
+                             options=IngestOptions(start=began - 5, end=time.time(), step=1.0,
+                                                   metrics="core"))
     served = list(collector.served)
     assert len(served) >= 6, "Prometheus did not scrape the exporter every second"
 
     live = result.series
-    report = result.report["runs"]["live"]
+    report = result.report.runs["live"]
     # Names came back escaped and were mapped to vLLM's spelling.
     assert report["mapped_names"]["vllm_num_preemptions_total"] == "vllm:num_preemptions_total"
     assert not any(str(m).startswith("vllm_") for m in live["metric"].unique())
@@ -129,6 +131,6 @@ def test_live_exporter_url_is_scraped_once_in_plain_text() -> None:
     assert len(collector.served) == 1
     s = result.series
     # Plain text keeps vLLM's colons: nothing to map.
-    assert result.report["runs"]["now"]["mapped_names"] == {}
+    assert result.report.runs["now"]["mapped_names"] == {}
     line = next(x for x in direct_text.splitlines() if x.startswith("vllm:num_preemptions_total"))
     assert _values(s, "vllm:num_preemptions_total", "") == [float(line.rpartition(" ")[2])]

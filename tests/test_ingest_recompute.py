@@ -13,6 +13,7 @@ import pytest
 from kvpressure.errors import InputError
 from kvpressure.ingestion.api import ingest
 from kvpressure.ingestion.counters import window_increase
+from kvpressure.ingestion.engine_facts import EngineFacts
 from kvpressure.ingestion.recompute_estimate import recompute_range
 
 HEAVY = Path(__file__).parent / "data" / "prom" / "heavy_closed_c64_fcfs.metrics.prom.jsonl.gz"
@@ -96,7 +97,7 @@ def test_unknown_pool_geometry_gives_no_estimate_unless_given() -> None:
     r = recompute_range(df)
     assert math.isnan(r["high"]) and r["preemptions"] == 3
     assert any("num_gpu_blocks and block_size unknown" in a for a in r["assumptions"])
-    r = recompute_range(df, num_gpu_blocks=101, block_size=16)
+    r = recompute_range(df, engine=EngineFacts(num_gpu_blocks=101, block_size=16))
     assert r["high"] == 456 and r["params"]["num_gpu_blocks_from"] == "given"
     # no cache_config_info: prefix caching judged from the query counter (stayed 0 -> off)
     assert r["params"]["prefix_caching"] is False
@@ -119,7 +120,9 @@ def with_prompts(spread: bool = False) -> pd.DataFrame:
 
 def test_fcfs_victim_is_a_new_prompt_and_the_rule_decides_the_range() -> None:
     df = with_prompts()
-    full = recompute_range(df, policy="fcfs", scheduler_reserve_full_isl=True)
+    full = recompute_range(df,
+                           engine=EngineFacts(scheduling_policy="fcfs",
+                                              scheduler_reserve_full_isl=True))
     # Victim = mean new prompt 1000 / 10 + B/2 = 108 tokens, 3 victims; no spread known. D4's
     # resident context is 152 > 108: a quarter of the victims may hold it (resumed victims).
     assert full["point"] == full["low"] == 3 * 108
@@ -127,18 +130,19 @@ def test_fcfs_victim_is_a_new_prompt_and_the_rule_decides_the_range() -> None:
     assert math.isclose(full["ratio_point"], 324 / (1544 + 324))
     assert full["d4"]["high"] == 3 * 152 and full["victim_context_tokens"] == 108
     # Admission by first chunk, or the priority policy: D4's range and point.
-    for kw in ({"scheduler_reserve_full_isl": False}, {"policy": "priority"}):
-        d4 = recompute_range(df, **kw)
+    for kw in ({"scheduler_reserve_full_isl": False}, {"scheduling_policy": "priority"}):
+        d4 = recompute_range(df, engine=EngineFacts(**kw))
         assert (d4["low"], d4["point"], d4["high"]) == (22.5, 456, 456)
     # Unknown rule or policy: the FCFS point inside both ranges.
-    for kw in ({"policy": "fcfs"}, {"scheduler_reserve_full_isl": True}, {}):
-        u = recompute_range(df, **kw)
+    for kw in ({"scheduling_policy": "fcfs"}, {"scheduler_reserve_full_isl": True}, {}):
+        u = recompute_range(df, engine=EngineFacts(**kw))
         assert (u["low"], u["point"], u["high"]) == (22.5, 324, 456)
 
 
 def test_prompt_spread_widens_the_fcfs_range() -> None:
-    r = recompute_range(with_prompts(spread=True), policy="fcfs",
-                        scheduler_reserve_full_isl=True)
+    r = recompute_range(with_prompts(spread=True),
+                        engine=EngineFacts(scheduling_policy="fcfs",
+                                           scheduler_reserve_full_isl=True))
     # Buckets (0,100] x5, (100,200] x5, uniform inside: var = 50^2 + 100^2/12 = 10000/3;
     # +- 2 sd * sqrt(3 victims) = +- 200 tokens around 324.
     assert r["point"] == 324
@@ -147,9 +151,10 @@ def test_prompt_spread_widens_the_fcfs_range() -> None:
 
 def test_bad_engine_arguments_are_refused_naming_them() -> None:
     with pytest.raises(InputError, match="policy"):
-        recompute_range(series(), policy="lifo")
+        recompute_range(series(), engine=EngineFacts(scheduling_policy="lifo"))
     with pytest.raises(InputError, match="scheduler_reserve_full_isl"):
-        ingest([HEAVY], scheduler_reserve_full_isl="yes")  # type: ignore[arg-type]
+        ingest([HEAVY],
+               engine=EngineFacts(scheduler_reserve_full_isl="yes"))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +163,7 @@ def heavy():
 
 
 def test_heavy_reference_truth_lies_in_the_range(heavy) -> None:
-    est = heavy.report["runs"]["heavy_closed_c64_fcfs"]["recompute_estimate"]
+    est = heavy.report.runs["heavy_closed_c64_fcfs"]["recompute_estimate"]
     assert est["preemptions"] == 95
     assert est["params"]["num_gpu_blocks"] == 2000 and est["params"]["block_size"] == 16
     assert est["params"]["prefix_caching"] is False
@@ -176,19 +181,22 @@ def test_heavy_reference_by_windows_adds_up(heavy) -> None:
     s = heavy.series
     # D4's range is a sum over scrape intervals (the FCFS spread grows as sqrt(P) and does not
     # add): the priority policy uses it alone.
-    whole = recompute_range(s, origin="zero", policy="priority")
+    whole = recompute_range(s, origin="zero", engine=EngineFacts(scheduling_policy="priority"))
     t = sorted(s["t"].unique())
     cut = t[len(t) // 2]
-    first = recompute_range(s, None, cut, origin="zero", policy="priority")
-    second = recompute_range(s, cut, None, origin="zero", policy="priority")
+    first = recompute_range(s, None, cut, origin="zero",
+                            engine=EngineFacts(scheduling_policy="priority"))
+    second = recompute_range(s, cut, None, origin="zero",
+                             engine=EngineFacts(scheduling_policy="priority"))
     assert first["preemptions"] + second["preemptions"] == whole["preemptions"]
     assert math.isclose(first["high"] + second["high"], whole["high"])
 
 
 def test_ingest_narrows_the_runs_row_with_the_engine_arguments(heavy) -> None:
-    told = ingest([HEAVY], policy="fcfs", scheduler_reserve_full_isl=True)
+    told = ingest([HEAVY],
+                  engine=EngineFacts(scheduling_policy="fcfs", scheduler_reserve_full_isl=True))
     row, wide = told.runs.iloc[0], heavy.runs.iloc[0]
-    est = told.report["runs"]["heavy_closed_c64_fcfs"]["recompute_estimate"]
+    est = told.report.runs["heavy_closed_c64_fcfs"]["recompute_estimate"]
     # The log starts with the process: every prompt counts, 95 victims of mean prompt + B/2.
     s = told.series
     prompt = window_increase(s, "vllm:prompt_tokens_total", origin="zero")

@@ -28,6 +28,7 @@ from kvpressure.analysis.status import KV_BOUND
 from kvpressure.cli import main
 from kvpressure.errors import InputError
 from kvpressure.ingestion.api import ingest
+from kvpressure.ingestion.ingest_options import IngestOptions
 from kvpressure.ingestion.labels import parse_labels
 from kvpressure.ingestion.sources import detect
 from kvpressure.paths import REPO_ROOT
@@ -43,7 +44,7 @@ UTC = dt.UTC
 def _read(path: Path, **kw):
     kw.setdefault("log_year", 2026)
     kw.setdefault("log_timezone", "UTC")
-    return ingest([path], run="r", **kw)
+    return ingest([path], run="r", options=IngestOptions(**kw))
 
 
 def _series(result, metric: str) -> pd.Series:
@@ -57,7 +58,7 @@ def _at(*args: int) -> float:
 
 
 def _log_info(result) -> dict:
-    return result.report["runs"]["r"]["server_log"]
+    return result.report.runs["r"]["server_log"]
 
 
 # ------------------------------------------------------------------ V1, bound by KV blocks
@@ -111,18 +112,18 @@ def test_v1_log_gives_the_pool_and_the_engine_arguments_it_shows():
     # one info sample per stats line, as a scrape would give: a window cut anywhere keeps it
     assert len(info) == 12
     assert _log_info(res)["version"] == "0.33.0"
-    assert res.report["runs"]["r"]["dropped_labels"]["model_name"] == "/models/llama-8b"
+    assert res.report.runs["r"]["dropped_labels"]["model_name"] == "/models/llama-8b"
 
 
 def test_v1_preemptions_are_missing_not_zero():
     res = _read(KV_BOUND_LOG)
     assert _series(res, "vllm:num_preemptions_total").empty
-    run = res.report["runs"]["r"]
+    run = res.report.runs["r"]
     assert "vllm:num_preemptions_total" in run["metrics_missing"]
     assert "does not print preemptions" in run["server_log"]["missing"][
         "vllm:num_preemptions_total"]
     assert np.isnan(res.runs.iloc[0]["preemptions"])
-    assert any("not zero" in w for w in res.report["warnings"])
+    assert any("not zero" in w for w in res.report.warnings)
 
 
 def test_v1_preemptions_printed_per_interval_are_added_up(tmp_path):
@@ -170,7 +171,7 @@ def test_a_silence_after_a_busy_line_is_reported_not_filled(tmp_path):
     path.write_text("\n".join(busy) + "\n")
     res = _read(path)
     assert _log_info(res)["idle_intervals_filled"] == 0
-    assert any("no stats line for 70 s" in w for w in res.report["warnings"])
+    assert any("no stats line for 70 s" in w for w in res.report.warnings)
 
 
 # ------------------------------------------------------------------ V0, with preemption warnings
@@ -183,7 +184,7 @@ def test_v0_cumulative_preemptions_from_the_warnings():
     assert list(pre.items()) == [(_at(2026, 11, 30, 22, 1, 5 * k), v) for k, v in
                                  enumerate([0.0, 0.0, 1.0, 51.0, 101.0, 151.0])]
     assert res.runs.iloc[0]["preemptions"] == 151
-    run = res.report["runs"]["r"]
+    run = res.report.runs["r"]
     assert run["generation"] == "v0"
     assert run["server_log"]["preemption_modes"] == ["RECOMPUTE"]
     assert "up to 49 behind" in " ".join(run["server_log"]["notes"])
@@ -195,7 +196,7 @@ def test_v0_stats_lines_give_the_v0_gauges():
     assert _series(res, "vllm:num_requests_swapped").tolist() == [0] * 6
     assert _series(res, "vllm:kv_cache_usage_perc").tolist() == pytest.approx(
         [0.85, 0.991, 0.998, 0.995, 1.0, 0.999])
-    assert res.report["runs"]["r"]["mapped_names"] == {
+    assert res.report.runs["r"]["mapped_names"] == {
         "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc"}
     # V0 averages over the time since its previous line: 5 s steps, the first one 5 s too
     prompt = _series(res, "vllm:prompt_tokens_total")
@@ -215,7 +216,7 @@ def test_v0_without_warnings_is_zero_only_when_the_log_starts_with_the_engine(tm
     tail.write_text("\n".join(ln for ln in lines if "metrics.py" in ln) + "\n")
     res = _read(tail)
     assert _series(res, "vllm:num_preemptions_total").empty
-    assert "vllm:num_preemptions_total" in res.report["runs"]["r"]["metrics_missing"]
+    assert "vllm:num_preemptions_total" in res.report.runs["r"]["metrics_missing"]
 
 
 # ------------------------------------------------------------------ other shapes
@@ -261,9 +262,9 @@ def test_year_from_the_file_time_when_not_given(tmp_path):
     path = _rollover_log(tmp_path / "nye.log")
     written = _at(2026, 1, 1, 0, 5, 0)
     os.utime(path, (written, written))
-    res = ingest([path], run="r", log_timezone="UTC")
+    res = ingest([path], run="r", options=IngestOptions(log_timezone="UTC"))
     assert _series(res, "vllm:num_requests_running").index[0] == _at(2025, 12, 31, 23, 59, 40)
-    assert any("no year" in w and "--log-year" in w for w in res.report["warnings"])
+    assert any("no year" in w and "--log-year" in w for w in res.report.warnings)
 
 
 def test_iso_prefix_colours_and_data_parallel_engines(tmp_path):
@@ -292,7 +293,7 @@ def test_aggregated_data_parallel_lines_win_over_per_engine_ones(tmp_path):
                     + line.format(s="00", who="2 Engines Aggregated", r=5))
     res = _read(path)
     assert _series(res, "vllm:num_requests_running").tolist() == [5]
-    assert any("twice" in w for w in res.report["warnings"])
+    assert any("twice" in w for w in res.report.warnings)
 
 
 def test_json_log_records(tmp_path):
@@ -331,7 +332,8 @@ def test_bench_result_matched_to_the_log_by_time(tmp_path):
     path = tmp_path / "c32.json"
     path.write_text(json.dumps(bench))
     # both written in +08:00: the log is read in the bench results' zone unless told otherwise
-    res = ingest([path, KV_BOUND_LOG], run="load", bench_timezone="+08:00", log_year=2026)
+    res = ingest([path, KV_BOUND_LOG], run="load",
+                 options=IngestOptions(bench_timezone="+08:00", log_year=2026))
     row = res.runs.iloc[0]
     assert len(res.runs) == 1 and row["concurrency"] == 32
     assert row["t_start"] == _at(2026, 12, 1, 14, 21, 21) - 8 * 3600  # date - duration
@@ -355,11 +357,11 @@ def test_a_real_vllm_cpu_server_log():
     # 1,024 tokens"
     assert (args["max_num_seqs"], args["block_size"], args["num_gpu_blocks"]) == (32, 32, 32)
     assert args["kv_cache_size_tokens"] == 1024 and args["pool_device"] == "CPU"
-    assert res.report["runs"]["r"]["dropped_labels"]["model_name"] == "tiny"
+    assert res.report.runs["r"]["dropped_labels"]["model_name"] == "tiny"
     # silences after the 0.0 tokens/s lines at 14:29:45 and 14:31:05 (next lines 14:30:45 and
     # 14:32:45): 5 + 9 idle intervals
     assert info["idle_intervals_filled"] == 14
-    assert not [w for w in res.report["warnings"] if "series" in w]
+    assert not [w for w in res.report.warnings if "series" in w]
 
 
 # ------------------------------------------------------------------ refusals

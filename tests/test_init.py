@@ -59,7 +59,7 @@ def test_installed_notebooks_write_under_the_project(
     """Outside a checkout the run folders and the current run go under the project ``init``
     wrote (Jupyter's working directory is its notebooks/), else under the working directory;
     the built-in default experiment is the kit's."""
-    from kvpressure.pipeline.run_context import choose_run, context_file
+    from kvpressure.folders.run_context import choose_run, context_file
 
     assert main(["init", str(tmp_path / "proj")]) == 0
     monkeypatch.setattr(paths, "checkout_root", lambda: None)
@@ -77,7 +77,7 @@ def test_installed_notebooks_write_under_the_project(
 
 
 def test_a_notebook_takes_a_builtin_experiment_by_name(tmp_path: Path) -> None:
-    from kvpressure.pipeline.run_context import choose_run
+    from kvpressure.folders.run_context import choose_run
 
     ctx = choose_run(experiment="ci_small", run_dir=tmp_path / "r")
     assert Path(ctx.experiment) == paths.data_dir() / "experiments" / "ci_small.yaml"

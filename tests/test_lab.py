@@ -11,19 +11,19 @@ import sys
 import nbformat
 import pytest
 
+from kvpressure.notebooks.lab import install_output_filter, lab_environment, stored_outputs
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.lab import install_output_filter, lab_environment, stored_outputs
 
 
 def test_make_lab_starts_lab_through_the_module_that_drops_agg():
     recipe = subprocess.run(["make", "-n", "lab", "VENV=.venv"], cwd=REPO_ROOT,
                             capture_output=True, text=True, check=True).stdout
-    assert "-m kvpressure.pipeline.lab" in recipe and "--start" in recipe
+    assert "-m kvpressure.notebooks.lab" in recipe and "--start" in recipe
     assert "jupyter lab" not in recipe  # no other way in that would keep MPLBACKEND
     # The save hook is named by its import path (the module runs as __main__ under make lab).
     from traitlets.utils.importstring import import_item
 
-    from kvpressure.pipeline.lab import lab_command, strip_before_save
+    from kvpressure.notebooks.lab import lab_command, strip_before_save
 
     hook = next(a.split("=", 1)[1] for a in lab_command("nb") if "pre_save_hook" in a)
     assert import_item(hook) is strip_before_save
@@ -95,7 +95,7 @@ def test_executed_and_saved_notebook_leaves_git_status_clean(tmp_path):
     from jupyter_server.services.contents.filemanager import FileContentsManager
 
     cm = FileContentsManager(root_dir=str(repo / "notebooks"),
-                             pre_save_hook="kvpressure.pipeline.lab.strip_before_save")
+                             pre_save_hook="kvpressure.notebooks.lab.strip_before_save")
     cm.save({"type": "notebook", "format": "json", "content": copy.deepcopy(nb)},
             "00_capacity.ipynb")
     assert git("status", "--porcelain") == ""

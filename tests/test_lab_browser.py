@@ -13,9 +13,9 @@ import urllib.request
 import pytest
 import yaml
 
+from kvpressure.notebooks.lab import lab_command, lab_environment
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.lab import lab_command, lab_environment
-from kvpressure.pipeline.screenshot import chromium_driver, find_chromedriver, find_chromium
+from kvpressure.report.screenshot import chromium_driver, find_chromedriver, find_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -45,8 +45,8 @@ def _wait(what, check, timeout: float):
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    from kvpressure.pipeline.collect import collect
-    from kvpressure.pipeline.run_context import choose_run
+    from kvpressure.folders.run_context import choose_run
+    from kvpressure.investigation.collect import collect
 
     tmp = tmp_path_factory.mktemp("lab")
     # ci_small with one seed: the same curve, collected in seconds.
@@ -64,7 +64,7 @@ def lab(tmp_path_factory):
                            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
                            "JUPYTER_CONFIG_DIR": str(tmp / "config")})
     env.pop("KVPRESSURE_RUN_DIR", None)
-    from kvpressure.pipeline.run_context import remember_run
+    from kvpressure.folders.run_context import remember_run
 
     os.environ["KVPRESSURE_RUN_CONTEXT"] = str(ctx_file)
     try:

@@ -95,7 +95,7 @@ def test_goodput_counts_a_request_within_every_limit_given():
     import numpy as np
     import pandas as pd
 
-    from kvpressure.pipeline.latency import within_limits
+    from kvpressure.investigation.latency import within_limits
 
     reqs = pd.DataFrame({"ttft_s": [0.2, 0.4, 0.2, 0.2], "tpot_s": [0.01, 0.01, 0.03, np.nan],
                          "e2e_s": [2.0, 2.0, 2.0, 9.0]})

@@ -183,7 +183,7 @@ def test_bodies_that_are_not_prometheus_text_are_gaps_with_their_reason(
     # Ingestion reads the good scrapes and names the gaps.
     result = ingest([tmp_path / "live.jsonl"], run="live")
     assert sorted(result.series["t"].unique()) == [lines[0]["t"], lines[5]["t"]]
-    assert sum("recorded a gap" in w for w in result.report["warnings"]) == 4
+    assert sum("recorded a gap" in w for w in result.report.warnings) == 4
 
 
 def test_an_outage_does_not_end_the_log_while_the_duration_lasts(
@@ -219,7 +219,7 @@ def test_a_log_whose_last_line_was_cut_gets_the_next_scrape_on_a_line_of_its_own
     assert [json.loads(x)["t"] for x in raw[2:]] == [1000.0, 1001.0]
     result = ingest([path], run="live")
     assert sorted(result.series["t"].unique()) == [990.0, 1000.0, 1001.0]
-    assert any("cut short" in w for w in result.report["warnings"])
+    assert any("cut short" in w for w in result.report.warnings)
 
 
 def test_a_trickling_server_cannot_hold_a_scrape_past_the_total_timeout(

@@ -10,14 +10,14 @@ import nbformat
 import pytest
 
 from kvpressure.errors import InputError
-from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.run_context import (
+from kvpressure.folders.run_context import (
     CONTEXT_ENV,
     RUN_DIR_ENV,
     changed_inputs,
     choose_run,
     current_run,
 )
+from kvpressure.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_parameters_cells_hold_literals_only():
 
 
 def test_stale_run_folder_is_refused(chosen, tmp_path):
-    from kvpressure.pipeline.display import open_run
+    from kvpressure.investigation.collect import open_run
 
     src, _, _ = chosen
     run = tmp_path / "run"
@@ -112,7 +112,7 @@ def test_context_precedence(tmp_path, monkeypatch):
     ctx = current_run()
     assert ctx.experiment == str(SMALL) and ctx.run_dir == (REPO_ROOT / "reports/ci_small")
     # 01's choice is remembered; a later notebook without parameters reads it.
-    from kvpressure.pipeline.run_context import remember_run
+    from kvpressure.folders.run_context import remember_run
 
     remember_run(choose_run(experiment=str(SMALL), run_dir=str(tmp_path / "a")))
     assert current_run().run_dir == tmp_path / "a"

@@ -11,8 +11,8 @@ import pytest
 
 from kvpressure.cli import main
 from kvpressure.errors import InputError
-from kvpressure.pipeline.output_folder import MARKER, output_folder, read_marker
-from kvpressure.pipeline.point_marker import POINT_MARKER
+from kvpressure.folders.output_folder import MARKER, output_folder, read_marker
+from kvpressure.sweeps.point_marker import POINT_MARKER
 
 TESTS = Path(__file__).parent
 LIGHT = TESTS / "data" / "vllm-0.33-scheduler" / "light_open_prefix_groups.scenario.json"
@@ -122,8 +122,8 @@ def test_a_whole_point_is_reused_not_recomputed(tmp_path):
 
 
 def test_a_folder_the_notebooks_wrote_in_place_is_the_reports_to_replace(tmp_path):
-    from kvpressure.pipeline.output_folder import check_replaceable
-    from kvpressure.pipeline.run_folder import write_stage
+    from kvpressure.folders.output_folder import check_replaceable
+    from kvpressure.folders.run_folder import write_stage
     from kvpressure.stages.results import CollectInfo, KneeResult
 
     run = tmp_path / "ci_small"

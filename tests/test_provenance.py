@@ -8,8 +8,8 @@ import shutil
 
 from kvpressure.ingestion.api import ingest
 from kvpressure.ingestion.provenance import load_tool, served_platform
+from kvpressure.investigation.analyse import analyse
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.analyse import analyse
 from kvpressure.record.io import load_record
 
 DATA = REPO_ROOT / "tests" / "data"
@@ -18,7 +18,7 @@ TABLES = DATA / "bench_tables"
 
 def test_the_device_from_a_server_logs_engine_configuration():
     got = ingest([DATA / "logs" / "v1_kv_bound.log"])
-    assert served_platform({"log": got.report}) == (
+    assert served_platform({"log": got.report.to_dict()}) == (
         "cuda", "the server log's engine configuration (device_config)")
     assert served_platform({}) is None
     # without a log: the local label of the version a collect folder read from /version
@@ -93,4 +93,4 @@ def test_a_real_vllm_log_names_its_version_and_device():
     facts = startup_facts(DATA / "logs" / "vllm_cpu_0.32.0.log.gz")
     assert (facts["version"], facts["device"]) == ("0.32.0", "cpu")
     got = ingest([DATA / "logs" / "vllm_cpu_0.32.0.log.gz"])
-    assert served_platform({"log": got.report})[0] == "cpu"
+    assert served_platform({"log": got.report.to_dict()})[0] == "cpu"

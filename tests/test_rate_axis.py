@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from kvpressure.analysis.focus import focus_level
 from kvpressure.analysis.knee import knee_of_runs, latency_knee
-from kvpressure.pipeline.analyse import analyse
-from kvpressure.pipeline.focus import focus_level
-from kvpressure.pipeline.sentences import knee_sentence
+from kvpressure.investigation.analyse import analyse
+from kvpressure.report.sentences import knee_sentence
 
 DATA = Path(__file__).parent / "data" / "rates"
 REPO = Path(__file__).resolve().parents[1]
@@ -114,8 +114,8 @@ def test_the_focus_rate_can_be_given(tmp_path: Path):
 def test_remedies_on_the_rate_axis_are_simulated_at_the_focus_rate(tmp_path: Path):
     from kvpressure.analysis.recommendation import recommend
     from kvpressure.analysis.remedies import evaluate_remedies
-    from kvpressure.pipeline.collect import load_tables
-    from kvpressure.pipeline.verdict import _remedy_rows, _simulate_levels
+    from kvpressure.investigation.collect import load_tables
+    from kvpressure.investigation.verdict import _remedy_rows, _simulate_levels
 
     exp = REPO / "data" / "experiments" / "rate_small.yaml"
     analyse(tmp_path / "run", experiment=str(exp))

@@ -1,6 +1,6 @@
 """Every real-world input shape gives a record or a clear refusal, and the right diagnosis.
 
-Fast checks go through :func:`kvpressure.pipeline.analyse.analyse` (the notebooks' library calls
+Fast checks go through :func:`kvpressure.investigation.analyse.analyse` (the notebooks' library calls
 without Jupyter); a few go through ``kvpressure report`` end to end, notebooks included.
 """
 
@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from kvpressure.analysis.status import KV_BOUND, NOT_ESTABLISHED
 from kvpressure.errors import InputError
 from kvpressure.ingestion.load_window import STEADY_FRACTION, in_engine, steady_part
+from kvpressure.investigation.analyse import analyse
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.analyse import analyse
-from kvpressure.pipeline.replay import replay_sweep
-from kvpressure.pipeline.sweep import run_sweep
 from kvpressure.record.io import load_record
+from kvpressure.sweeps.replay import replay_sweep
+from kvpressure.sweeps.sweep import run_sweep
 
 REAL = REPO_ROOT / "tests" / "data" / "real"
 SMALL_POOL = REPO_ROOT / "tests" / "data" / "experiments" / "small_pool_b32.yaml"

@@ -79,7 +79,7 @@ def test_ingested_without_twin_says_what_to_try_first_from_the_symptoms():
 def test_ingested_data_with_a_twin_folder_uses_the_twins_what_if(tmp_path):
     import json
 
-    from kvpressure.pipeline.verdict import _twin_recommendation
+    from kvpressure.investigation.verdict import _twin_recommendation
 
     assert _twin_recommendation(tmp_path) is None
     (tmp_path / "twin").mkdir()

@@ -1,4 +1,4 @@
-"""The report's figures as a reader sees them (``pipeline.figures.layout_problems``): legends
+"""The report's figures as a reader sees them (``report.figures.layout_problems``): legends
 over no other plot, time axes in seconds from a start or wall-clock time, titles whole. The
 check itself is held to figures drawn wrong on purpose, so it can fail."""
 
@@ -12,14 +12,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
+from kvpressure.investigation.latency import latency_figure  # noqa: E402
 from kvpressure.paths import REPO_ROOT  # noqa: E402
-from kvpressure.pipeline.display import legend_outside, setup_plots, time_series_panel  # noqa: E402
-from kvpressure.pipeline.figures import (  # noqa: E402
+from kvpressure.report.display import legend_outside, setup_plots, time_series_panel  # noqa: E402
+from kvpressure.report.figures import (  # noqa: E402
     knee_figure,
     latency_levels_figure,
     layout_problems,
 )
-from kvpressure.pipeline.latency import latency_figure  # noqa: E402
 
 FALL = REPO_ROOT / "tests" / "data" / "twin_real_fall"
 
@@ -78,8 +78,8 @@ def test_the_per_request_cdfs_pass():
 
 
 def test_real_datas_time_panel_counts_seconds_from_the_level_start(tmp_path):
-    from kvpressure.pipeline.collect import collect, load_tables
-    from kvpressure.pipeline.stages import recompute_stage
+    from kvpressure.investigation.collect import collect, load_tables
+    from kvpressure.investigation.stages import recompute_stage
 
     collect(tmp_path / "run", source=[str(FALL / "bench"), str(FALL / "metrics.prom.jsonl.gz")])
     stage = recompute_stage(load_tables(tmp_path / "run"))

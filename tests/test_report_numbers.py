@@ -16,11 +16,11 @@ import pytest
 from kvpressure.analysis.knee import same_schedule_from
 from kvpressure.analysis.recommendation import recommend
 from kvpressure.analysis.remedies import given_remedies
+from kvpressure.investigation.latency import goodput, request_tpot, within_limits
+from kvpressure.notebooks.batch import TerminalProgress
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.display import readable
-from kvpressure.pipeline.latency import goodput, request_tpot, within_limits
-from kvpressure.pipeline.notebooks import TerminalProgress
-from kvpressure.pipeline.sentences import (
+from kvpressure.report.display import readable
+from kvpressure.report.sentences import (
     knee_sentence,
     recompute_ratio_text,
     same_schedule_sentence,
@@ -74,7 +74,7 @@ def test_an_estimated_recompute_ratio_is_stated_as_its_range():
 
 # --------------------------------------------------------------------------- remedies
 def test_the_experiments_own_remedy_values_are_the_ones_simulated():
-    from kvpressure.pipeline.verdict import _experiment_remedies
+    from kvpressure.investigation.verdict import _experiment_remedies
 
     chosen = _experiment_remedies(REPO_ROOT / "data" / "experiments" / "seed_case.yaml")
     assert chosen["watermark"] == {"watermark": 0.05}
@@ -135,7 +135,7 @@ def test_levels_that_ran_the_same_schedule_are_named_not_read_as_a_trend():
 
 
 def test_a_range_past_the_largest_level_reads_past_it():
-    from kvpressure.pipeline.stages import shift_table, variant_table
+    from kvpressure.investigation.stages import shift_table, variant_table
     from kvpressure.stages.results import ComparisonResult
 
     points = [{"x": float(x), "y": 1.0} for x in (8, 16, 32, 64, 96)]
@@ -186,8 +186,8 @@ def test_terminal_bar_is_labelled_and_forgets_the_last_stages_line():
 
 
 def test_remedy_sweeps_show_in_batch(monkeypatch, capsys):
-    from kvpressure.pipeline.display import progress_bar
-    from kvpressure.pipeline.run_context import BATCH_ENV
+    from kvpressure.folders.run_context import BATCH_ENV
+    from kvpressure.report.display import progress_bar
 
     monkeypatch.setenv(BATCH_ENV, "1")
     bar = progress_bar(desc="remedy what-if sweeps")
@@ -199,7 +199,7 @@ def test_remedy_sweeps_show_in_batch(monkeypatch, capsys):
 # --------------------------------------------------------------------------- 01's parameters
 def test_a_readme_style_path_in_01_resolves_from_the_project_root(tmp_path, monkeypatch):
     from kvpressure.errors import InputError
-    from kvpressure.pipeline.run_context import choose_run
+    from kvpressure.folders.run_context import choose_run
 
     monkeypatch.chdir(REPO_ROOT / "notebooks")
     monkeypatch.delenv("KVPRESSURE_RUN_DIR", raising=False)
@@ -216,8 +216,8 @@ def test_a_real_servers_report_has_every_number_right(tmp_path):
     """The real falling sweep of the CPU vLLM server (bench results without token gaps, the
     scrape log, the server log): goodput measured, the TPOT panel drawn, the recompute ratio
     as its range, and the page check clean."""
-    from kvpressure.pipeline.page_check import page_problems
-    from kvpressure.pipeline.report import make_report
+    from kvpressure.investigation.report import make_report
+    from kvpressure.report.page_check import page_problems
 
     res = make_report(tmp_path / "fall", sources=[FALL / "bench", FALL / "metrics.prom.jsonl.gz",
                                                    FALL / "server.log.gz"],
@@ -242,7 +242,7 @@ def test_the_served_vllm_version_is_read_from_the_data(tmp_path):
     assert served_version({}, [str(tmp_path / "bench")])[0] == "0.32.0+cpu"
     assert served_version({}, [str(tmp_path / "bench" / "c8.json")])[0] == "0.32.0+cpu"
     assert served_version({}, []) is None
-    from kvpressure.pipeline.sentences import version_warning
+    from kvpressure.report.sentences import version_warning
 
     assert "vLLM 0.32.0 server" in version_warning("0.32.0", "0.33.0")
     assert version_warning("0.33.0+cu129", "0.33.0") == "" == version_warning(None, "0.33.0")
@@ -252,7 +252,7 @@ def test_a_log_without_max_num_seqs_gets_the_status_under_vllms_default(tmp_path
     """A V1 server log whose start-up arguments were cut (KV 88-98% full, 18-21 running, 23-43
     waiting): the status under vLLM 0.33's smallest default, the assumption named, and the
     recommendation from it, instead of "not established"."""
-    from kvpressure.pipeline.analyse import analyse
+    from kvpressure.investigation.analyse import analyse
     from kvpressure.record.io import load_record
     from kvpressure.stages.files import read_stage
     from kvpressure.stages.results import VerdictResult

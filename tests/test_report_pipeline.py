@@ -13,11 +13,11 @@ import yaml
 
 from kvpressure.analysis.status import KV_BOUND
 from kvpressure.errors import InputError
+from kvpressure.investigation.report import make_report, parse_params
+from kvpressure.notebooks.batch import NOTEBOOKS, NotebookFailed, run_notebooks
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.html import embedded_images
-from kvpressure.pipeline.notebooks import NOTEBOOKS, NotebookFailed, run_notebooks
-from kvpressure.pipeline.report import make_report, parse_params
 from kvpressure.record.io import load_record
+from kvpressure.report.html import embedded_images
 from kvpressure.stages.files import read_stage
 from kvpressure.stages.results import CollectInfo, ComparisonResult, KneeResult, VerdictResult
 from report_helpers import empty_fields
@@ -84,7 +84,7 @@ def test_index_html_verdict_first_with_embedded_figures(simulated):
     # No code: inputs and stderr streams are left out.
     assert "import " not in re.sub(r"<[^>]+>", "", page)
     assert "ensure_collected" not in page and "Traceback" not in page
-    from kvpressure.pipeline.page_check import page_problems
+    from kvpressure.report.page_check import page_problems
 
     assert page_problems(page, simulated.run_dir) == []
     for name in NOTEBOOKS:
@@ -151,7 +151,7 @@ def test_failing_notebook_names_notebook_and_cell_and_keeps_it(tmp_path):
 
 def test_cli_exits_nonzero_naming_the_notebook(monkeypatch, capsys, tmp_path):
     from kvpressure import cli
-    from kvpressure.pipeline import report
+    from kvpressure.investigation import report
 
     def boom(*_a, **_k):
         raise NotebookFailed("03_knee", 4, 3, "AssertionError", "", "assert k", tmp_path / "x")
@@ -179,7 +179,7 @@ def test_bad_parameters_are_refused(tmp_path):
 
 
 def test_report_reads_the_record_notebook_06_wrote(tmp_path):
-    from kvpressure.pipeline.report import notebook_record
+    from kvpressure.investigation.report import notebook_record
 
     with pytest.raises(InputError, match=r"record\.yaml: not written; notebook 06_record"):
         notebook_record(tmp_path)
@@ -192,7 +192,7 @@ def test_report_reads_the_record_notebook_06_wrote(tmp_path):
 def _tables_with_steps(t0, t1):
     import pandas as pd
 
-    from kvpressure.pipeline.collect import Tables
+    from kvpressure.investigation.collect import Tables
     from kvpressure.stages.results import Focus
 
     # Steps of 0.1 s from t = 0: step k starts at 0.1 k, its outputs land at 0.1 (k + 1).
@@ -213,7 +213,7 @@ def _tables_with_steps(t0, t1):
     (1.05, 2.05, 10, 19),  # step 10 starts at 1.0 < t0 but its outputs (1.1) are in the window
 ])
 def test_interference_view_shows_the_steps_the_analysis_judges(t0, t1, first, last):
-    from kvpressure.pipeline.stages import interference_stage
+    from kvpressure.investigation.stages import interference_stage
 
     view = interference_stage(_tables_with_steps(t0, t1)).frames["steps"]
     # Chosen by output time (time_s + step_duration_s) in (t0, t1], as the analysis chooses.
@@ -260,7 +260,7 @@ def test_recompute_ratios_say_which_measurement_they_are(simulated):
 
 
 def test_experiment_is_a_file_or_a_built_in_name(tmp_path):
-    from kvpressure.pipeline.report import experiment_file
+    from kvpressure.investigation.report import experiment_file
 
     # As `kvpressure sweep` takes it: a bare name is data/experiments/<name>.yaml.
     assert experiment_file("ci_small") == EXPERIMENT
@@ -275,7 +275,7 @@ def test_analyse_without_jupyter_writes_what_the_notebooks_wrote(simulated, tmp_
     the record equal the notebooks' byte for byte (the notebooks only show and explain)."""
     import shutil
 
-    from kvpressure.pipeline.analyse import analyse
+    from kvpressure.investigation.analyse import analyse
 
     copy = tmp_path / "copy"
     shutil.copytree(simulated.run_dir, copy)
@@ -288,7 +288,7 @@ def test_analyse_without_jupyter_writes_what_the_notebooks_wrote(simulated, tmp_
 
 
 def test_terminal_closes_with_the_verdict_and_the_recommendation(simulated):
-    from kvpressure.pipeline.verdict import closing_lines
+    from kvpressure.investigation.verdict import closing_lines
 
     lines = closing_lines(simulated.run_dir)
     record = load_record(simulated.record_path)
@@ -305,7 +305,7 @@ def test_terminal_closes_with_the_verdict_and_the_recommendation(simulated):
 
 @pytest.mark.browser
 def test_top_screen_shows_the_recommendation_above_the_first_figure(simulated, tmp_path):
-    from kvpressure.pipeline.screenshot import (
+    from kvpressure.report.screenshot import (
         check_screenshot,
         find_chromedriver,
         find_chromium,

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from kvpressure.pipeline.display import readable
-from kvpressure.pipeline.notebooks import TerminalProgress
-from kvpressure.pipeline.sentences import knee_sentence, symptom_sentence
+from kvpressure.notebooks.batch import TerminalProgress
+from kvpressure.report.display import readable
+from kvpressure.report.sentences import knee_sentence, symptom_sentence
 
 
 def test_tables_get_units_milliseconds_and_whole_counts():

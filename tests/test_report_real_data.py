@@ -16,17 +16,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from kvpressure.analysis.focus import focus_level
 from kvpressure.analysis.knee import find_knee
 from kvpressure.analysis.status import KV_BOUND, NOT_ESTABLISHED, decide_status
 from kvpressure.analysis.symptoms import check_symptoms
 from kvpressure.errors import InputError
 from kvpressure.ingestion.api import bench_tzinfo, ingest
+from kvpressure.ingestion.ingest_options import IngestOptions
+from kvpressure.investigation.collect import collect
+from kvpressure.investigation.report import make_report
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.collect import collect
-from kvpressure.pipeline.focus import focus_level
-from kvpressure.pipeline.replay import replay_sweep
-from kvpressure.pipeline.report import make_report
-from kvpressure.pipeline.sweep import run_sweep
 from kvpressure.record.io import load_record
 from kvpressure.stages.files import read_stage
 from kvpressure.stages.results import (
@@ -36,6 +35,8 @@ from kvpressure.stages.results import (
     RecomputeResult,
     VerdictResult,
 )
+from kvpressure.sweeps.replay import replay_sweep
+from kvpressure.sweeps.sweep import run_sweep
 from report_helpers import empty_fields
 
 pytestmark = pytest.mark.slow
@@ -78,7 +79,8 @@ def _summary(points: Path, c: int) -> dict:
 # --------------------------------------------------------------------------- ingestion
 def test_replayed_log_gives_each_level_its_own_counts(sweep, replay):
     points, runs = sweep
-    res = ingest([replay.log.parent / "bench", replay.log], run="lt", bench_timezone=ZONE)
+    res = ingest([replay.log.parent / "bench", replay.log], run="lt",
+                 options=IngestOptions(bench_timezone=ZONE))
     got = res.runs.sort_values("concurrency").reset_index(drop=True)
     assert got["concurrency"].astype(int).tolist() == replay.levels == runs["concurrency"].tolist()
     for (_, row), (_, sim) in zip(got.iterrows(), runs.iterrows(), strict=True):
@@ -97,7 +99,8 @@ def test_replayed_log_gives_each_level_its_own_counts(sweep, replay):
 
 def test_dates_read_in_the_wrong_zone_are_refused_naming_the_fix(replay):
     with pytest.raises(InputError, match=r"lies outside the scrape log.*bench_timezone"):
-        ingest([replay.log.parent / "bench", replay.log], run="lt", bench_timezone="UTC")
+        ingest([replay.log.parent / "bench", replay.log], run="lt",
+               options=IngestOptions(bench_timezone="UTC"))
 
 
 def test_bench_timezone_forms():
@@ -172,7 +175,7 @@ def test_bench_sweep_with_one_log_is_investigated_like_the_simulation(full, swee
                                          "missing"]
     page = full.index_path.read_text()
     assert KV_BOUND in page and "not confirmed" in page and "Not measured" not in page
-    from kvpressure.pipeline.page_check import page_problems
+    from kvpressure.report.page_check import page_problems
 
     assert page_problems(page, full.run_dir) == []
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from kvpressure.pipeline.html import build_html, recommendation_html
 from kvpressure.record.io import validate_record
+from kvpressure.report.html import build_html, recommendation_html
 from report_helpers import valid_record
 
 PAYLOAD = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'

@@ -9,7 +9,8 @@ import yaml
 
 from kvpressure.cli import main
 from kvpressure.paths import data_dir
-from kvpressure.schemas import NAMES, generated, problems, schema_path, schema_text
+from kvpressure.schema_files import NAMES, problems, schema_path, schema_text
+from kvpressure.schemas import generated
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -42,7 +43,7 @@ def test_a_file_breaking_the_schema_is_refused_naming_the_field(tmp_path, capsys
 
 
 def test_every_record_written_is_checked_against_the_shipped_schema(tmp_path, monkeypatch):
-    from kvpressure import schemas
+    from kvpressure import schema_files as schemas
     from kvpressure.record.io import validate_record, write_record
     from report_helpers import valid_record
 

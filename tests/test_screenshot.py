@@ -9,9 +9,9 @@ import nbformat
 import numpy as np
 import pytest
 
-from kvpressure.pipeline.html import build_html
-from kvpressure.pipeline.screenshot import check_screenshot, find_chromium, take_screenshot
 from kvpressure.record.io import validate_record
+from kvpressure.report.html import build_html
+from kvpressure.report.screenshot import check_screenshot, find_chromium, take_screenshot
 from report_helpers import valid_record
 
 pytestmark = pytest.mark.browser

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from kvpressure.analysis.compare import moved_right_by
+from kvpressure.analysis.levels import base_repeat
 from kvpressure.analysis.status import KV_BOUND
-from kvpressure.pipeline.collect import load_tables
-from kvpressure.pipeline.levels import base_repeat
-from kvpressure.record.build import build_record
+from kvpressure.investigation.collect import load_tables
+from kvpressure.investigation.record import build_record
 from kvpressure.record.io import load_record
 from kvpressure.stages.files import read_stage, read_stages
 from kvpressure.stages.results import (
@@ -89,7 +89,7 @@ def test_04_comparison_shifts_agree_with_the_variants(run):
 
 
 def test_05_interference_is_judged_on_the_steps(run):
-    from kvpressure.pipeline.stages import interference_stage
+    from kvpressure.investigation.stages import interference_stage
 
     d = read_stage(run, InterferenceResult)
     view = interference_stage(load_tables(run)).frames["steps"]

@@ -10,8 +10,8 @@ import pytest
 
 from kvpressure.cli import main
 from kvpressure.errors import InputError
-from kvpressure.pipeline.sweep import RUNS_COLUMNS, run_sweep
 from kvpressure.simulation.experiment import load_experiment
+from kvpressure.sweeps.sweep import RUNS_COLUMNS, run_sweep
 
 INTERFACE_COLUMNS = (
     "run, variant, concurrency, request_rate, num_requests, duration_s, request_throughput, "

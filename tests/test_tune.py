@@ -137,7 +137,7 @@ def test_invalid_configurations_listed_with_vllm_reason(tmp_path):
 def test_baseline_equals_the_sweep(tmp_path):
     """The tune's baseline and a max_num_seqs config, simulated by another path (the sweep),
     give the same output throughput at every level."""
-    from kvpressure.pipeline.sweep import run_sweep
+    from kvpressure.sweeps.sweep import run_sweep
 
     result = run_tune(str(CI_SMALL), tmp_path / "tune", limits=LIMITS,
                       configs=[{"max_num_seqs": 20}])

@@ -14,8 +14,8 @@ import shutil
 import pytest
 
 from kvpressure.errors import InputError
+from kvpressure.investigation.analyse import analyse
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.analyse import analyse
 from kvpressure.twin.api import build_twin
 
 DATA = REPO_ROOT / "tests" / "data" / "twin_real_fall"

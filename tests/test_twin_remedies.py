@@ -9,8 +9,8 @@ import math
 import pandas as pd
 import pytest
 
+from kvpressure.analysis.focus import focus_level
 from kvpressure.cli import main
-from kvpressure.pipeline.focus import focus_level
 from kvpressure.twin.api import TwinNotFitted, build_twin
 from twin_helpers import SETTINGS, synthetic_run
 

@@ -13,9 +13,9 @@ import math
 import numpy as np
 import pytest
 
+from kvpressure.investigation.analyse import analyse
 from kvpressure.paths import REPO_ROOT
-from kvpressure.pipeline.analyse import analyse
-from kvpressure.pipeline.html import recommendation_html
+from kvpressure.report.html import recommendation_html
 from kvpressure.stages.files import read_stage
 from kvpressure.stages.results import VerdictResult
 from kvpressure.twin.in_report import read_report_twin, show_report_twin
@@ -57,7 +57,7 @@ def _shown(monkeypatch, view) -> list[tuple[str, str]]:
     """What ``show_report_twin`` displays, in order: (kind, text)."""
     import IPython.display
 
-    import kvpressure.pipeline.display as display
+    import kvpressure.report.display as display
 
     shown: list[tuple[str, str]] = []
     monkeypatch.setattr(display, "say", lambda text: shown.append(("text", text)))

@@ -46,7 +46,7 @@ def test_ingest_matches_the_levels_to_the_scrape_log_without_run(saved):
     assert runs["preemptions"].notna().all() and runs["preemptions"].sum() > 0
     assert runs["preemptions"].tolist() == named.sort_values("concurrency")[
         "preemptions"].tolist()
-    assert any("matched to the scrape log" in w for w in got.report["warnings"])
+    assert any("matched to the scrape log" in w for w in got.report.warnings)
 
 
 def test_the_twin_draws_lengths_from_the_histograms_and_fits_the_preemptions(saved):

@@ -314,7 +314,7 @@ def _report_folder(tmp_path: Path, held: bool, mean: float = 47.0) -> Path:
 
 
 def test_the_top_box_says_what_the_verification_measured(tmp_path):
-    from kvpressure.pipeline.verdict import _twin_recommendation
+    from kvpressure.investigation.verdict import _twin_recommendation
 
     rec = _twin_recommendation(_report_folder(tmp_path, True))
     assert rec["text"].endswith(
@@ -326,7 +326,7 @@ def test_the_top_box_says_what_the_verification_measured(tmp_path):
 
 
 def test_a_verification_of_another_setting_says_nothing(tmp_path):
-    from kvpressure.pipeline.verdict import _twin_recommendation
+    from kvpressure.investigation.verdict import _twin_recommendation
 
     folder = _report_folder(tmp_path, True)
     path = folder.parent / "verify" / "verify.json"

@@ -2,12 +2,14 @@
 
 JSON has no NaN or infinity, and a missing measurement must never read as a number, so both
 become ``null``. numpy scalars become Python numbers, tuples and sets become lists (sets sorted,
-so the output is the same from run to run), dataclasses become dicts, paths become strings.
+so the output is the same from run to run), dataclasses become dicts, enums their values, paths
+become strings.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from pathlib import PurePath
 from typing import Any
@@ -32,6 +34,8 @@ def to_jsonable(obj: Any) -> Any:
         obj = dataclasses.asdict(obj)
     if isinstance(obj, np.generic):
         obj = obj.item()
+    if isinstance(obj, enum.Enum):  # a kind written as its word (YAML has no enum)
+        obj = obj.value
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):

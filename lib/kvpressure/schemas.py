@@ -1,87 +1,31 @@
-"""JSON Schemas of the files a user writes or keeps: the experiment YAML and ``record.yaml``.
-
-The schemas are generated from the models that load those files (``ExperimentFile``,
-``Record``) and shipped in ``data/schemas/`` (``python -m kvpressure.schemas`` writes them; a
-test keeps the shipped ones equal to the models), so an editor or another tool checks a file
-against the same rules the kit loads it with. ``kvpressure schema NAME FILE...`` validates
-files against the shipped schema, naming the file and each bad field's path.
+"""The JSON Schemas generated from the models that load the files (``ExperimentFile``,
+``Record``): ``python -m kvpressure.schemas`` writes them into ``data/schemas/``; the shipped
+files and the check against them are :mod:`kvpressure.schema_files`.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.paths import data_dir
-
-NAMES = ("experiment", "record")
-_TITLES = {"experiment": "kvpressure experiment (YAML)",
-           "record": "kvpressure investigation record (record.yaml)"}
+from kvpressure.record.schema import Record
+from kvpressure.schema_files import NAMES, TITLES, schema_path, schema_text
+from kvpressure.simulation.experiment import ExperimentFile
 
 
 def generated(name: str) -> dict[str, Any]:
     """The schema of ``name`` from its model."""
     model: Any
     if name == "experiment":
-        from kvpressure.simulation.experiment import ExperimentFile
-
         model = ExperimentFile
     elif name == "record":
-        from kvpressure.record.schema import Record
-
         model = Record
     else:
         raise InputError(f"schema {name!r}: one of {', '.join(NAMES)}")
     schema = model.model_json_schema()
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": f"{name}.schema.json", **schema, "title": _TITLES[name]}
-
-
-def schema_path(name: str) -> Path:
-    return data_dir() / "schemas" / f"{name}.schema.json"
-
-
-def shipped(name: str) -> dict[str, Any]:
-    if name not in NAMES:
-        raise InputError(f"schema {name!r}: one of {', '.join(NAMES)}")
-    return json.loads(schema_path(name).read_text(encoding="utf-8"))
-
-
-def schema_text(schema: dict[str, Any]) -> str:
-    return json.dumps(schema, indent=1, sort_keys=True) + "\n"
-
-
-@functools.cache
-def _validator(name: str) -> Any:
-    from jsonschema import Draft202012Validator
-
-    return Draft202012Validator(shipped(name))
-
-
-def problems(name: str, data: Any) -> list[str]:
-    """Each way ``data`` breaks the shipped schema, as ``field.path: message``."""
-    validator = _validator(name)
-    out = []
-    for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.path))):
-        where = ".".join(str(p) for p in err.path) or "(top level)"
-        out.append(f"{where}: {err.message}")
-    return out
-
-
-def validate_files(name: str, paths: Iterable[str | Path]) -> None:
-    """Refuse the first file that breaks the schema, naming every bad field in it."""
-    from kvpressure.user_files import parse_user_yaml, read_user_text
-
-    for path in map(Path, paths):
-        data = parse_user_yaml(read_user_text(path, f"{name} file"), path)
-        bad = problems(name, data)
-        if bad:
-            raise InputError(f"{path}: not a valid {name} ({schema_path(name).name}):\n  "
-                             + "\n  ".join(bad))
+            "$id": f"{name}.schema.json", **schema, "title": TITLES[name]}
 
 
 def write_shipped(folder: Path | None = None) -> list[Path]:

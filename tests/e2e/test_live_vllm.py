@@ -36,8 +36,8 @@ from vllm_server import SERVED_NAME, VllmServer, serving, stop_group, vllm_pytho
 
 from kvpressure.ingestion.api import ingest
 from kvpressure.ingestion.counters import window_increase
+from kvpressure.investigation.report import make_report
 from kvpressure.live.server import metric_total
-from kvpressure.pipeline.report import make_report
 from prometheus_server import prometheus_server, require_prometheus
 
 pytestmark = pytest.mark.e2e
@@ -168,7 +168,7 @@ def test_the_sweep_runs_every_level_and_the_report_completes(sweep: Sweep) -> No
     for name in ("index.html", "record.yaml", "runs.csv"):
         assert (sweep.out / "report" / name).stat().st_size > 0
     # Every number on the page of a real server's report is right or marked missing.
-    from kvpressure.pipeline.page_check import page_problems
+    from kvpressure.report.page_check import page_problems
 
     report = sweep.out / "report"
     page = (report / "index.html").read_text()

@@ -30,6 +30,7 @@ import pandas as pd
 from kvpressure.analysis import _series as S
 from kvpressure.analysis._steps import is_timed, require_columns, steps_in_window
 from kvpressure.errors import InputError
+from kvpressure.ingestion.engine_facts import EngineFacts
 from kvpressure.ingestion.names import PREEMPTIONS
 from kvpressure.ingestion.recompute_estimate import recompute_range
 from kvpressure.jsonable import finite_or_none, to_jsonable
@@ -148,11 +149,10 @@ def recompute_from_series(
     """
     series = S.select_run(S.check_series(series), run)
     window = (t0, t1)
-    est = recompute_range(
-        series, t0, t1, run=run, num_gpu_blocks=num_gpu_blocks, block_size=block_size,
-        prefix_caching=enable_prefix_caching, policy=policy,
-        scheduler_reserve_full_isl=scheduler_reserve_full_isl, origin=origin, z=z,
-    )
+    engine = EngineFacts(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+                         enable_prefix_caching=enable_prefix_caching, scheduling_policy=policy,
+                         scheduler_reserve_full_isl=scheduler_reserve_full_isl)
+    est = recompute_range(series, t0, t1, run=run, engine=engine, origin=origin, z=z)
     params = est["params"]
     inputs = {
         "num_gpu_blocks": params["num_gpu_blocks"], "block_size": params["block_size"],

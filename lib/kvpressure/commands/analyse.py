@@ -23,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpressure.errors import InputError
-    from kvpressure.pipeline.analyse import analyse
-    from kvpressure.pipeline.report import experiment_file, parse_params
+    from kvpressure.investigation.analyse import analyse
+    from kvpressure.investigation.report import experiment_file, parse_params
     from kvpressure.record.io import load_record
 
     params = parse_params(args.param)

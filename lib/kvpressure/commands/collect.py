@@ -183,10 +183,10 @@ def run(args: argparse.Namespace) -> int:
         require("report", "kvpressure collect's report", "or collect with --no-report")
     import shlex
 
+    from kvpressure.investigation.report import parse_params
     from kvpressure.live.prompts import parse_token_range
     from kvpressure.live.runner import CollectOptions, report_on, run_collect
-    from kvpressure.pipeline.notebooks import NotebookFailed
-    from kvpressure.pipeline.report import parse_params
+    from kvpressure.notebooks.batch import NotebookFailed
 
     opts = CollectOptions(
         url=args.url, out=args.out, **_level_options(args), input_len=args.input_len,

@@ -24,10 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpressure.analysis.two_runs import compare_run_folders
-    from kvpressure.pipeline.sentences import two_runs_markdown
+    from kvpressure.report.sentences import two_runs_markdown
 
     if args.out is not None:
-        from kvpressure.pipeline.output_folder import check_replaceable
+        from kvpressure.folders.output_folder import check_replaceable
 
         check_replaceable(args.out, args.force, "compare")
     result = compare_run_folders(args.run_a, args.run_b)
@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     text = two_runs_markdown(doc)
     if args.out is not None:
         from kvpressure.analysis.two_runs import RUNS_CSV, runs_dir_of
-        from kvpressure.pipeline.figures import two_runs_figure
-        from kvpressure.pipeline.output_folder import output_folder
+        from kvpressure.folders.output_folder import output_folder
+        from kvpressure.report.figures import two_runs_figure
 
         inputs = [runs_dir_of(p) / RUNS_CSV for p in (args.run_a, args.run_b)]
         with output_folder(args.out, "compare", inputs=inputs, force=args.force) as work:

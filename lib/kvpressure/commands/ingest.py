@@ -6,6 +6,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpressure.ingestion.engine_facts import EngineFacts
+    from kvpressure.ingestion.ingest_options import IngestOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,33 +114,48 @@ def check_options(args: argparse.Namespace) -> None:
             raise InputError(f"{option}: {exc}") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvpressure.ingestion.api import ingest
-    from kvpressure.pipeline.output_folder import check_replaceable, output_folder
+def ingest_options(args: argparse.Namespace) -> IngestOptions:
+    """How the sources are read, from the command line."""
+    from kvpressure.ingestion.ingest_options import IngestOptions
 
-    out: Path = args.out
-    check_options(args)
-    check_replaceable(out, args.force, "ingest")
-    result = ingest(
-        args.sources,
-        run=args.run,
+    return IngestOptions(
         start=args.start,
         end=args.end,
         step=args.step,
         timeout=args.timeout,
         metrics=args.metrics,
-        counter_origin=args.counter_origin,
         keep_created=args.keep_created,
-        num_gpu_blocks=args.num_gpu_blocks,
-        block_size=args.block_size,
+        counter_origin=args.counter_origin,
         bench_timezone=args.bench_timezone,
+        columns=args.columns,
         log_year=args.log_year,
         log_timezone=args.log_timezone,
-        columns=args.columns,
-        policy=args.policy,
+    )
+
+
+def engine_facts(args: argparse.Namespace) -> EngineFacts:
+    """What the server ran with, from the command line (``--policy`` is vLLM's
+    ``--scheduling-policy``)."""
+    from kvpressure.ingestion.engine_facts import EngineFacts
+
+    return EngineFacts(
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=args.block_size,
+        scheduling_policy=args.policy,
         scheduler_reserve_full_isl=(None if args.scheduler_reserve_full_isl is None
                                     else args.scheduler_reserve_full_isl == "true"),
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpressure.folders.output_folder import check_replaceable, output_folder
+    from kvpressure.ingestion.api import ingest
+
+    out: Path = args.out
+    check_options(args)
+    check_replaceable(out, args.force, "ingest")
+    result = ingest(args.sources, run=args.run, options=ingest_options(args),
+                    engine=engine_facts(args))
     local = [s for s in args.sources if "://" not in s]
     with output_folder(out, "ingest", inputs=local, force=args.force) as work:
         written = result.write(work)
@@ -149,13 +169,13 @@ def run(args: argparse.Namespace) -> int:
                 "generation": info.get("generation"),
                 "metrics_missing": info.get("metrics_missing"),
             }
-            for name, info in result.report["runs"].items()
+            for name, info in result.report.runs.items()
         },
-        "warnings": len(result.report["warnings"]),
+        "warnings": len(result.report.warnings),
     }
     print(json.dumps(summary, indent=2))
     # What was left out or guessed (rows the knee cannot use, units read from names...) is
     # said where the user looks, not only in ingest.json.
-    for note in result.report["warnings"]:
+    for note in result.report.warnings:
         print(f"kvpressure ingest: note: {note}", file=sys.stderr)
     return 0

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.errors import InputError, nearest
+from kvpressure.ingestion.source_kind import SourceKind
 
 # vllm bench serve names the concurrency limit ``max_concurrency``; runs.csv says ``concurrency``.
 BENCH_ALIASES = {"concurrency": "max_concurrency"}
@@ -78,14 +79,14 @@ def load_curve_table(path: str | Path, columns: str | None = None,
 
         # A result that does not parse is a broken sweep, not a file to skip.
         for f in sorted(p.glob("*.json")):
-            if sniff_file(f) == "json_broken":
+            if sniff_file(f) == SourceKind.JSON_BROKEN:
                 raise InputError(f"{f}: JSON that does not parse")
     rows: list[dict] = []
     for src in detect(p):
         notes.extend(src.notes)
-        if src.kind == "aiperf_metrics":
+        if src.kind == SourceKind.AIPERF_METRICS:
             continue  # the server metrics AIPerf recorded beside its exports: not the curve
-        if src.kind != "bench":
+        if src.kind != SourceKind.BENCH:
             raise InputError(f"{src.location}: a {src.kind} source, not a table of runs; "
                              "kvpressure ingest turns scrapes into runs.csv")
         rows.extend(read_bench_source(Path(src.location), Path(src.location).stem, notes,

@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from kvpressure.extras import require
 
     require("report", "kvpressure report")
-    from kvpressure.pipeline.notebooks import NOTEBOOKS, NotebookFailed, TerminalProgress
-    from kvpressure.pipeline.report import make_report
+    from kvpressure.investigation.report import make_report
+    from kvpressure.notebooks.batch import NOTEBOOKS, NotebookFailed, TerminalProgress
 
     # A bar in a terminal; plain lines in a log or a pipe.
     bar = TerminalProgress(len(NOTEBOOKS) + 1) if sys.stderr.isatty() else None
@@ -80,14 +80,14 @@ def run(args: argparse.Namespace) -> int:
         if bar:
             bar.close()
     if args.screenshot:
-        from kvpressure.pipeline.screenshot import check_screenshot, take_screenshot
+        from kvpressure.report.screenshot import check_screenshot, take_screenshot
 
         png = take_screenshot(result.index_path, args.screenshot)
         problems = check_screenshot(png).problems()
         if problems:
             print(f"kvpressure report: screenshot {png}: {'; '.join(problems)}", file=sys.stderr)
             return 1
-    from kvpressure.pipeline.verdict import closing_lines
+    from kvpressure.investigation.verdict import closing_lines
 
     for line in closing_lines(result.run_dir):
         print(line)
@@ -99,7 +99,7 @@ def _params(args: argparse.Namespace) -> dict:
     """The notebooks' parameters: --param, then --goodput and --limits in their own words."""
     from kvpressure.analysis.limits import parse_goodput, parse_limits
     from kvpressure.errors import InputError
-    from kvpressure.pipeline.report import parse_params
+    from kvpressure.investigation.report import parse_params
 
     params = parse_params(args.param)
     for option, names in (("--goodput", ("ttft_limit_s", "tpot_limit_s", "e2el_limit_s")),

@@ -8,7 +8,7 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvpressure.schemas import NAMES
+    from kvpressure.schema_files import NAMES
 
     parser.add_argument("name", choices=NAMES, help="which schema")
     parser.add_argument("files", nargs="*", metavar="FILE",
@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpressure.schemas import schema_text, shipped, validate_files
+    from kvpressure.schema_files import schema_text, shipped, validate_files
 
     if not args.files:
         sys.stdout.write(schema_text(shipped(args.name)))

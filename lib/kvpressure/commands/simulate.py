@@ -113,7 +113,7 @@ def _parse_overrides(items: list[str], experiment: bool) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     t_import = time.perf_counter()
-    from kvpressure.pipeline.output_folder import check_replaceable, output_folder
+    from kvpressure.folders.output_folder import check_replaceable, output_folder
     from kvpressure.simulation.engine import simulate
 
     import_s = time.perf_counter() - t_import

@@ -36,9 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpressure.pipeline.output_folder import check_replaceable, output_folder
-    from kvpressure.pipeline.sweep import run_sweep, stderr_progress
+    from kvpressure.folders.output_folder import check_replaceable, output_folder
     from kvpressure.simulation.experiment import load_experiment
+    from kvpressure.sweeps.sweep import run_sweep, stderr_progress
 
     out = Path(args.out)
     check_replaceable(out, args.force, "sweep")
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                          include_remedies=args.remedies, compare=not args.no_compare)
     print(f"{len(runs)} points in {time.perf_counter() - started:.1f} s -> {out / 'runs.csv'}",
           file=sys.stderr)
-    from kvpressure.pipeline.levels import level_means
+    from kvpressure.analysis.levels import level_means
 
     level_col = "concurrency" if exp.mode == "closed" else "request_rate"
     curves = level_means(runs, ["output_throughput"], x=level_col)

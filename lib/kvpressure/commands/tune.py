@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpressure.analysis.limits import parse_limits
-    from kvpressure.pipeline.output_folder import check_replaceable, output_folder
-    from kvpressure.pipeline.sweep import stderr_progress
+    from kvpressure.folders.output_folder import check_replaceable, output_folder
+    from kvpressure.sweeps.sweep import stderr_progress
     from kvpressure.tune.api import run_tune
     from kvpressure.tune.executors import parse_executor
     from kvpressure.tune.grid import load_grid_file, parse_param_options

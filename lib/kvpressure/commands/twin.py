@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--focus: must be a concurrency or request rate > 0, got {args.focus}")
     if args.tp < 1:
         raise InputError(f"--tp: must be >= 1, got {args.tp}")
-    from kvpressure.pipeline.output_folder import check_replaceable, output_folder
+    from kvpressure.folders.output_folder import check_replaceable, output_folder
 
     # The twin's folder is the kit's like any other --out: a user's twin.md is never replaced.
     check_replaceable(args.out, args.force, "twin", rerun_ok=True)

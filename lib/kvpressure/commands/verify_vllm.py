@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise InputError(f"--timeout {args.timeout}: must be > 0")
     if args.out:
-        from kvpressure.pipeline.output_folder import output_folder
+        from kvpressure.folders.output_folder import output_folder
 
         # The kit's own folder: swapped in whole when the run completes, never a mix of runs.
         with output_folder(Path(args.out), "verify-vllm", inputs=paths, force=args.force,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.ingestion.sources import parse_json
+from kvpressure.ingestion.text_files import parse_json
 from kvpressure.user_files import read_user_text
 
 FORMAT = "aiperf"

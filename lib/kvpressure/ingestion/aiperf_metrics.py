@@ -29,7 +29,7 @@ from typing import Any
 from kvpressure.errors import InputError
 from kvpressure.ingestion import names
 from kvpressure.ingestion.prom_text import RunSamples, add_scrape
-from kvpressure.ingestion.sources import open_text
+from kvpressure.ingestion.text_files import open_text
 
 JSONL = "server_metrics_export.jsonl"
 PARQUET = "server_metrics_export.parquet"

@@ -5,7 +5,7 @@ from kvpressure.ingestion.api import ingest
 result = ingest(["metrics.prom.jsonl", "bench.json"], run="c64")
 result.series   # run, t, metric, labels, value
 result.runs     # one row per measured point
-result.report   # what was read and recognised (ingest.json)
+result.report   # what was read and recognised (an IngestReport: ingest.json)
 result.write("out/")
 ```
 """
@@ -26,10 +26,12 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from kvpressure import VLLM_BEHAVIOUR_VERSION, __version__
 from kvpressure.errors import InputError, nearest
 from kvpressure.ingestion import names
 from kvpressure.ingestion.bench_tables import parse_columns, read_bench_source
+from kvpressure.ingestion.engine_facts import EngineFacts
+from kvpressure.ingestion.ingest_options import IngestOptions
+from kvpressure.ingestion.ingest_report import IngestReport
 from kvpressure.ingestion.load_window import steady_part
 from kvpressure.ingestion.prom_api import fetch_live, read_query_range_file, scrape_exporter
 from kvpressure.ingestion.prom_text import RunSamples, add_scrape
@@ -37,6 +39,7 @@ from kvpressure.ingestion.recompute_estimate import check_scheduler_args
 from kvpressure.ingestion.scrape_runs import RUNS_COLUMNS, SCRAPE_COLUMNS, scrape_row
 from kvpressure.ingestion.series_presence import as_warnings, presence_notes
 from kvpressure.ingestion.server_log import read_server_log
+from kvpressure.ingestion.source_kind import NEED_SAMPLES, SCRAPED, SourceKind
 from kvpressure.ingestion.sources import (
     Source,
     detect,
@@ -46,7 +49,7 @@ from kvpressure.ingestion.sources import (
     read_text,
     time_from_name,
 )
-from kvpressure.jsonable import finite_or_none, to_jsonable
+from kvpressure.jsonable import finite_or_none
 
 SERIES_COLUMNS = ["run", "t", "metric", "labels", "value"]
 _SUFFIXES = (".gz", ".jsonl", ".json", ".prom", ".txt", ".metrics", ".log")
@@ -56,7 +59,7 @@ _SUFFIXES = (".gz", ".jsonl", ".json", ".prom", ".txt", ".metrics", ".log")
 class IngestResult:
     series: pd.DataFrame
     runs: pd.DataFrame
-    report: dict[str, Any] = field(default_factory=dict)
+    report: IngestReport = field(default_factory=IngestReport)
 
     def write(self, out_dir: str | Path) -> list[Path]:
         """``series.csv`` (when any series), ``runs.csv`` (when any run), ``ingest.json``;
@@ -70,7 +73,7 @@ class IngestResult:
             if not frame.empty:
                 written.extend(write_table(frame, out / f"{name}.csv"))
         path = out / "ingest.json"
-        path.write_text(json.dumps(to_jsonable(self.report), indent=2) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(self.report.to_dict(), indent=2) + "\n", encoding="utf-8")
         written.append(path)
         return written
 
@@ -251,140 +254,141 @@ def ingest(
     sources: Sequence[str | Path] | str | Path,
     run: str | None = None,
     *,
-    start: str | float | None = None,
-    end: str | float | None = None,
-    step: float | None = None,
-    timeout: float = 10.0,
-    metrics: str | Sequence[str] | None = None,
-    keep_created: bool = False,
-    counter_origin: str = "auto",
-    drop_target_labels: bool = True,
-    num_gpu_blocks: int | None = None,
-    block_size: int | None = None,
-    prefix_caching: bool | None = None,
-    policy: str | None = None,
-    scheduler_reserve_full_isl: bool | None = None,
-    bench_timezone: str | None = None,
-    columns: str | dict[str, str] | None = None,
-    log_year: int | None = None,
-    log_timezone: str | None = None,
+    options: IngestOptions | None = None,
+    engine: EngineFacts | None = None,
 ) -> IngestResult:
     """Read every SOURCE into the canonical tables.
 
     ``run`` names the run all sources belong to (default: one run per source, named after
-    it). ``start``/``end``/``step`` bound a live Prometheus server query. ``metrics``: "all"
-    (default), "core" (the families the analysis reads: smaller and faster on long logs) or a
-    list of names. ``counter_origin``: "auto", "zero" (counters were 0 when the log began) or
-    "first" (count from the first sample). ``num_gpu_blocks``/``block_size``/
-    ``prefix_caching`` stand in for ``vllm:cache_config_info`` in the recompute estimate;
-    ``policy`` ("fcfs", "priority") and ``scheduler_reserve_full_isl`` (the engine arguments,
-    not exported; None = unknown) narrow it.
-    ``bench_timezone``: the zone of the bench results' ``date`` when they are matched to a
-    scrape log by time (default: this machine's; "UTC", "+08:00", "Asia/Shanghai").
-    ``columns``: how a plain runs CSV's columns map onto the runs columns
-    (``"concurrency=conc,output_throughput=tok_s"``, ``ttft_p95_s=ttft95:ms`` for a unit).
-    ``log_year``: the year of a vLLM server log's first dated line (its dates have none; default:
-    from the file's modification time); ``log_timezone``: the zone its times were written in
-    (default: ``bench_timezone``, else this machine's; same forms).
+    it). ``options`` say how the sources are read (:class:`IngestOptions`: a live server's time
+    range, the metrics kept, the counters' origin, time zones, a CSV's columns, a log's year).
+    ``engine`` holds what the server ran with (:class:`EngineFacts`): ``num_gpu_blocks``/
+    ``block_size``/``enable_prefix_caching`` stand in for ``vllm:cache_config_info`` in the
+    recompute estimate; ``scheduling_policy`` ("fcfs", "priority") and
+    ``scheduler_reserve_full_isl`` (not exported; None = unknown) narrow it.
     """
+    opts = options if options is not None else IngestOptions()
+    facts = engine if engine is not None else EngineFacts()
     if isinstance(sources, str | Path):
         sources = [sources]
     if not sources:
         raise InputError("ingest: no SOURCE given")
+    step = opts.step
     if step is not None and (not isinstance(step, int | float) or not step > 0):
         raise InputError(f"--step must be a positive number of seconds, got {step!r}")
-    check_scheduler_args(policy, scheduler_reserve_full_isl)
-    families = _families_filter(metrics)
-    tz = bench_tzinfo(bench_timezone)
-    mapping = parse_columns(columns)
+    check_scheduler_args(facts.scheduling_policy, facts.scheduler_reserve_full_isl)
+    reading = _Reading(_families_filter(opts.metrics), opts.keep_created)
+    tz = bench_tzinfo(opts.bench_timezone)
+    mapping = parse_columns(opts.columns)
     try:
         # A server and the client that loaded it usually share a zone: without its own, a
         # log is read in the bench results' zone.
-        log_tz = bench_tzinfo(log_timezone) if log_timezone is not None else tz
+        log_tz = bench_tzinfo(opts.log_timezone) if opts.log_timezone is not None else tz
     except InputError as exc:
         raise InputError(str(exc).replace("bench_timezone", "log timezone", 1)) from None
-    warnings: list[str] = []
-    report: dict[str, Any] = {
-        "kvpressure_version": __version__,
-        "vllm_behaviour_version": VLLM_BEHAVIOUR_VERSION,
-        "sources": [],
-        "runs": {},
-        "warnings": warnings,
-        "gaps": [],
-        "options": {
-            "run": run,
-            "metrics": metrics if isinstance(metrics, str | None) else list(metrics),
-            "counter_origin": counter_origin,
-            "keep_created": keep_created,
-            "start": start,
-            "end": end,
-            "step": step,
-            "bench_timezone": bench_timezone,
-            "columns": mapping or None,
-            "log_year": log_year,
-            "log_timezone": log_timezone,
-            "policy": policy,
-            "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
-        },
-    }
-    accs: dict[str, RunSamples] = {}
-    acc_sources: dict[str, list[str]] = {}
-    scraped: set[str] = set()  # runs read from /metrics text (a dump, a folder, a log, a URL)
-    bench_rows: list[dict[str, Any]] = []
-    server_logs: dict[str, dict[str, Any]] = {}
-
-    def acc_for(name: str) -> RunSamples:
-        if name not in accs:
-            accs[name] = RunSamples(name, families=families, keep_created=keep_created)
-        return accs[name]
-
+    report = IngestReport(options=_options_echo(run, opts, facts, mapping))
     for location in sources:
         for src in detect(location):
-            name = run or default_run_name(src.location)
-            entry: dict[str, Any] = {"location": src.location, "kind": src.kind, "run": name}
-            warnings.extend(src.notes)
-            if src.kind == "bench":
-                notes: list[str] = []
-                rows = read_bench_source(Path(src.location), name, notes, columns=mapping)
-                bench_rows.extend(rows)
-                warnings.extend(notes)
-                entry["bench_runs"] = len(rows)
-            elif src.kind == "server_log":
-                acc = acc_for(name)
-                acc_sources.setdefault(name, []).append(src.location)
-                server_logs[name] = read_server_log(Path(src.location), acc, warnings,
-                                                    year=log_year, tz=log_tz)
-                entry["stats_lines"] = server_logs[name]["stats_lines"]
-            else:
-                acc = acc_for(name)
-                acc_sources.setdefault(name, []).append(src.location)
-                if src.kind in ("prom_jsonl", "prom_dir", "prom_text", "metrics_url",
-                                "aiperf_metrics"):
-                    scraped.add(name)
-                _read_prom(src, acc, entry, warnings, report, start, end, step, timeout)
-            report["sources"].append(entry)
+            _read_source(src, run or default_run_name(src.location), reading, report, opts,
+                         mapping, log_tz)
+    frames, scrape_rows = _close_runs(reading, report, opts, facts)
+    if run is None:
+        _match_scrape_log(reading.bench_rows, scrape_rows, tz, report.warnings)
+    runs_rows = _merge_runs(reading.bench_rows, scrape_rows, frames, reading.accs,
+                            report.warnings, tz, facts)
+    series = _concat_series(frames)
+    runs = pd.DataFrame(runs_rows, columns=RUNS_COLUMNS) if runs_rows else pd.DataFrame(
+        columns=RUNS_COLUMNS
+    )
+    report.tables = {"series_rows": int(len(series)), "runs_rows": int(len(runs))}
+    return IngestResult(series=series, runs=runs, report=report)
 
+
+def _options_echo(run: str | None, opts: IngestOptions, facts: EngineFacts,
+                  mapping: dict[str, Any]) -> dict[str, Any]:
+    """What ``ingest.json`` says the sources were read with (its keys predate the objects)."""
+    metrics = opts.metrics
+    return {
+        "run": run,
+        "metrics": metrics if isinstance(metrics, str | None) else list(metrics),
+        "counter_origin": opts.counter_origin,
+        "keep_created": opts.keep_created,
+        "start": opts.start,
+        "end": opts.end,
+        "step": opts.step,
+        "bench_timezone": opts.bench_timezone,
+        "columns": mapping or None,
+        "log_year": opts.log_year,
+        "log_timezone": opts.log_timezone,
+        "policy": facts.scheduling_policy,
+        "scheduler_reserve_full_isl": facts.scheduler_reserve_full_isl,
+    }
+
+
+@dataclass
+class _Reading:
+    """What the sources gave, run by run, before the runs are closed."""
+
+    families: frozenset[str] | None
+    keep_created: bool
+    accs: dict[str, RunSamples] = field(default_factory=dict)
+    acc_sources: dict[str, list[str]] = field(default_factory=dict)
+    scraped: set[str] = field(default_factory=set)  # runs read from /metrics text
+    bench_rows: list[dict[str, Any]] = field(default_factory=list)
+    server_logs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def acc_for(self, name: str, location: str) -> RunSamples:
+        if name not in self.accs:
+            self.accs[name] = RunSamples(name, families=self.families,
+                                         keep_created=self.keep_created)
+        self.acc_sources.setdefault(name, []).append(location)
+        return self.accs[name]
+
+
+def _read_source(src: Source, name: str, reading: _Reading, report: IngestReport,
+                 opts: IngestOptions, mapping: dict[str, Any], log_tz: _dt.tzinfo | None) -> None:
+    """One source into its run's samples (or bench rows), and its entry in the report."""
+    warnings = report.warnings
+    entry: dict[str, Any] = {"location": src.location, "kind": src.kind, "run": name}
+    warnings.extend(src.notes)
+    if src.kind == SourceKind.BENCH:
+        notes: list[str] = []
+        rows = read_bench_source(Path(src.location), name, notes, columns=mapping)
+        reading.bench_rows.extend(rows)
+        warnings.extend(notes)
+        entry["bench_runs"] = len(rows)
+    elif src.kind == SourceKind.SERVER_LOG:
+        acc = reading.acc_for(name, src.location)
+        log = read_server_log(Path(src.location), acc, warnings, year=opts.log_year, tz=log_tz)
+        reading.server_logs[name] = log
+        entry["stats_lines"] = log["stats_lines"]
+    else:
+        acc = reading.acc_for(name, src.location)
+        if src.kind in SCRAPED:
+            reading.scraped.add(name)
+        _read_prom(src, acc, entry, report, opts)
+    report.sources.append(entry)
+
+
+def _close_runs(reading: _Reading, report: IngestReport, opts: IngestOptions,
+                facts: EngineFacts) -> tuple[list[pd.DataFrame], dict[str, dict[str, Any]]]:
+    """Each run's series frame and scrape row, its entry in the report written."""
+    warnings = report.warnings
     frames: list[pd.DataFrame] = []
     scrape_rows: dict[str, dict[str, Any]] = {}
-    estimate_opts = {
-        "num_gpu_blocks": num_gpu_blocks,
-        "block_size": block_size,
-        "prefix_caching": prefix_caching,
-        "policy": policy,
-        "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
-    }
-    for name, acc in accs.items():
-        frame, label_info = acc.frame(drop_single_target_labels=drop_target_labels)
+    for name, acc in reading.accs.items():
+        frame, label_info = acc.frame(drop_single_target_labels=opts.drop_target_labels)
         times = _distinct_times(frame)
-        origin = _decide_origin(acc, times, counter_origin)
+        origin = _decide_origin(acc, times, opts.counter_origin)
         info = _run_report(acc, frame, times, label_info, origin)
-        if name in scraped and name not in server_logs and not any(
+        if name in reading.scraped and name not in reading.server_logs and not any(
                 str(f).startswith((names.PREFIX, names.ESCAPED_PREFIX)) for f in acc.seen_families):
             # Python's or the process's own metrics alone: not a vLLM server's /metrics, and
             # a run of nothing but missing values would read as an idle server.
             declared = acc.missing_families()
             raise InputError(
-                f"{', '.join(acc_sources.get(name, [name]))}: no sample of a vLLM metric in it"
+                f"{', '.join(reading.acc_sources.get(name, [name]))}: no sample of a vLLM metric "
+                "in it"
                 + (f": {len(declared)} metric families are declared (# TYPE) without a single "
                    "sample, so nothing was measured; scrape the server while it serves"
                    if declared else " (vllm:...); is it a vLLM server's /metrics?"))
@@ -392,8 +396,8 @@ def ingest(
         if presence:
             info["series_presence"] = presence
             warnings.extend(as_warnings(presence, name))
-        if name in server_logs:
-            info["server_log"] = server_logs[name]
+        if name in reading.server_logs:
+            info["server_log"] = reading.server_logs[name]
         if acc.stats.duplicate_samples:
             warnings.append(
                 f"run {name}: {acc.stats.duplicate_samples} sample(s) repeated a series at a "
@@ -406,60 +410,49 @@ def ingest(
                 frame,
                 name,
                 origin=origin["origin"],
-                source=" + ".join(acc_sources.get(name, [])),
-                estimate_opts=estimate_opts,
+                source=" + ".join(reading.acc_sources.get(name, [])),
+                engine=facts,
             )
             scrape_rows[name] = row
             info["recompute_estimate"] = estimate
-        report["runs"][name] = info
+        report.runs[name] = info
         frames.append(frame)
-
-    if run is None:
-        _match_scrape_log(bench_rows, scrape_rows, tz, warnings)
-    runs_rows = _merge_runs(bench_rows, scrape_rows, frames, accs, warnings, tz, estimate_opts)
-    series = _concat_series(frames)
-    runs = pd.DataFrame(runs_rows, columns=RUNS_COLUMNS) if runs_rows else pd.DataFrame(
-        columns=RUNS_COLUMNS
-    )
-    report["tables"] = {"series_rows": int(len(series)), "runs_rows": int(len(runs))}
-    return IngestResult(series=series, runs=runs, report=report)
+    return frames, scrape_rows
 
 
 def _read_prom(
     src: Source,
     acc: RunSamples,
     entry: dict[str, Any],
-    warnings: list[str],
-    report: dict[str, Any],
-    start: str | float | None,
-    end: str | float | None,
-    step: float | None,
-    timeout: float,
+    report: IngestReport,
+    opts: IngestOptions,
 ) -> None:
+    warnings = report.warnings
+    start, end, step, timeout = opts.start, opts.end, opts.step, opts.timeout
     before_samples = acc.n_samples
     before_scrapes = acc.stats.scrapes
     before_lines = acc.stats.sample_lines
     declared_before = len(acc.declared)
-    if src.kind == "prom_jsonl":
+    if src.kind == SourceKind.PROM_JSONL:
         for scrape in iter_jsonl(Path(src.location), warnings):
             if math.isnan(scrape.t):
                 continue
             add_scrape(acc, scrape.t, scrape.text, scrape.where, warnings)
-    elif src.kind == "prom_dir":
+    elif src.kind == SourceKind.PROM_DIR:
         for scrape in iter_dir_dumps(src, warnings):
             add_scrape(acc, scrape.t, scrape.text, scrape.where, warnings)
-    elif src.kind == "prom_text":
+    elif src.kind == SourceKind.PROM_TEXT:
         path = Path(src.location)
         t = time_from_name(path.name)
         if t is None:
             t = path.stat().st_mtime
             entry["time_from"] = "file modification time"
         add_scrape(acc, t, read_text(path), str(path), warnings)
-    elif src.kind == "aiperf_metrics":
+    elif src.kind == SourceKind.AIPERF_METRICS:
         from kvpressure.ingestion.aiperf_metrics import read_server_metrics
 
         read_server_metrics(Path(src.location), acc, warnings)
-    elif src.kind == "query_range":
+    elif src.kind == SourceKind.QUERY_RANGE:
         got = read_query_range_file(Path(src.location), acc)
         entry.update(got)
         if got["empty"]:
@@ -467,7 +460,7 @@ def _read_prom(
                 f"{src.location}: the answer holds no series (an unknown metric gives an "
                 "empty result): reported as missing"
             )
-    elif src.kind == "prometheus_url":
+    elif src.kind == SourceKind.PROMETHEUS_URL:
         if start is None or end is None:
             raise InputError(f"{src.location}: a Prometheus server needs --start and --end")
         t0 = parse_time(start, "--start")
@@ -475,12 +468,12 @@ def _read_prom(
         fetched = fetch_live(src.location, acc, t0, t1, step, timeout=timeout)
         entry["fetch"] = fetched.as_dict()
         for gap in fetched.gaps:
-            report["gaps"].append({"source": src.location, **gap})
+            report.gaps.append({"source": src.location, **gap})
             warnings.append(
                 f"{src.location}: stopped answering at {gap['start']} ({gap['error']}); the "
                 f"samples fetched before are kept, [{gap['start']}, {gap['end']}] is missing"
             )
-    elif src.kind == "metrics_url":
+    elif src.kind == SourceKind.METRICS_URL:
         scrape_exporter(src.location, acc, warnings, timeout=timeout, t=time.time())
     else:  # pragma: no cover - detect() returns only the kinds above
         raise InputError(f"{src.location}: unknown source kind {src.kind}")
@@ -488,7 +481,7 @@ def _read_prom(
     entry["samples"] = acc.n_samples - before_samples
     lines = acc.stats.sample_lines - before_lines
     if (
-        src.kind in ("prom_jsonl", "prom_dir", "prom_text", "metrics_url")
+        src.kind in NEED_SAMPLES
         and lines == 0
         and len(acc.declared) == declared_before
     ):
@@ -585,7 +578,7 @@ def _merge_runs(
     accs: dict[str, RunSamples],
     warnings: list[str],
     tz: _dt.tzinfo | None = None,
-    estimate_opts: dict[str, Any] | None = None,
+    engine: EngineFacts | None = None,
 ) -> list[dict[str, Any]]:
     """Bench rows get the preemption and gauge columns of a scrape log of the same run.
 
@@ -632,7 +625,7 @@ def _merge_runs(
                     steady = steady_part(frame, window[0], end, run=name,
                                          concurrency=finite_or_none(row.get("concurrency")))
                     sub, _ = scrape_row(frame, name, t0=window[0], t1=end, source="",
-                                        estimate_opts=estimate_opts,
+                                        engine=engine,
                                         gauges=(steady.t0, steady.t1))
                     stamped = isinstance(row.get("window_start"), float)
                     how = (f"scrapes in [{window[0]:.0f}, {end:.0f}] "

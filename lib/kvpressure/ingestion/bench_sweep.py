@@ -26,7 +26,7 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.bench import bench_row
-from kvpressure.ingestion.sources import parse_json
+from kvpressure.ingestion.text_files import parse_json
 from kvpressure.user_files import read_user_text
 
 FORMAT = "vllm_sweep"

@@ -28,7 +28,7 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.ingestion.scrape_runs import RUNS_COLUMNS
-from kvpressure.ingestion.sources import open_text
+from kvpressure.ingestion.text_files import open_text
 
 # Columns a mapping may fill: the runs columns a measurement gives (the scrape columns come
 # from a scrape log, the bookkeeping ones from the reader).

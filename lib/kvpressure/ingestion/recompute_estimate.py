@@ -58,6 +58,7 @@ from kvpressure.ingestion.counters import (
     select,
     window_increase,
 )
+from kvpressure.ingestion.engine_facts import EngineFacts
 from kvpressure.ingestion.labels import parse_labels
 from kvpressure.ingestion.names import (
     CACHE_CONFIG_INFO,
@@ -270,18 +271,15 @@ def recompute_range(
     t1: float | None = None,
     *,
     run: str | None = None,
-    num_gpu_blocks: int | None = None,
-    block_size: int | None = None,
-    prefix_caching: bool | None = None,
-    policy: str | None = None,
-    scheduler_reserve_full_isl: bool | None = None,
+    engine: EngineFacts | None = None,
     origin: str = "first",
     z: float = 2.0,
 ) -> dict[str, Any]:
     """Estimated recomputed tokens over ``(t0, t1]``: a range, a point and its assumptions.
 
-    N, B and prefix caching come from ``vllm:cache_config_info`` unless given; ``policy``
-    ("fcfs", "priority") and ``scheduler_reserve_full_isl`` are not exported, None = unknown.
+    N, B and prefix caching come from ``vllm:cache_config_info`` unless ``engine`` gives them;
+    its ``scheduling_policy`` ("fcfs", "priority") and ``scheduler_reserve_full_isl`` are not
+    exported, None = unknown.
     ``origin="zero"``: the counters were 0 when the log began (a window from its start counts
     what happened before the first scrape).
 
@@ -291,7 +289,11 @@ def recompute_range(
     the recompute), ``victim_context_tokens``, ``method``, ``params``, ``assumptions`` and
     ``d4`` (the wide range of docs/scheduler.md#rec-estimate, for comparison).
     """
-    check_scheduler_args(policy, scheduler_reserve_full_isl)
+    facts = engine if engine is not None else EngineFacts()
+    num_gpu_blocks, block_size = facts.num_gpu_blocks, facts.block_size
+    enable_prefix_caching, scheduling_policy = facts.enable_prefix_caching, facts.scheduling_policy
+    scheduler_reserve_full_isl = facts.scheduler_reserve_full_isl
+    check_scheduler_args(scheduling_policy, scheduler_reserve_full_isl)
     nan = math.nan
     result: dict[str, Any] = {
         "low": nan, "point": nan, "high": nan, "preemptions": nan,
@@ -307,8 +309,9 @@ def recompute_range(
     kw: dict[str, Any] = {"run": run, "origin": origin}
     queries = window_increase(series, PREFIX_QUERIES, t0, t1, **kw)
     hits = window_increase(series, PREFIX_HITS, t0, t1, **kw)
-    caching = prefix_caching if prefix_caching is not None else geometry.get("enable_prefix_caching")
-    caching_from = "given" if prefix_caching is not None else CACHE_CONFIG_INFO
+    caching = (enable_prefix_caching if enable_prefix_caching is not None
+               else geometry.get("enable_prefix_caching"))
+    caching_from = "given" if enable_prefix_caching is not None else CACHE_CONFIG_INFO
     if caching is None and not math.isnan(queries):
         # With prefix caching off vLLM makes no lookup, so the query counter stays at 0
         # (docs/scheduler.md#kv-stats).
@@ -325,7 +328,7 @@ def recompute_range(
         "prefix_caching": caching,
         "prefix_caching_from": caching_from if caching is not None else None,
         "prefix_hit_rate": hit_rate,
-        "policy": policy,
+        "policy": scheduling_policy,
         "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
         "origin": origin,
         "z": z,
@@ -363,7 +366,7 @@ def recompute_range(
         "a preemption is counted when its victim next emits output, right after the re-prefill "
         "that recomputes it, so counts and recompute fall in the same window; preemptions near "
         "a window edge can land in the next one")
-    fcfs = policy in ("fcfs", None) and prompt_mean is not None
+    fcfs = scheduling_policy in ("fcfs", None) and prompt_mean is not None
     if fcfs and scheduler_reserve_full_isl is False and d4_ok:
         fcfs = False
         assumptions.append("admission by first chunk (scheduler_reserve_full_isl off): victims "
@@ -389,9 +392,9 @@ def recompute_range(
             assumptions.append(
                 f"high: {RESUMED_VICTIM_SHARE:.0%} of the victims may be resumed requests "
                 f"preempted again, holding the mean resident context ({ctx:.0f} tokens)")
-        if (policy is None or scheduler_reserve_full_isl is None) and d4_ok:
+        if (scheduling_policy is None or scheduler_reserve_full_isl is None) and d4_ok:
             low, high = min(low, d4["low"]), max(high, d4["high"])
-            unknown = " and ".join(name for name, v in (("policy", policy), (
+            unknown = " and ".join(name for name, v in (("policy", scheduling_policy), (
                 "scheduler_reserve_full_isl", scheduler_reserve_full_isl)) if v is None)
             assumptions.append(f"{unknown} unknown: the FCFS point with full-sequence admission "
                                "(vLLM's defaults), the range spanning the held-context range too (give "

@@ -21,6 +21,7 @@ from kvpressure.ingestion.counters import (
     histogram_quantile,
     window_increase,
 )
+from kvpressure.ingestion.engine_facts import EngineFacts
 from kvpressure.ingestion.recompute_estimate import recompute_range
 
 RUNS_COLUMNS = [
@@ -96,7 +97,7 @@ def scrape_row(
     t1: float | None = None,
     origin: str = "first",
     source: str = "",
-    estimate_opts: dict[str, Any] | None = None,
+    engine: EngineFacts | None = None,
     gauges: tuple[float, float] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The run's row and its recompute estimate (with assumptions).
@@ -121,7 +122,7 @@ def scrape_row(
     gen_rate = inc("vllm:generation_tokens_total", how="first")
     prompt_rate = inc("vllm:prompt_tokens_total", how="first")
     done_rate = inc("vllm:request_success_total", how="first")
-    estimate = recompute_range(rows, t0, t1, origin=origin, **kw, **(estimate_opts or {}))
+    estimate = recompute_range(rows, t0, t1, origin=origin, engine=engine, **kw)
 
     g0, g1 = gauges if gauges is not None else (t0, t1)
 

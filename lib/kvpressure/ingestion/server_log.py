@@ -69,7 +69,7 @@ from kvpressure.ingestion.names import (
     WAITING,
 )
 from kvpressure.ingestion.prom_text import RunSamples
-from kvpressure.ingestion.sources import open_text
+from kvpressure.ingestion.text_files import open_text
 
 V0_KV_USAGE = "vllm:gpu_cache_usage_perc"
 V0_CPU_USAGE = "vllm:cpu_cache_usage_perc"

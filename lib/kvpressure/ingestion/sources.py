@@ -1,6 +1,6 @@
 """What each SOURCE is, and the scrapes inside the scrape-like ones.
 
-Kinds:
+Kinds (:class:`~kvpressure.ingestion.source_kind.SourceKind`):
 
 * ``prom_text``: one Prometheus text exposition (``curl /metrics > dump.prom``), one scrape.
 * ``prom_dir``: a folder of such dumps, one per scrape, the time taken from each file name
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
-import io
 import json
 import math
 import re
@@ -41,8 +40,9 @@ from kvpressure.ingestion.log_lines import (
     looks_like_prometheus,
     looks_like_server_log,
 )
+from kvpressure.ingestion.source_kind import IN_FOLDER, READABLE, SourceKind
+from kvpressure.ingestion.text_files import GZIP_MAGIC, open_text
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _BENCH_KEYS = {
     "duration",
     "completed",
@@ -58,43 +58,10 @@ _BENCH_KEYS = {
 
 @dataclass
 class Source:
-    kind: str
+    kind: SourceKind
     location: str  # path or URL as given
     files: list[Path] = field(default_factory=list)  # prom_dir: the dumps, in time order
     notes: list[str] = field(default_factory=list)
-
-
-def open_text(path: Path) -> io.TextIOBase:
-    """A text stream over ``path``, gunzipped when it is gzip; a byte that is not UTF-8 is an
-    InputError naming the file (Latin-1 read as text would put wrong names in the tables)."""
-    with open(path, "rb") as fh:
-        magic = fh.read(2)
-    errors = _not_utf8_handler(path)
-    if magic == _GZIP_MAGIC:
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors=errors)
-    return open(path, encoding="utf-8", errors=errors)
-
-
-def _not_utf8_handler(path: Path) -> str:
-    """The name of a codec error handler refusing ``path``'s first byte that is not UTF-8."""
-    import codecs
-
-    name = f"kvpressure-utf8:{path}"
-
-    def refuse(exc: UnicodeError) -> tuple[str, int]:
-        byte = exc.object[exc.start] if isinstance(exc, UnicodeDecodeError) else 0
-        raise InputError(f"{path}: not UTF-8 text (byte 0x{byte:02x}); save the file as UTF-8")
-
-    codecs.register_error(name, refuse)
-    return name
-
-
-def parse_json(text: str, path: Path) -> Any:
-    """``text`` (the content of ``path``) as JSON; InputError naming the file otherwise (the
-    strict reader: a key given twice or absurd nesting is refused too)."""
-    from kvpressure.user_files import parse_user_json
-
-    return parse_user_json(text, path)
 
 
 def _refuse_deep(path: Path) -> None:
@@ -110,7 +77,7 @@ def _head(path: Path, size: int = 65536) -> str:
     chunks: list[bytes] = []
     try:
         with open(path, "rb") as raw:
-            gz = raw.read(2) == _GZIP_MAGIC
+            gz = raw.read(2) == GZIP_MAGIC
         opener = gzip.open if gz else open
         with opener(path, "rb") as fh:
             got = 0
@@ -139,19 +106,19 @@ def _first_line(path: Path) -> str:
     return ""
 
 
-def sniff_file(path: Path) -> str:
+def sniff_file(path: Path) -> SourceKind:
     """The kind of one file, from its first bytes."""
     from kvpressure.ingestion import aiperf_metrics, bench_tables  # both read through this module
 
     if aiperf_metrics.is_parquet(path):
-        return "aiperf_metrics"
+        return SourceKind.AIPERF_METRICS
     head = _head(path)
     stripped = head.lstrip()
     if not stripped:
-        return "empty"
+        return SourceKind.EMPTY
     if stripped[0] == "[":
         # A `vllm bench sweep` summary.json is a list of results.
-        return "bench" if bench_tables.table_format(path) else "json_list"
+        return SourceKind.BENCH if bench_tables.table_format(path) else SourceKind.JSON_LIST
     if stripped[0] == "{":
         first = stripped.split("\n", 1)[0]
         if "\n" not in stripped:
@@ -166,39 +133,40 @@ def sniff_file(path: Path) -> str:
             _refuse_deep(path)
         if isinstance(obj, dict):
             if "text" in obj and any(k in obj for k in ("t", "time", "timestamp")):
-                return "prom_jsonl"
+                return SourceKind.PROM_JSONL
             if aiperf_metrics.is_jsonl_line(obj):
-                return "aiperf_metrics"
+                return SourceKind.AIPERF_METRICS
             if "message" in obj and "levelname" in obj:
-                return "server_log"  # vLLM's JSON log lines (--logging-config.formatter json)
+                # vLLM's JSON log lines (--logging-config.formatter json)
+                return SourceKind.SERVER_LOG
             if obj.get("status") in ("success", "error") and ("data" in obj or "error" in obj):
-                return "query_range"
+                return SourceKind.QUERY_RANGE
             if len(_BENCH_KEYS & obj.keys()) >= 2 or bench_tables.sniff_table(path, head, obj):
-                return "bench"
-            return "json_other"
+                return SourceKind.BENCH
+            return SourceKind.JSON_OTHER
         # A pretty-printed JSON document: decide on the whole file.
         try:
             with open_text(path) as fh:
                 obj = json.load(fh)
         except (json.JSONDecodeError, OSError, EOFError):
-            return "json_broken"
+            return SourceKind.JSON_BROKEN
         except RecursionError:
             _refuse_deep(path)
         if isinstance(obj, dict):
             if obj.get("status") in ("success", "error") and ("data" in obj or "error" in obj):
-                return "query_range"
+                return SourceKind.QUERY_RANGE
             if len(_BENCH_KEYS & obj.keys()) >= 2:
-                return "bench"
+                return SourceKind.BENCH
         if bench_tables.sniff_table(path, head, obj):
-            return "bench"  # a GuideLLM or AIPerf export
-        return "json_other"
+            return SourceKind.BENCH  # a GuideLLM or AIPerf export
+        return SourceKind.JSON_OTHER
     if looks_like_server_log(head):
-        return "server_log"
+        return SourceKind.SERVER_LOG
     if bench_tables.sniff_table(path, head):
-        return "bench"  # a runs CSV, a sweep's summary.csv, a GuideLLM or AIPerf table
+        return SourceKind.BENCH  # a runs CSV, a sweep's summary.csv, a GuideLLM or AIPerf table
     if not looks_like_prometheus(head):
-        return "server_log" if _log_further_on(path) else "text_other"
-    return "prom_text"
+        return SourceKind.SERVER_LOG if _log_further_on(path) else SourceKind.TEXT_OTHER
+    return SourceKind.PROM_TEXT
 
 
 def _log_further_on(path: Path, limit: int = 4 << 20) -> bool:
@@ -218,15 +186,15 @@ def _log_further_on(path: Path, limit: int = 4 << 20) -> bool:
     return False
 
 
-def _refuse(path: Path, kind: str) -> InputError:
-    if kind == "json_list":
+def _refuse(path: Path, kind: SourceKind) -> InputError:
+    if kind == SourceKind.JSON_LIST:
         return InputError(
             f"{path}: a JSON list, not a vllm bench result (a '.pytorch.json' written beside the "
             "result?); pass the '--save-result' JSON itself"
         )
-    if kind == "json_broken":
+    if kind == SourceKind.JSON_BROKEN:
         return InputError(f"{path}: JSON that does not parse")
-    if kind == "text_other":
+    if kind == SourceKind.TEXT_OTHER:
         return InputError(
             f"{path}: neither Prometheus text ('name{{labels}} value' lines) nor a vLLM server "
             "log (lines such as 'INFO 12-01 14:25:31 [loggers.py:123] Engine 000: Avg prompt "
@@ -245,7 +213,8 @@ def detect(location: str | Path) -> list[Source]:
     text = str(location)
     if re.match(r"^https?://", text):
         path_part = re.sub(r"^https?://[^/]+", "", text).rstrip("/")
-        kind = "metrics_url" if path_part.endswith("/metrics") else "prometheus_url"
+        kind = (SourceKind.METRICS_URL if path_part.endswith("/metrics")
+                else SourceKind.PROMETHEUS_URL)
         return [Source(kind, text)]
     path = Path(location)
     if not path.exists():
@@ -253,9 +222,9 @@ def detect(location: str | Path) -> list[Source]:
     if path.is_dir():
         return _detect_dir(path)
     kind = sniff_file(path)
-    if kind == "empty":
+    if kind == SourceKind.EMPTY:
         raise InputError(f"{path}: empty file")
-    if kind in ("json_list", "json_broken", "json_other", "text_other"):
+    if kind not in READABLE:
         raise _refuse(path, kind)
     return [Source(kind, str(path))]
 
@@ -272,14 +241,14 @@ def _detect_dir(path: Path) -> list[Source]:
     skipped: list[str] = []
     for f in files:
         kind = sniff_file(f)
-        if kind == "prom_text":
+        if kind == SourceKind.PROM_TEXT:
             dumps.append(f)
-        elif kind in ("prom_jsonl", "query_range", "bench", "server_log", "aiperf_metrics"):
+        elif kind in IN_FOLDER:
             out.append(Source(kind, str(f)))
         else:
             skipped.append(f.name)
     if dumps:
-        out.insert(0, Source("prom_dir", str(path), files=dumps))
+        out.insert(0, Source(SourceKind.PROM_DIR, str(path), files=dumps))
     if not out:
         raise InputError(
             f"{path}: none of its {len(files)} files is a Prometheus text dump, scrape log, "

@@ -717,19 +717,21 @@ def choose_engine(opts: CollectOptions) -> str:
 def _fetch_prometheus(sweep: _Sweep, t0: float, t1: float) -> dict[str, Any]:
     """The sweep's range read back through the Prometheus server into ``prometheus/``."""
     from kvpressure.ingestion.api import ingest
+    from kvpressure.ingestion.ingest_options import IngestOptions
 
     url = sweep.opts.prometheus or ""
     # Up to the Prometheus server's first scrape after the sweep, so its series end, like the
     # scrape log, on the server at rest.
     t1 = max(t1, _wait_for_prometheus(url, t1))
     try:
-        res = ingest([url], run="prometheus", start=t0, end=t1, timeout=30.0)
+        res = ingest([url], run="prometheus",
+                     options=IngestOptions(start=t0, end=t1, timeout=30.0))
     except InputError as exc:
         return {"url": url, "error": str(exc)}
     folder = sweep.out / PROMETHEUS_DIR
     res.write(folder)
     return {"url": url, "start": t0, "end": t1, "folder": PROMETHEUS_DIR,
-            "series_rows": int(len(res.series)), "warnings": res.report.get("warnings", [])}
+            "series_rows": int(len(res.series)), "warnings": res.report.warnings}
 
 
 def _wait_for_prometheus(url: str, t: float, limit_s: float = 30.0) -> float:
@@ -831,7 +833,7 @@ def run_collect(opts: CollectOptions, *, stream: TextIO | None = None,
 def report_on(outcome: CollectOutcome, *, jobs: int = 2,
               params: dict[str, Any] | None = None) -> Path | None:
     """``kvpressure report`` on the complete levels and the scrape log, into ``report/``."""
-    from kvpressure.pipeline.report import make_report
+    from kvpressure.investigation.report import make_report
 
     out = outcome.out
     if not outcome.complete_levels:

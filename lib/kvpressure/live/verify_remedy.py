@@ -165,13 +165,14 @@ def _tables_dir(run_dir: Path, out: Path) -> Path:
     target = out / "measured"
     if not (target / "runs.csv").is_file():
         from kvpressure.ingestion.api import ingest
+        from kvpressure.ingestion.engine_facts import EngineFacts
 
         engine = {}
         if (run_dir / "engine.json").is_file():
             engine = json.loads((run_dir / "engine.json").read_text(encoding="utf-8"))
         isl = (engine.get("engine_args") or {}).get("scheduler_reserve_full_isl")
-        res = ingest([bench, log], run="load",
-                     scheduler_reserve_full_isl=None if isl is None else bool(isl))
+        res = ingest([bench, log], run="load", engine=EngineFacts(
+            scheduler_reserve_full_isl=None if isl is None else bool(isl)))
         res.write(target)
         if (run_dir / "engine.json").is_file():
             shutil.copy(run_dir / "engine.json", target / "engine.json")
@@ -193,7 +194,7 @@ def predictions(run_dir: Path, out: Path, cmd_settings: Mapping[str, Any],
     if twin.open_loop:
         raise InputError(f"{run_dir}: an open loop (request rates); verify-remedy replays "
                          "closed loops at concurrency levels")
-    from kvpressure.pipeline.focus import focus_level
+    from kvpressure.analysis.focus import focus_level
 
     focus, rule = focus_level(twin.measured.levels)
     chosen = list(levels) if levels else [int(focus)]

@@ -254,6 +254,12 @@ class HardwareProfile:
         )
 
 
+KERNEL_BLOCK_MULTIPLE = 16
+"""vLLM 0.33.0's CacheConfig takes any block_size > 0, but every attention backend of a GPU
+(FlashAttention, FlashInfer, Triton, FlexAttention: ``get_supported_kernel_block_sizes``)
+takes only multiples of 16, so another size ends in "No valid attention backend found"."""
+
+
 def _memory_bytes(r: FieldReader, stem: str) -> int:
     """``memory: 80GiB`` (a size with its unit), ``memory_gib: 80`` or ``memory_gb: 80``."""
     given = [f for f in (stem, f"{stem}_gib", f"{stem}_gb") if r.has(f)]
@@ -279,8 +285,6 @@ def _memory_bytes(r: FieldReader, stem: str) -> int:
 
 
 def _block_size(r: FieldReader) -> int:
-    from kvpressure.profiles.kvpool import KERNEL_BLOCK_MULTIPLE
-
     block = r.integer("default_block_size", 16)
     if block % KERNEL_BLOCK_MULTIPLE:
         raise r.error("default_block_size", f"{block} is no block size vLLM 0.33.0's attention "

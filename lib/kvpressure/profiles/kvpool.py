@@ -29,17 +29,19 @@ from typing import Any
 
 from kvpressure.errors import InputError
 from kvpressure.profiles.fields import MAX_CARD_BYTES
-from kvpressure.profiles.hardware import GiB, HardwareProfile, MiB, load_hardware
+from kvpressure.profiles.hardware import (
+    KERNEL_BLOCK_MULTIPLE,
+    GiB,
+    HardwareProfile,
+    MiB,
+    load_hardware,
+)
 from kvpressure.profiles.kv_layout import FULL, MLA, SLIDING, LayerSpec, plan_layout
 from kvpressure.profiles.model import SLIDING as SLIDING_ATTENTION
 from kvpressure.profiles.model import ModelProfile, load_model
 from kvpressure.profiles.weights import pp_layers
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py, 0.33.0
-KERNEL_BLOCK_MULTIPLE = 16
-"""vLLM 0.33.0's CacheConfig takes any block_size > 0, but every attention backend of a GPU
-(FlashAttention, FlashInfer, Triton, FlexAttention: ``get_supported_kernel_block_sizes``)
-takes only multiples of 16, so another size ends in "No valid attention backend found"."""
 
 # Estimates for what vLLM's profiler would measure, per rank. Calibrated on the public vLLM
 # startup logs of the llm-d-planner accuracy sweep (vLLM 0.19.0, H100 80GB, 57 runs of 29

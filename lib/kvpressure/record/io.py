@@ -88,7 +88,7 @@ def write_record(record: Record | dict[str, Any], path: str | os.PathLike[str]) 
     """Validate ``record`` and write it as YAML to ``path`` (atomically), with its Prometheus
     rules beside it (``prometheus_rules.py``). Returns the record's path."""
     from kvpressure.record.prometheus_rules import RULES_FILE, rules_text
-    from kvpressure.schemas import problems
+    from kvpressure.schema_files import problems
 
     path = Path(path)
     valid = validate_record(record, where=str(path))

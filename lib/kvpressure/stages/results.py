@@ -245,7 +245,7 @@ class KneeResult(StageResult):
     knee: dict[str, Any] | None
     """``analysis.knee.Knee`` as a mapping (knee_x, peak_x, peak_y, plateau, ...)."""
     curve: list[dict[str, Any]]
-    """One mapping a level: the curve columns (``pipeline.stages.CURVE_COLUMNS``), repeats and
+    """One mapping a level: the curve columns (``investigation.stages.CURVE_COLUMNS``), repeats and
     the throughput's spread."""
     focus_concurrency: int | None
     focus_request_rate: Number | None = None

@@ -83,7 +83,7 @@ def open_executor(spec: str = "local", workers: int | None = None,
         yield Opened(ex, 1, "this process", lambda: None)
         return
     if kind == "processes":
-        from kvpressure.pipeline.workers import process_pool, stop_pool
+        from kvpressure.workers import process_pool, stop_pool
 
         pool = process_pool(arg)
         stopped = False

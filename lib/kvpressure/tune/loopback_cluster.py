@@ -33,7 +33,7 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    from kvpressure.pipeline.workers import die_with_parent
+    from kvpressure.workers import die_with_parent
 
     die_with_parent()
 

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.ingestion.source_kind import SourceKind
 from kvpressure.simulation.engine import simulate
 from kvpressure.twin.basis import LevelBasis, build_scenario, simulate_basis
 from kvpressure.twin.fit import PARAMETERS, TwinFit, fit_step_time
@@ -403,7 +404,7 @@ def build_twin(run_dir: str | os.PathLike[str], *, overrides: Mapping[str, Any] 
             f"{run_dir}: runs.csv has no run with a concurrency level or a request rate: the "
             "twin replays closed loops (vllm bench serve --max-concurrency C) or open loops "
             "(--request-rate R), one level a run")
-    logged = ingested_sources(Path(run_dir), measured.ingest, "server_log")
+    logged = ingested_sources(Path(run_dir), measured.ingest, SourceKind.SERVER_LOG)
     settings, source = twin_settings(Path(run_dir), measured.runs, measured.series,
                                      measured.ingest, overrides,
                                      [Path(server_log)] if server_log is not None else logged,

@@ -2,7 +2,7 @@
 
 A measured run cannot be re-run with another setting, but its fitted twin can: stage 06 builds
 the twin into the run folder's ``twin/`` before it recommends, so the recommendation is the
-twin's what-if (``pipeline.verdict``). The report then shows the fit first (the verdict, measured
+twin's what-if (``investigation.verdict``). The report then shows the fit first (the verdict, measured
 against twin per level, the overlaid curves) and says how far the twin can be trusted; only then
 its prediction. Data the twin cannot be fitted to (one level, no request lengths, no pool size)
 gives a refusal with its reason, shown as such. A simulated run gets no twin: it is its own model.
@@ -199,7 +199,7 @@ def show_report_twin(twin: ReportTwin | None) -> None:
 
     from IPython.display import display
 
-    from kvpressure.pipeline.display import say, show_table
+    from kvpressure.report.display import say, show_table
 
     if twin is None:
         return

@@ -35,6 +35,8 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.ingestion.ingest_options import IngestOptions
+from kvpressure.ingestion.source_kind import SourceKind
 from kvpressure.twin.lengths import LevelLengths, from_dataset_args, from_histograms
 from kvpressure.twin.turnaround import client_gaps, engine_gap_s
 
@@ -235,7 +237,8 @@ def scrape_log_series(run_dir: Path) -> pd.DataFrame | None:
     for name in ("metrics.prom.jsonl", "metrics.prom.jsonl.gz"):
         path = run_dir / name
         if path.is_file():
-            return ingest([path], run="log", metrics=list(_WINDOW_FAMILIES)).series
+            return ingest([path], run="log",
+                          options=IngestOptions(metrics=list(_WINDOW_FAMILIES))).series
     return None
 
 
@@ -271,7 +274,7 @@ def _report_sources(run_dir: Path) -> list[Path]:
     return out
 
 
-def ingested_sources(run_dir: Path, ingest: dict[str, Any], kind: str) -> list[Path]:
+def ingested_sources(run_dir: Path, ingest: dict[str, Any], kind: SourceKind) -> list[Path]:
     """The files of one ``kind`` (``prom_jsonl``, ``server_log``, ...) the run folder was made
     from: the sources ``ingest.json`` names, else a report's ``sources.json`` read by content."""
     from kvpressure.ingestion.sources import sniff_file
@@ -295,10 +298,11 @@ def ingested_scrape_log(run_dir: Path, ingest: dict[str, Any]) -> pd.DataFrame |
     windows; None when there is not exactly one or it is gone."""
     from kvpressure.ingestion.api import ingest as read
 
-    logs = ingested_sources(run_dir, ingest, "prom_jsonl")
+    logs = ingested_sources(run_dir, ingest, SourceKind.PROM_JSONL)
     if len(logs) != 1 or not logs[0].is_file():
         return None
-    return read([logs[0]], run="log", metrics=list(_WINDOW_FAMILIES)).series
+    return read([logs[0]], run="log",
+                options=IngestOptions(metrics=list(_WINDOW_FAMILIES))).series
 
 
 def _covering(frames: tuple[pd.DataFrame | None, ...], t0: float, t1: float
@@ -373,7 +377,7 @@ def load_measured(run_dir: str | os.PathLike[str], variant: str | None = None) -
     several rows of one level (repeats) are averaged."""
     import json
 
-    from kvpressure.pipeline.levels import base_repeat
+    from kvpressure.analysis.levels import base_repeat
 
     top = Path(run_dir)
     if not top.is_dir():

@@ -95,7 +95,7 @@ def _figure(twin: Any, remedies: dict[str, Any] | None, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kvpressure.pipeline.display import figure_png
+    from kvpressure.report.display import figure_png
 
     t = twin.report.table
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.0))

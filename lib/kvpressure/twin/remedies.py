@@ -93,7 +93,7 @@ def predict_remedies(twin: Any, *, focus: float | None, limits: Mapping[str, flo
     elif twin.open_loop:
         focus, focus_rule = levels[-1], "the highest request rate"
     else:
-        from kvpressure.pipeline.focus import focus_level
+        from kvpressure.analysis.focus import focus_level
 
         focus, focus_rule = focus_level(twin.measured.levels)
     if focus not in twin.workloads:

@@ -13,30 +13,34 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvpressure.analysis.focus import focus_level
 from kvpressure.errors import InputError
+from kvpressure.folders.layout import (
+    BASELINE,
+    INGEST_JSON,
+    RUNS_CSV,
+    SCRAPE_FILES,
+    SERIES_CSV,
+    SOURCES_FILE,
+)
+from kvpressure.folders.run_folder import display_path, sha256_file
 from kvpressure.ingestion.cache_config import cache_config
 from kvpressure.ingestion.collect_folder import CollectFolder
 from kvpressure.ingestion.collect_folder import expand as expand_collect_folders
+from kvpressure.ingestion.engine_facts import EngineFacts
+from kvpressure.ingestion.ingest_options import IngestOptions
 from kvpressure.ingestion.provenance import load_tool, served_platform, served_version
 from kvpressure.ingestion.server_log import engine_args_from_reports, log_notes
-from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report, recompute_args
-from kvpressure.pipeline.focus import focus_level
-from kvpressure.pipeline.lengths import (
+from kvpressure.ingestion.source_kind import SourceKind
+from kvpressure.investigation.lengths import (
     bench_lengths,
     bench_source,
     keep_mean,
     length_from_histogram,
     unmeasured,
 )
-from kvpressure.pipeline.run_folder import (
-    INGEST_JSON,
-    RUNS_CSV,
-    SERIES_CSV,
-    SOURCES_FILE,
-    display_path,
-    sha256_file,
-)
-from kvpressure.pipeline.windows import ingested_window
+from kvpressure.investigation.windows import ingested_window
+from kvpressure.jsonable import to_jsonable
 from kvpressure.stages.files import as_result
 from kvpressure.stages.results import CollectInfo
 from kvpressure.table_files import write_table
@@ -87,7 +91,7 @@ def _parse_variant(name: str) -> dict[str, Any]:
 LOAD_TEST = "load_test"  # the run a continuous scrape log and its bench results share
 
 
-def _kinds(sources: list[str]) -> set[str]:
+def _kinds(sources: list[str]) -> set[SourceKind]:
     from kvpressure.ingestion.sources import detect
 
     return {src.kind for s in sources for src in detect(s)}
@@ -145,31 +149,32 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     reports: dict[str, Any] = {}
     for path, variant, level in files:
         run_name = f"{variant}/c{level}"
-        res = ingest([path], run=run_name, metrics=_INGESTED_FAMILIES,
-                     **recompute_args({**engine_args, **_parse_variant(variant)}))
+        res = ingest([path], run=run_name, options=IngestOptions(metrics=_INGESTED_FAMILIES),
+                     engine=EngineFacts.from_settings({**engine_args, **_parse_variant(variant)}))
         row = res.runs.iloc[0].to_dict()
         row.update(run=run_name, variant=variant, concurrency=level)
         rows.append(row)
         focus_series[run_name] = res.series
-        reports[run_name] = res.report
+        reports[run_name] = res.report.to_dict()
         inputs.append({"path": display_path(path), "sha256": sha256_file(path)})
     kinds = _kinds(others) if others else set()
-    has_bench = "bench" in kinds
-    has_scrapes = bool(kinds - {"bench"}) or bool(files)
-    shared_log = has_bench and bool(kinds - {"bench"})
+    has_bench = SourceKind.BENCH in kinds
+    has_scrapes = bool(kinds - {SourceKind.BENCH}) or bool(files)
+    shared_log = has_bench and bool(kinds - {SourceKind.BENCH})
     matched = "scrape folders laid out by point" if files else None
     if others:
         # A log recorded through the whole load test and its bench results are one run, so
         # ingestion cuts the log at each bench run's time window.
-        res = ingest(others, run=LOAD_TEST if shared_log else None,
-                     metrics=_INGESTED_FAMILIES, bench_timezone=bench_timezone or None,
-                     columns=columns or None, log_year=log_year or None,
-                     log_timezone=log_timezone or None, **recompute_args(engine_args))
+        options = IngestOptions(metrics=_INGESTED_FAMILIES, bench_timezone=bench_timezone or None,
+                                columns=columns or None, log_year=log_year or None,
+                                log_timezone=log_timezone or None)
+        res = ingest(others, run=LOAD_TEST if shared_log else None, options=options,
+                     engine=EngineFacts.from_settings(engine_args))
         for _, r in res.runs.iterrows():
             rows.append(r.to_dict())
         for run_name in pd.unique(res.series["run"]) if len(res.series) else []:
             focus_series[str(run_name)] = res.series[res.series["run"] == run_name]
-        reports["other"] = res.report
+        reports["other"] = res.report.to_dict()
         if shared_log:
             matched = ("each bench run's time window ('date' - 'duration', in "
                        f"{bench_timezone or 'local time'}) cut from one continuous scrape log")
@@ -241,7 +246,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     load.update(idle=win.idle, snapshot=win.snapshot, notes=[*load["notes"], *win.notes])
     write_table(series, run_dir / SERIES_CSV)
     (run_dir / INGEST_JSON).write_text(
-        json.dumps(ingest_report({"runs": reports}), indent=2, sort_keys=True) + "\n")
+        json.dumps(to_jsonable({"runs": reports}), indent=2, sort_keys=True) + "\n")
     engine_metrics = bool(len(series))
     geometry = cache_config(series) if engine_metrics else {}
     # A server log shows some engine arguments (max_num_seqs...); what the user gives wins.
@@ -279,7 +284,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         "server_platform_from": platform[1] if platform else None,
         "load_tool": load_tool(sources, [
             s["location"] for s in (reports.get("other") or {}).get("sources", [])
-            if s.get("kind") == "bench"]),
+            if s.get("kind") == SourceKind.BENCH]),
         "settings_from": settings_from,
         "name": run_dir.name,
         "description": "ingested metrics",
@@ -412,7 +417,7 @@ def incomplete_levels(sources: list[str]) -> list[dict[str, Any]]:
         except InputError:
             continue
         for src in found:
-            if src.kind != "bench":
+            if src.kind != SourceKind.BENCH:
                 continue
             try:
                 results = load_results(Path(src.location))

@@ -13,10 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from kvpressure.folders.output_folder import MARKER, NOTEBOOKS_COMMAND, write_marker
 from kvpressure.paths import checkout_root
-from kvpressure.pipeline.output_folder import MARKER, NOTEBOOKS_COMMAND, write_marker
 from kvpressure.stages import files as stages_files
-from kvpressure.stages.files import ANALYSIS_DIR
 from kvpressure.stages.results import StageResult
 
 # The notebooks run with cwd = notebooks/, so their defaults are relative to it.
@@ -25,19 +24,6 @@ DEFAULT_REPORTS = "../reports"
 # Replaces the notebooks' default experiment (nbval runs them on a small seeded experiment).
 EXPERIMENT_ENV = "KVPRESSURE_NB_EXPERIMENT"
 
-EXPERIMENT_COPY = "experiment.yaml"
-SOURCES_FILE = "sources.json"
-RUNS_CSV = "runs.csv"
-SERIES_CSV = "series.csv"
-INGEST_JSON = "ingest.json"
-RECORD_YAML = "record.yaml"
-INDEX_HTML = "index.html"
-NOTEBOOKS_DIR = "notebooks"
-POINTS_DIR = "points"
-# What notebooks run on their own may write into a run folder (besides the marker's files).
-RUN_LAYOUT = (EXPERIMENT_COPY, SOURCES_FILE, RUNS_CSV, SERIES_CSV, INGEST_JSON, RECORD_YAML,
-              INDEX_HTML, "runs.parquet", "series.parquet", "prometheus-rules.yml")
-RUN_LAYOUT_DIRS = (ANALYSIS_DIR, NOTEBOOKS_DIR, POINTS_DIR)
 
 
 def default_experiment() -> str:

@@ -13,26 +13,13 @@ import html
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kvpressure.jsonable import finite_or_none as finite
-
-NO_DATA = "no data"
+from kvpressure.words import NO_DATA, LevelWords, level_words, num
 
 
 # --------------------------------------------------------------------------- numbers
-def num(value: Any, digits: int = 3) -> str:
-    """A number as a reader writes it: whole numbers without a decimal point (a level is "16",
-    not "16.0") and with thousands separators, others to ``digits`` significant figures."""
-    f = finite(value)
-    if f is None:
-        return NO_DATA
-    if f.is_integer():
-        return f"{int(f):,}"
-    return f"{f:,.{digits}g}" if abs(f) < 1000 else f"{f:,.0f}"
-
-
 def count(value: Any) -> str:
     """A count (preemptions, tokens, requests): an integer with separators, even when it is a
     mean over seeds (620.3 preemptions reads as noise)."""
@@ -66,39 +53,6 @@ def levels_text(levels: Sequence[Any]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-# --------------------------------------------------------------------------- the level axis
-@dataclass(frozen=True)
-class LevelWords:
-    """How a sweep's levels are said: closed-loop clients or offered load in requests/s."""
-
-    axis: str
-    singular: str
-    plural: str
-    unit: str
-    label: str
-    """The axis of a figure."""
-    more: str
-    """What a larger level adds, as the subject of a sentence ("more clients")."""
-    lowers: str
-    """"lower" or "lowers", to agree with ``more``."""
-
-    def at(self, value: Any, bold: bool = False) -> str:
-        """``concurrency 16`` or ``request rate 2 req/s`` (the number bold when asked)."""
-        n = f"**{num(value)}**" if bold else num(value)
-        return f"{self.singular} {n}{self.unit}"
-
-
-_CONCURRENCY = LevelWords("concurrency", "concurrency", "concurrency levels", "",
-                          "concurrency (clients)", "more clients", "lower")
-_REQUEST_RATE = LevelWords("request_rate", "request rate", "request rates", " req/s",
-                           "offered load (requests/s)", "more offered load", "lowers")
-
-
-def level_words(axis: str | None = "concurrency") -> LevelWords:
-    """The words of a level axis (``concurrency`` or ``request_rate``)."""
-    return _REQUEST_RATE if axis == "request_rate" else _CONCURRENCY
-
-
 def record_axis(record: Any) -> LevelWords:
     """The level words of a record (its ``workload.level_axis``)."""
     return level_words(getattr(record.workload, "level_axis", "concurrency"))
@@ -125,7 +79,7 @@ def focus_label(seed: int | None) -> str:
 
 def runs_label(repeats: int) -> str:
     """Which measurement a runs-table number is: each run whole, averaged over the repeats
-    (:mod:`kvpressure.pipeline.levels`), unlike the focus window's counters of seed 0."""
+    (:mod:`kvpressure.analysis.levels`), unlike the focus window's counters of seed 0."""
     return f"whole runs, mean of {repeats} seeds" if repeats > 1 else "whole run"
 
 
@@ -252,7 +206,7 @@ def symptom_sentence(symptom: Mapping[str, Any], max_num_seqs: Any = None,
 # --------------------------------------------------------------------------- goodput
 def goodput_sentence(gp: Any, ttft_limit_s: float | None, tpot_limit_s: float | None,
                      e2el_limit_s: float | None = None, axis: str = "concurrency") -> str:
-    """The goodput table (``pipeline.latency.goodput``) in one sentence: where it is highest,
+    """The goodput table (``investigation.latency.goodput``) in one sentence: where it is highest,
     or that the data cannot judge the limits."""
     from kvpressure.analysis.limits import seconds
 

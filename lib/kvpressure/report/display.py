@@ -12,12 +12,10 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvpressure.stages.files import has_stage
-from kvpressure.stages.results import CollectInfo, Window
+from kvpressure.stages.results import Window
 
 if TYPE_CHECKING:
-    from kvpressure.pipeline.collect import Tables
-    from kvpressure.pipeline.run_context import RunContext
+    from kvpressure.folders.run_context import RunContext
 
 FIGSIZE = (9.0, 4.2)
 DPI = 100
@@ -58,9 +56,9 @@ def setup_plots() -> None:
 
 def open_context(run_dir: Any = "", experiment: Any = "", source: Any = "",
                  banner: bool = True) -> RunContext:
-    """The run a notebook reads (see :mod:`kvpressure.pipeline.run_context`), shown as a
+    """The run a notebook reads (see :mod:`kvpressure.folders.run_context`), shown as a
     banner naming the run folder, the experiment or sources and when they were collected."""
-    from kvpressure.pipeline.run_context import current_run
+    from kvpressure.folders.run_context import current_run
 
     ctx = current_run(experiment, source, run_dir)
     if banner:
@@ -76,26 +74,9 @@ def show_banner(ctx: RunContext, collecting: bool = False) -> None:
     report names them once, in its own header, so it leaves these out)."""
     from IPython.display import Markdown, display
 
-    from kvpressure.pipeline.run_context import banner_text
+    from kvpressure.folders.run_context import banner_text
 
     display(Markdown(banner_text(ctx, collecting)), metadata=BANNER_METADATA)
-
-
-def open_run(run_dir: Any = "", experiment: Any = "", source: Any = "") -> Tables:
-    """What notebooks 02-06 open with: the plot theme, stage 01's results (running stage 01
-    first when the run folder lacks them, so each notebook also runs on its own) and its tables.
-    ``run_dir`` may be a :class:`RunContext`. A folder whose inputs changed since stage 01 read
-    them is refused (InputError saying to rerun 01)."""
-    from kvpressure.pipeline.collect import ensure_collected, load_tables
-    from kvpressure.pipeline.run_context import RunContext, check_fresh, current_run
-
-    ctx = run_dir if isinstance(run_dir, RunContext) else current_run(experiment, source, run_dir)
-    setup_plots()
-    check = has_stage(ctx.run_dir, CollectInfo)
-    ensure_collected(ctx.run_dir, ctx.experiment, ctx.source)
-    if check:
-        check_fresh(ctx.run_dir)
-    return load_tables(ctx.run_dir)
 
 
 def figure_png(fig: Any) -> bytes:
@@ -126,7 +107,7 @@ def plot_band(ax: Any, frame: Any, y: str = "output_throughput", x: str = "concu
               hue: str | None = None, label: str | None = None, color: Any = None,
               repeats_word: str = "repeats") -> None:
     """One line per ``hue`` value through the level means of ``frame`` (one row per level, as
-    :func:`kvpressure.pipeline.levels.level_means` gives it), with the spread between repeats
+    :func:`kvpressure.analysis.levels.level_means` gives it), with the spread between repeats
     (``<y>_min`` to ``<y>_max``) as a band in the line's colour; no band when each level ran
     once. ``repeats_word`` names the repeats in the legend ("seeds" for a simulation)."""
     import seaborn as sns
@@ -228,7 +209,7 @@ def progress_bar(total: int | None = None, desc: str = "") -> Any:
     """A tqdm bar: the notebook widget in Jupyter, text in a terminal. In batch (the kernels of
     ``kvpressure report``) plain lines on stderr instead, which the command copies to its
     terminal; a widget would only leave markup in the executed notebook."""
-    from kvpressure.pipeline.run_context import BATCH_ENV
+    from kvpressure.folders.run_context import BATCH_ENV
 
     if os.environ.get(BATCH_ENV):
         return _StderrBar(total, desc)
@@ -281,7 +262,7 @@ class LineProgress:
     _LINE = r"^\[(\d+)/(\d+)\]\s*(.*)$"
 
     def __init__(self, desc: str = "") -> None:
-        from kvpressure.pipeline.run_context import BATCH_ENV
+        from kvpressure.folders.run_context import BATCH_ENV
 
         self.desc = desc
         self.bar: Any = None
@@ -324,7 +305,7 @@ def time_series_panel(timeline: Any, preemptions: Any, window: Window,
     Grafana view of a vLLM server), with the level's window and its steady part marked."""
     import matplotlib.pyplot as plt
 
-    from kvpressure.pipeline.sentences import EPOCH_S, clock
+    from kvpressure.report.sentences import EPOCH_S, clock
 
     t0, t1 = window.window
     g0, g1 = window.gauge_window

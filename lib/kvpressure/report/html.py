@@ -18,9 +18,9 @@ from typing import Any
 
 from markupsafe import escape
 
-from kvpressure.pipeline.notebooks import NOTEBOOKS
-from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
-from kvpressure.pipeline.sentences import (
+from kvpressure.folders.layout import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
+from kvpressure.record.schema import STATUS_KV_BOUND, STATUS_NOT_ESTABLISHED, Record
+from kvpressure.report.sentences import (
     count,
     focus_label,
     lead_sentence,
@@ -35,7 +35,7 @@ from kvpressure.pipeline.sentences import (
     version_warning,
     window_text,
 )
-from kvpressure.record.schema import STATUS_KV_BOUND, STATUS_NOT_ESTABLISHED, Record
+from kvpressure.stages.files import STAGES
 from kvpressure.stages.results import VerdictResult
 
 SKIP_TAGS = frozenset({"parameters", "injected-parameters", "report-skip",
@@ -372,7 +372,7 @@ def render_report(run_dir: str | os.PathLike[str], title: str | None = None,
     run_dir = Path(run_dir)
     record = load_record(run_dir / RECORD_YAML)
     notebooks = []
-    for name in NOTEBOOKS:
+    for name in STAGES.values():
         path = run_dir / NOTEBOOKS_DIR / f"{name}.ipynb"
         if path.is_file():
             notebooks.append((name, nbformat.read(path, as_version=4)))
@@ -384,7 +384,7 @@ def render_report(run_dir: str | os.PathLike[str], title: str | None = None,
         name = (read_stage(run_dir, CollectInfo).name if has_stage(run_dir, CollectInfo)
                 else None) or run_dir.resolve().name
         title = f"{name}: where throughput stops growing, and why"
-    from kvpressure.pipeline.run_folder import display_path
+    from kvpressure.folders.run_folder import display_path
 
     page = build_html(record, notebooks, title, verdict,
                       display_path(run_dir) if run_folder is None else run_folder)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpressure.pipeline.display import legend_outside, plot_band
-from kvpressure.pipeline.sentences import level_words, num
+from kvpressure.report.display import legend_outside, plot_band
+from kvpressure.report.sentences import level_words, num
 
 # Readable names for the latency lines of the curve's table.
 LATENCY_LABELS = {"itl_mean_s": "ITL mean", "itl_p95_s": "ITL p95", "ttft_p95_s": "TTFT p95"}

@@ -13,7 +13,7 @@ runs out of one folder; the second is refused, naming the process that holds it.
 
 A run killed before its swap leaves its partial sibling; the next run into the same folder
 adopts it, so a sweep keeps the points it had finished (each checked complete by its own
-marker, see :mod:`kvpressure.pipeline.point_marker`) and discards everything else.
+marker, see :mod:`kvpressure.sweeps.point_marker`) and discards everything else.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _foreign(out: Path, marker: dict[str, Any]) -> list[str]:
 
 def _in_run_layout(name: str) -> bool:
     """A file notebooks run in place write (their folder's marker cannot list them all)."""
-    from kvpressure.pipeline.run_folder import RUN_LAYOUT, RUN_LAYOUT_DIRS
+    from kvpressure.folders.layout import RUN_LAYOUT, RUN_LAYOUT_DIRS
 
     top = name.split("/", 1)[0]
     return name in RUN_LAYOUT or ("/" in name and top in RUN_LAYOUT_DIRS)

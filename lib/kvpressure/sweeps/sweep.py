@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.pipeline.point_marker import complete_row, point_key, write_point_marker
 from kvpressure.simulation.experiment import (
     ENGINE_ARGS,
     MAX_SEEDS,
     Experiment,
     load_experiment,
 )
+from kvpressure.sweeps.point_marker import complete_row, point_key, write_point_marker
 
 RUNS_COLUMNS = (
     "run", "variant", "concurrency", "request_rate", "num_requests", "duration_s",
@@ -263,7 +263,7 @@ def run_sweep(
             rows[job.index] = row
             report(job, row, done)
     else:
-        from kvpressure.pipeline.workers import process_pool, stop_pool
+        from kvpressure.workers import process_pool, stop_pool
 
         own = executor is None
         pool = executor if executor is not None else process_pool(n_jobs)

@@ -14,19 +14,19 @@ from typing import Any
 
 import pandas as pd
 
+from kvpressure.analysis.focus import focus_level
 from kvpressure.errors import InputError
-from kvpressure.pipeline.collect import BASELINE, SCRAPE_FILES, ingest_report
-from kvpressure.pipeline.focus import focus_level
-from kvpressure.pipeline.lengths import length_stats
-from kvpressure.pipeline.run_folder import (
+from kvpressure.folders.layout import (
+    BASELINE,
     EXPERIMENT_COPY,
     INGEST_JSON,
     RUNS_CSV,
+    SCRAPE_FILES,
     SERIES_CSV,
-    display_path,
-    sha256_file,
 )
-from kvpressure.pipeline.windows import steady_window
+from kvpressure.folders.run_folder import display_path, sha256_file
+from kvpressure.investigation.lengths import length_stats
+from kvpressure.investigation.windows import steady_window
 from kvpressure.stages.files import as_result
 from kvpressure.stages.results import CollectInfo
 from kvpressure.table_files import write_table
@@ -34,7 +34,7 @@ from kvpressure.table_files import write_table
 
 def _run_sweep(experiment: Any, run_dir: Path, jobs: int, progress: Callable[[str], None]
                ) -> pd.DataFrame:
-    from kvpressure.pipeline.sweep import run_sweep
+    from kvpressure.sweeps.sweep import run_sweep
 
     return run_sweep(experiment, run_dir, progress=progress, jobs=jobs)
 
@@ -51,7 +51,7 @@ def _describe_length(spec: Any) -> str:
 
 def _point_dir(run_dir: Path, variant: str, concurrency: int | None,
                request_rate: float | None = None) -> Path:
-    from kvpressure.pipeline.sweep import point_folder
+    from kvpressure.sweeps.sweep import point_folder
 
     return run_dir / point_folder(variant, concurrency, request_rate)
 
@@ -94,7 +94,7 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
     ingested = ingest([scrape], run=run_name)
     write_table(ingested.series, run_dir / SERIES_CSV)
     (run_dir / INGEST_JSON).write_text(
-        json.dumps(ingest_report(ingested.report), indent=2, sort_keys=True) + "\n")
+        json.dumps(ingested.report.to_dict(), indent=2, sort_keys=True) + "\n")
     requests = pd.read_csv(point / "requests.csv")
     t0, t1 = steady_window(requests, ingested.series)
     settings = exp.settings()
@@ -166,8 +166,8 @@ def _variant_settings(exp: Any, variant: str) -> dict[str, Any]:
 
 
 def _latency_fidelity(hardware: str) -> dict[str, Any]:
-    from kvpressure.pipeline.sentences import latency_fidelity_sentence
     from kvpressure.profiles.fidelity import latency_fidelity
+    from kvpressure.report.sentences import latency_fidelity_sentence
 
     got = latency_fidelity(hardware)
     return {**got, "statement": latency_fidelity_sentence(got)}

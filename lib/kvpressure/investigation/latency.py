@@ -28,7 +28,7 @@ def _level(info: CollectInfo, level: Any) -> Any:
 
 
 def _simulated(run_dir: Path, info: CollectInfo) -> pd.DataFrame:
-    from kvpressure.pipeline.sweep import point_folder
+    from kvpressure.sweeps.sweep import point_folder
 
     variant = info.baseline_variant
     x = info.level_axis
@@ -166,7 +166,7 @@ def latency_figure(requests: pd.DataFrame, ttft_limit_s: float | None = None,
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
     data = requests.copy()
-    from kvpressure.pipeline.sentences import num
+    from kvpressure.report.sentences import num
 
     if x == "concurrency":
         data["level"] = data[x].astype(int).astype(str)

@@ -178,7 +178,7 @@ def _float_counts(page: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvpressure.pipeline.page_check RUN_DIR...``: exit 1 naming each defect."""
+    """``python -m kvpressure.report.page_check RUN_DIR...``: exit 1 naming each defect."""
     import sys
 
     bad = 0

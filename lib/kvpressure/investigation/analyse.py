@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.pipeline.collect import collect, load_tables
-from kvpressure.pipeline.run_folder import write_stage
+from kvpressure.folders.run_folder import write_stage
+from kvpressure.investigation.collect import collect, load_tables
 from kvpressure.stages.files import has_stage, read_stages
 from kvpressure.stages.results import CollectInfo
 
@@ -37,14 +37,14 @@ def analyse(
 ) -> Path:
     """Collect (when an experiment or source is given; else reuse the run folder's stage 01),
     analyse and write the record; returns the path of ``record.yaml``."""
-    from kvpressure.pipeline.stages import (
+    from kvpressure.investigation.record import build_record
+    from kvpressure.investigation.stages import (
         compare_stage,
         interference_stage,
         knee_stage,
         recompute_stage,
     )
-    from kvpressure.pipeline.verdict import record_stage
-    from kvpressure.record.build import build_record
+    from kvpressure.investigation.verdict import record_stage
     from kvpressure.record.io import write_record
 
     if experiment or source:

@@ -5,7 +5,7 @@ Each ``*_stage`` function returns a :class:`StageOutput`: ``result`` (the stage'
 ``frames`` (tidy tables for its figures). The notebooks
 only plot, print and assert; the judgement lives in :mod:`kvpressure.analysis`. Curves are the
 per-level means over the repeats (workload seeds) with their spread, as
-:mod:`kvpressure.pipeline.levels` lays down.
+:mod:`kvpressure.analysis.levels` lays down.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvpressure.analysis.levels import level_means
+from kvpressure.ingestion.engine_facts import EngineFacts
 from kvpressure.ingestion.names import KV_USAGE, PREEMPTIONS, RUNNING, WAITING, WAITING_BY_REASON
+from kvpressure.investigation.collect import Tables
 from kvpressure.jsonable import finite_or_none
-from kvpressure.pipeline.collect import Tables, recompute_args
-from kvpressure.pipeline.levels import level_means
 from kvpressure.stages.files import as_result
 from kvpressure.stages.results import (
     ComparisonResult,
@@ -121,15 +122,15 @@ def focus_recompute_estimate(tables: Tables) -> Any:
 
     focus = tables.info.focus
     t0, t1 = tables.window
-    args = recompute_args(tables.info.settings)
+    engine = EngineFacts.from_settings(tables.info.settings)
     # A window from the start of a log that starts with the process counts from zero, as the
     # runs table does over the same span.
     zero = focus.counter_origin == "zero"
     return recompute_from_series(
         tables.series, None if zero else t0, t1, run=focus.run,
-        num_gpu_blocks=args["num_gpu_blocks"], block_size=args["block_size"],
-        enable_prefix_caching=args["prefix_caching"], policy=args["policy"],
-        scheduler_reserve_full_isl=args["scheduler_reserve_full_isl"],
+        num_gpu_blocks=engine.num_gpu_blocks, block_size=engine.block_size,
+        enable_prefix_caching=engine.enable_prefix_caching, policy=engine.scheduling_policy,
+        scheduler_reserve_full_isl=engine.scheduler_reserve_full_isl,
         origin="zero" if zero else "first",
     )
 
@@ -251,7 +252,7 @@ def knee_stage(tables: Tables) -> StageOutput:
     spread the noise); latencies at every level."""
     from kvpressure.analysis.knee import knee_of_runs, same_schedule_from
     from kvpressure.analysis.symptoms import ITL_P99_NOTE
-    from kvpressure.pipeline.sentences import level_words
+    from kvpressure.report.sentences import level_words
 
     base = tables.baseline_runs
     focus = tables.info.focus
@@ -365,7 +366,7 @@ def variant_table(result: ComparisonResult, x: str = "concurrency") -> pd.DataFr
     """One row per variant of compare.json: its knee and the end of its sustained range, each
     with its bootstrap range, the peak and the noise (empty without a comparison). A range
     end past the largest level (a curve that does not turn inside the sweep) reads "past N"."""
-    from kvpressure.pipeline.sentences import num
+    from kvpressure.report.sentences import num
 
     if not result.available:
         return pd.DataFrame()

@@ -18,20 +18,12 @@ from typing import Any
 
 import pandas as pd
 
+from kvpressure.analysis.levels import REPEAT, repeats_of
 from kvpressure.errors import InputError
-from kvpressure.jsonable import to_jsonable
-from kvpressure.pipeline.levels import REPEAT, repeats_of
-from kvpressure.pipeline.run_folder import (
-    RUNS_CSV,
-    SERIES_CSV,
-    as_sources,
-    write_stage,
-)
+from kvpressure.folders.layout import RUNS_CSV, SERIES_CSV
+from kvpressure.folders.run_folder import as_sources, write_stage
 from kvpressure.stages.files import has_stage, read_stage
 from kvpressure.stages.results import CollectInfo
-
-BASELINE = "baseline"
-SCRAPE_FILES = ("metrics.prom.jsonl", "metrics.prom.jsonl.gz")
 
 
 @dataclass
@@ -78,22 +70,6 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def ingest_report(report: Mapping[str, Any]) -> dict[str, Any]:
-    return to_jsonable(dict(report))
-
-
-def recompute_args(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """What the recompute estimate takes from the engine arguments (vLLM exports only the pool
-    geometry): the same for the ``runs`` table and stage 02, so both give one number."""
-    return {
-        "num_gpu_blocks": settings.get("num_gpu_blocks"),
-        "block_size": settings.get("block_size"),
-        "prefix_caching": settings.get("enable_prefix_caching"),
-        "policy": settings.get("scheduling_policy", settings.get("policy")),
-        "scheduler_reserve_full_isl": settings.get("scheduler_reserve_full_isl"),
-    }
-
-
 def collect(
     run_dir: str | os.PathLike[str],
     experiment: str | os.PathLike[str] = "",
@@ -111,8 +87,8 @@ def collect(
     progress: Callable[[str], None] | None = _stderr,
 ) -> CollectInfo:
     """Stage 01: write the canonical tables and ``analysis/collect.json``; returns the latter."""
-    from kvpressure.pipeline.collect_ingested import collect_ingested
-    from kvpressure.pipeline.collect_simulated import collect_simulation
+    from kvpressure.investigation.collect_ingested import collect_ingested
+    from kvpressure.investigation.collect_simulated import collect_simulation
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -155,3 +131,20 @@ def load_tables(run_dir: str | os.PathLike[str]) -> Tables:
         steps = pd.read_csv(run_dir / point_dir / "steps.csv")
         requests = pd.read_csv(run_dir / point_dir / "requests.csv")
     return Tables(info, runs, series, steps, requests)
+
+
+def open_run(run_dir: Any = "", experiment: Any = "", source: Any = "") -> Tables:
+    """What notebooks 02-06 open with: the plot theme, stage 01's results (running stage 01
+    first when the run folder lacks them, so each notebook also runs on its own) and its tables.
+    ``run_dir`` may be a :class:`RunContext`. A folder whose inputs changed since stage 01 read
+    them is refused (InputError saying to rerun 01)."""
+    from kvpressure.folders.run_context import RunContext, check_fresh, current_run
+    from kvpressure.report.display import setup_plots
+
+    ctx = run_dir if isinstance(run_dir, RunContext) else current_run(experiment, source, run_dir)
+    setup_plots()
+    check = has_stage(ctx.run_dir, CollectInfo)
+    ensure_collected(ctx.run_dir, ctx.experiment, ctx.source)
+    if check:
+        check_fresh(ctx.run_dir)
+    return load_tables(ctx.run_dir)

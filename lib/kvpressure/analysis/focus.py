@@ -19,7 +19,7 @@ def focus_level(baseline_runs: pd.DataFrame, requested: float | None = None,
     rows of a level (workload seeds) are averaged, as the knee stage does.
     """
     from kvpressure.analysis.knee import find_knee
-    from kvpressure.pipeline.sentences import level_words
+    from kvpressure.words import level_words
 
     word = level_words(x)
     closed = x == "concurrency"

@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
-from kvpressure.paths import data_dir, kit_root, stored_path, work_root
-from kvpressure.pipeline.run_folder import (
-    ANALYSIS_DIR,
+from kvpressure.folders.run_folder import (
     DEFAULT_EXPERIMENT,
     as_sources,
     default_experiment,
@@ -32,7 +30,8 @@ from kvpressure.pipeline.run_folder import (
     display_path,
     sha256_file,
 )
-from kvpressure.stages.files import has_stage, read_stage
+from kvpressure.paths import data_dir, kit_root, stored_path, work_root
+from kvpressure.stages.files import ANALYSIS_DIR, has_stage, read_stage
 from kvpressure.stages.results import CollectInfo
 
 CONTEXT_ENV = "KVPRESSURE_RUN_CONTEXT"

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvpressure.errors import InputError
-from kvpressure.pipeline.notebooks import (
+from kvpressure.folders.layout import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
+from kvpressure.folders.output_folder import check_replaceable, output_folder, point_paths_at
+from kvpressure.folders.run_folder import display_path
+from kvpressure.notebooks.batch import (
     NOTEBOOK_SOURCE_DIR,
     NOTEBOOKS,
     NotebookRun,
@@ -25,8 +28,6 @@ from kvpressure.pipeline.notebooks import (
     parameter_names,
     run_notebooks,
 )
-from kvpressure.pipeline.output_folder import check_replaceable, output_folder, point_paths_at
-from kvpressure.pipeline.run_folder import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML, display_path
 from kvpressure.user_files import parse_user_yaml
 
 # Set by the command itself; a --param may not override them.
@@ -150,7 +151,7 @@ def make_report(
     stream: TextIO | None = sys.stderr,
 ) -> ReportResult:
     """Run the investigation on an experiment (simulated) or on ingested sources."""
-    from kvpressure.pipeline.html import render_report
+    from kvpressure.report.html import render_report
 
     started = time.perf_counter()
     if (experiment is None) == (not sources):

@@ -8,7 +8,7 @@
   ``*.ipynb`` (``.gitattributes``), so a notebook Lab saved with its outputs is stored, diffed and
   committed without them. ``--verify`` checks what git stores, not the working file Lab saved.
 
-``python -m kvpressure.pipeline.lab [--choose EXPERIMENT] [--install-filter] [--verify]
+``python -m kvpressure.notebooks.lab [--choose EXPERIMENT] [--install-filter] [--verify]
 [--start [-- jupyter lab args]]``.
 """
 
@@ -71,7 +71,7 @@ def strip_before_save(model: dict, path: str, contents_manager: Any, **_: Any) -
 def lab_command(notebook_dir: str | os.PathLike[str], extra: Sequence[str] = ()) -> list[str]:
     """The command line that starts JupyterLab on ``notebook_dir``."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={os.fspath(notebook_dir)}",
-           "--FileContentsManager.pre_save_hook=kvpressure.pipeline.lab.strip_before_save"]
+           "--FileContentsManager.pre_save_hook=kvpressure.notebooks.lab.strip_before_save"]
     if hasattr(os, "getuid") and os.getuid() == 0:
         cmd.append("--allow-root")  # containers and CI machines run as root
     return cmd + list(extra)
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = args[args.index("--") + 1:] if "--" in args else []
     own = args[:args.index("--")] if "--" in args else args
     if "--choose" in own:  # make lab EXPERIMENT=...: the run 02-06 read until 01 chooses another
-        from kvpressure.pipeline.run_context import choose_run, remember_run
+        from kvpressure.folders.run_context import choose_run, remember_run
 
         chosen = own[own.index("--choose") + 1]
         os.environ["KVPRESSURE_NB_EXPERIMENT"] = str(Path(chosen).resolve())

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvpressure.folders.layout import NOTEBOOKS_DIR
+from kvpressure.folders.run_context import BATCH_ENV
 from kvpressure.paths import notebooks_dir
-from kvpressure.pipeline.run_context import BATCH_ENV
-from kvpressure.pipeline.run_folder import NOTEBOOKS_DIR
-from kvpressure.pipeline.workers import die_with_parent
 from kvpressure.stages.files import STAGES
+from kvpressure.workers import die_with_parent
 
 NOTEBOOK_SOURCE_DIR = notebooks_dir()
 NOTEBOOKS: tuple[str, ...] = tuple(STAGES.values())
@@ -42,7 +42,7 @@ WARM_CODE = (
     "import numpy, pandas, matplotlib\n"
     "matplotlib.use('Agg')\n"
     "import matplotlib.pyplot, seaborn, IPython.display\n"
-    "import kvpressure.pipeline.display\n"
+    "import kvpressure.report.display\n"
 )
 RESET_CODE = (
     "import os as _os\n"

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvpressure.pipeline.output_folder import file_sha256
+from kvpressure.folders.output_folder import file_sha256
 
 POINT_MARKER = ".kvpressure-point.json"
 

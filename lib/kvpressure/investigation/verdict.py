@@ -18,15 +18,15 @@ from typing import Any
 
 import pandas as pd
 
-from kvpressure.pipeline.collect import Tables
-from kvpressure.pipeline.sentences import (
+from kvpressure.investigation.collect import Tables
+from kvpressure.investigation.stages import StageOutput, comparison_of, interference_of
+from kvpressure.report.sentences import (
     knee_sentence,
     record_axis,
     runs_label,
     symptom_sentence,
     to_plain,
 )
-from kvpressure.pipeline.stages import StageOutput, comparison_of, interference_of
 from kvpressure.stages.files import as_result, read_stage
 from kvpressure.stages.results import (
     ComparisonResult,
@@ -100,8 +100,8 @@ def _simulate_levels(experiment_path: str, levels: list[float], jobs: int = 2,
     after each point."""
     import tempfile
 
-    from kvpressure.pipeline.sweep import run_sweep
     from kvpressure.simulation.experiment import load_experiment
+    from kvpressure.sweeps.sweep import run_sweep
 
     exp = load_experiment(experiment_path)
 
@@ -192,7 +192,7 @@ def _verification(run_dir: str | os.PathLike[str], overrides: dict[str, Any],
     the twin's focus, else the first verified."""
     import json
 
-    from kvpressure.pipeline.sentences import verification_sentence
+    from kvpressure.report.sentences import verification_sentence
 
     for folder in (Path(run_dir), Path(run_dir).parent):
         path = folder / "verify" / "verify.json"
@@ -230,7 +230,7 @@ def _experiment_remedies(path: Path) -> dict[str, dict] | None:
 
 def _remedy_rows(report: dict[str, Any], settings: dict[str, Any],
                  repeats: int = 1, axis: str = "concurrency") -> list[dict[str, str]]:
-    from kvpressure.pipeline.sentences import level_words
+    from kvpressure.report.sentences import level_words
 
     words = level_words(axis)
     rows = []
@@ -281,7 +281,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
     from kvpressure.analysis.remedies import evaluate_remedies
     from kvpressure.analysis.status import KV_BOUND, NOT_ESTABLISHED, SEQ_BOUND, decide_status
     from kvpressure.analysis.symptoms import check_symptoms
-    from kvpressure.pipeline.stages import focus_recompute_estimate
+    from kvpressure.investigation.stages import focus_recompute_estimate
 
     info = tables.info
     settings = info.settings
