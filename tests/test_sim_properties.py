@@ -164,3 +164,38 @@ def test_client_return_queue_without_lag_is_the_plain_closed_loop(data):
     queued = sim.run()
     _same(plain, queued)
     _returns_follow_the_rule(plain)
+
+
+def test_leaps_of_every_length_give_the_exact_rows(monkeypatch):
+    # A leap's rows go into the steps table row by row, as one run of rows, or by column,
+    # by its length (steps_table._ROWS_MAX, _RUN_MAX): each way, the exact path's bytes.
+    from kvpressure.simulation import steps_table
+
+    lengths: list[int] = []
+    add = steps_table.StepsTable.add_decode_steps
+
+    def spy(self, *args):
+        lengths.append(len(args[7]))  # usage: one entry a leapt step
+        return add(self, *args)
+
+    monkeypatch.setattr(steps_table.StepsTable, "add_decode_steps", spy)
+    for output_len in (12, 3000, 20000):
+        sc = load_scenario({
+            "name": f"leap_{output_len}", "mode": {"type": "open"},
+            "settings": {"num_gpu_blocks": 3000, "block_size": 16, "max_num_seqs": 4,
+                         "max_model_len": 20100},
+            "requests": [{"id": f"r{i}", "prompt_len": 40 + i, "output_len": output_len - i,
+                          "arrival_step": 0} for i in range(2)]})
+        for cost in (None, LinearCost()):
+            lengths.clear()
+            exact = simulate(sc, cost_model=cost, fast_path="off")
+            leapt = simulate(sc, cost_model=cost, fast_path="leap")
+            assert leapt.steps_csv() == exact.steps_csv()
+            assert leapt.requests_csv() == exact.requests_csv()
+            longest = max(lengths)
+            if output_len == 12:
+                assert longest <= steps_table._ROWS_MAX
+            elif output_len == 3000:
+                assert steps_table._ROWS_MAX < longest <= steps_table._RUN_MAX
+            else:
+                assert longest > steps_table._RUN_MAX

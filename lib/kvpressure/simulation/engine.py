@@ -40,6 +40,8 @@ import time as _time
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 from kvpressure.errors import InputError
 from kvpressure.simulation.lazy_decode import DecodeProgress, LazyDecode
 from kvpressure.simulation.leap import try_leap
@@ -48,7 +50,7 @@ from kvpressure.simulation.recorder import Recorder, RecorderHooks
 from kvpressure.simulation.request import PREEMPTED, Request
 from kvpressure.simulation.request_path import NO_PATH, RequestPath
 from kvpressure.simulation.scenario import Scenario
-from kvpressure.simulation.scheduler import Scheduler, SchedulerOutput
+from kvpressure.simulation.scheduler import Scheduler, SchedulerOutput, decode_step_output
 from kvpressure.simulation.step_clock import StepClock
 from kvpressure.simulation.step_features import StepFeatures
 from kvpressure.simulation.steps_table import StepsTable
@@ -74,7 +76,8 @@ def simulate(scenario: Scenario, cost_model: Any = None, recorder: Recorder | An
 class Simulation:
     """One run: ``Simulation(...).run()`` is ``simulate(...)``. Between steps (from a
     recorder hook) ``scheduler`` and ``decode`` may be read, not changed; ``lazy`` is
-    ``decode`` when a fast path is on, else None."""
+    ``decode`` when a fast path is on, else None. A leap (``leap.py``) asks the engine only
+    through the four methods of the section below that names it."""
 
     def __init__(self, scenario: Scenario, cost_model: Any = None,
                  recorder: Recorder | Any = None, fast_path: str = "leap",
@@ -284,6 +287,161 @@ class Simulation:
             self.step = max(self.step, head.arrival_step)
         return True
 
+    # -- what a leap asks of the engine (leap.py calls these, and nothing else of it) -------
+    def steps_before_submission(self) -> int | None:
+        """Steps that may run from this one before a client's return or a step-level arrival
+        submits a request; None when none is due (arrivals in time are cut by
+        ``decode_step_times``)."""
+        if self.client_returns is not None:
+            back = self.next_return_step()
+            return back - self.step if back is not None else None
+        if not self.closed and not self.time_arrivals and self.next_idx < len(self.order):
+            return self.order[self.next_idx].arrival_step - self.step
+        return None
+
+    def decode_step_times(self, num_steps: int, num_running: int, sum_ctx: int
+                          ) -> tuple[float, Any, Any, int]:
+        """``(start, durations, ends, n)`` of the next ``num_steps`` steps if each decodes
+        one token of ``num_running`` requests (``sum_ctx``: their Σ context in the first,
+        one more a request each step after): the first step's start, each step's duration
+        and end priced at once (None untimed), and ``n``, how many of them are scheduled
+        before the next request reaches the engine core (``num_steps`` when none does)."""
+        t_start = self._step_start()
+        if not self.timed:
+            return t_start, None, None, num_steps
+        js = np.arange(num_steps)
+        f = StepFeatures(np.zeros(num_steps, dtype=np.int64),
+                         np.full(num_steps, num_running, dtype=np.int64),
+                         np.zeros(num_steps, dtype=np.int64), sum_ctx + num_running * js,
+                         np.zeros(num_steps), np.zeros(num_steps, dtype=np.int64))
+        durations = np.broadcast_to(
+            np.asarray(self.cost_model.step_time(f), dtype=float), (num_steps,))
+        # Sequential sums, so that every time equals the step-by-step path's bit for bit.
+        ends = np.cumsum(np.concatenate(([t_start], durations)))[1:]
+        if self.time_arrivals and self.next_idx < len(self.order):
+            nxt = self.engine_arrivals[self.next_idx]
+            # Step j is scheduled at ends[j-1] (async: ends[j-2], when step j-1 started);
+            # it must be scheduled before the next request reaches the engine core.
+            if self.async_scheduling:
+                cuts = np.concatenate(([self.schedule_t, t_start], ends[:-2]))[:num_steps]
+            else:
+                cuts = np.concatenate(([t_start], ends[:-1]))
+            num_steps = min(num_steps, int(np.searchsorted(cuts, nxt, side="left")))
+        return t_start, durations, ends, num_steps
+
+    def steps_before_scrape(self, ends: Any, num_steps: int) -> int:
+        """How many of ``num_steps`` leapt steps (ending at ``ends``, None on the step clock)
+        may run: up to the one whose outputs reach the recorder's next scrape, so that the
+        scrape sees exactly what the step-by-step path shows it."""
+        scrape_at = self.hooks.next_scrape_time()
+        if scrape_at is None:
+            return num_steps
+        return min(num_steps, self._first_step_reaching(ends, num_steps, scrape_at) + 1)
+
+    def _first_step_reaching(self, ends: Any, num_steps: int, t: float) -> int:
+        """The first of ``num_steps`` leapt steps whose end reaches ``t`` (at most
+        ``num_steps - 1``)."""
+        if ends is not None:
+            return int(np.searchsorted(ends, t, side="left"))
+        dt, t0, step0 = self.clock.dt, self.clock.t0, self.step
+
+        def before(k: int) -> bool:
+            return t0 + (step0 + k + 1) * dt < t
+
+        # Estimated, then settled by the clock's own expression, so no walk over the leap.
+        k = min(max(int((t - t0) / dt) - step0 - 1, 0), num_steps - 1)
+        while k > 0 and not before(k - 1):
+            k -= 1
+        while k < num_steps - 1 and before(k):
+            k += 1
+        return k
+
+    def end_leap(self, arrivals: int, finished: list[Request], usage: list[float],
+                 t_start: float, durations: Any, ends: Any) -> None:
+        """A leap of ``len(usage)`` steps (``usage``: the KV usage after each), whose
+        scheduling leap.py has applied, from the engine's side: the clock and the decoding
+        head's step times, the last step's update (``finished``, in running order), the
+        rows, the recorder's calls. ``t_start``, ``durations``, ``ends``: as
+        ``decode_step_times`` gave them, cut to the leap."""
+        sched = self.scheduler
+        lazy = self.lazy
+        assert lazy is not None  # a leap needs the decoding head
+        hooks = self.hooks
+        num_steps = len(usage)
+        running = sched.running
+        num_running = len(running)
+        # The batch as it was, for the recorder (the finishes leave running).
+        members = list(running) if hooks.recorder is not None else running
+        if ends is not None:
+            # Every member's tokens: the first follows the previous step's end, so all gaps
+            # are step durations, shared by the members (their own counters follow from the
+            # head's step times when they are next synced, so these come before the
+            # finishes).
+            gaps = np.diff(ends, prepend=t_start).tolist()
+            lazy.record_steps(gaps, ends.tolist())
+            self.itl_values.extend(gaps)
+            self.itl_weights.extend([num_running] * num_steps)
+            times: Any = ends
+            self.t = t_end = float(ends[-1])
+            self.schedule_t = (float(ends[-2]) if num_steps > 1 else t_start) \
+                if self.async_scheduling else t_end
+        else:
+            t0, dt, step0 = self.clock_t0, self.clock_dt, self.step
+            # Each step's end, for the recorder only; the last one by the same expression.
+            times = [t0 + (step0 + j + 1) * dt for j in range(num_steps)] \
+                if hooks.recorder is not None else None
+            t_end = t0 + (step0 + num_steps) * dt
+        num_finished = len(finished)
+        if finished:
+            # The last step's update_from_output.
+            sched.finish_requests(finished, self.step + num_steps - 1)
+            self.client_finished(num_finished, self.step + num_steps - 1)
+            for r in finished:
+                r.finish_time_s = t_end
+        usage_last = sched.kv.usage() if finished else usage[-1]
+        waiting = sched.waiting
+        self.steps.add_decode_steps(self.step, arrivals, num_running, len(waiting),
+                                    waiting.num_preempted, len(sched.deferred_waiting),
+                                    decode_step_output(num_running), usage, num_finished,
+                                    usage_last, t_start, durations, ends)
+        if hooks.recorder is not None:
+            self._report_leap(members, times, usage, num_finished, usage_last)
+        self.step += num_steps
+
+    def _report_leap(self, members: list[Request], times: Any, usage: list[float],
+                     num_finished: int, usage_last: float) -> None:
+        """The leapt steps to the recorder in aggregate (tokens, per-step gauges, the scrapes
+        due); a last step with finishes as a plain step."""
+        hooks = self.hooks
+        sched = self.scheduler
+        num_running = len(members)
+        num_waiting = len(sched.waiting)
+        num_deferred = len(sched.deferred_waiting)
+        num_leapt = len(usage) - 1 if num_finished else len(usage)
+        if num_leapt:
+            if hooks.on_decode_leap is not None:
+                hooks.on_decode_leap(members, times[:num_leapt])
+            if hooks.on_steps_end is not None:
+                zeros = [0] * num_leapt
+                hooks.on_steps_end(times[:num_leapt], [num_running] * num_leapt,
+                                   [num_waiting] * num_leapt, [num_deferred] * num_leapt,
+                                   usage[:num_leapt], zeros, zeros)
+            elif hooks.on_step_end is not None:
+                for j in range(num_leapt):
+                    hooks.on_step_end(float(times[j]), num_running, num_waiting,
+                                      num_deferred, usage[j], 0, 0)
+            if hooks.maybe_scrape is not None:
+                hooks.maybe_scrape(float(times[num_leapt - 1]))
+        if num_finished:
+            t_end = float(times[-1])
+            if hooks.on_output is not None:
+                self.report_head_tokens(members, num_finished, t_end)
+            if hooks.on_step_end is not None:
+                hooks.on_step_end(t_end, num_running - num_finished, num_waiting,
+                                  num_deferred, usage_last, 0, 0)
+            if hooks.maybe_scrape is not None:
+                hooks.maybe_scrape(t_end)
+
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> SimResult:
         t_wall = _time.perf_counter()
@@ -305,7 +463,7 @@ class Simulation:
             # A leap needs every running request in the decoding head (checked first here:
             # most steps of a busy run fail there).
             if leaps and lazy is not None and lazy.num_members == len(sched.running) \
-                    and try_leap(self, arrivals):
+                    and try_leap(self, sched, lazy, arrivals):
                 idle_steps = 0
                 continue
             num_tokens = self._step(arrivals)
@@ -357,8 +515,8 @@ class Simulation:
         num_running = len(sched.running)
         num_waiting = len(waiting)
         num_waiting_preempted = waiting.num_preempted
-        pool = sched.kv.pool
-        usage = pool.get_usage()
+        kv = sched.kv
+        usage = kv.usage()
         if self.timed:
             duration = self._price(out)
             t1 = t0 + duration
@@ -386,21 +544,10 @@ class Simulation:
         num_waiting_after = len(waiting)
         num_running_after = len(sched.running)
         num_deferred = len(sched.deferred_waiting)
-        usage_after = pool.get_usage()
-        # StepRow's fields in order, as a plain tuple (the table stores columns: a named
-        # row would be built only to be taken apart).
-        self.steps.append((
-            step, arrivals, num_running,  # step, arrivals, num_running
-            len(out.granted) + num_lazy,  # num_scheduled_reqs
-            num_waiting, num_waiting - num_waiting_preempted,  # num_waiting, num_waiting_new
-            num_waiting_preempted, num_deferred,  # num_waiting_preempted, num_waiting_deferred
-            usage, out.num_scheduled_tokens,  # kv_usage, num_scheduled_tokens
-            out.num_prefill_tokens, out.num_decode_tokens,  # num_prefill/decode_tokens
-            out.admitted_new, out.resumed, out.recomputed_tokens,  # same names
-            len(out.preempted), num_finished,  # preemptions, finished
-            num_running_after, num_waiting_after, usage_after,  # *_after
-            out.prefix_cache_queries, out.prefix_cache_hits,  # same names
-            t0, duration))  # time_s, step_duration_s
+        usage_after = kv.usage()
+        self.steps.add_step(step, arrivals, num_running, num_waiting, num_waiting_preempted,
+                            num_deferred, usage, out, num_finished, num_running_after,
+                            num_waiting_after, usage_after, t0, duration)
         if step_hooks:
             if hooks.on_step_end is not None:
                 hooks.on_step_end(t1, num_running_after, num_waiting_after, num_deferred,

@@ -186,6 +186,81 @@ class KVCacheManager:
             self.cache_blocks(req, total if total < L else L)
         return True
 
+    # -- decoding requests (one token a step): the exact step's decode branch and the fast
+    # path's decoding head take their blocks here, as every chunk does above.
+    def allocate_decode_slots(self, reqs: list[Request], start: int, limit: int) -> int:
+        """The decoding requests of ``reqs`` from ``start`` on, at most ``limit`` of them, one
+        token each at its position ``c``: a new block when ``c`` starts one
+        (docs/scheduler.md#run-alloc, what ``allocate_slots_running(req, 1)`` decides), the
+        block's key when the token fills it (#kv-cache-eager). Stops at a prefill chunk, or
+        before a request whose block is needed when none is free (nothing done for it: the
+        scheduler's general path then preempts); returns the index it stopped at. One call
+        for a run of them: the exact step's commonest work, done without a call a request."""
+        end = start + limit
+        if end > len(reqs):
+            end = len(reqs)
+        B = self.block_size
+        caching = self.enable_caching
+        pool = self.pool
+        i = start
+        while i < end:
+            req = reqs[i]
+            if req.is_prefill_chunk:
+                break
+            c = req.num_computed_tokens
+            if not c % B:
+                if not pool.num_free_blocks:
+                    break
+                req.blocks.append(pool.pop_one())
+            if caching and (c + 1) % B == 0:
+                self.cache_blocks(req, c + 1)
+            i += 1
+        return i
+
+    def append_block(self, req: Request) -> bool:
+        """One new block for ``req`` (a decoding request whose token starts one,
+        docs/scheduler.md#run-alloc); False, nothing done, when none is free."""
+        pool = self.pool
+        if not pool.num_free_blocks:
+            return False
+        req.blocks.append(pool.pop_one())
+        return True
+
+    def append_blocks(self, reqs: list[Request]) -> bool:
+        """One new block for each of ``reqs``, popped (and evicted, #kv-evict) in their order:
+        the crossings of one decode step. False, nothing done, when fewer blocks are free."""
+        n = len(reqs)
+        pool = self.pool
+        if n > pool.num_free_blocks:
+            return False
+        if n:
+            for r, b in zip(reqs, pool.get_new_blocks(n)):  # noqa: B905 (same length)
+                r.blocks.append(b)
+        return True
+
+    def append_blocks_of_steps(self, groups: list[list[Request]]) -> None:
+        """``append_blocks`` for each group in turn (the crossings of many decode steps, a
+        leap's), as one pop: the order single pops would take. The caller has checked that
+        enough blocks are free."""
+        total = 0
+        for g in groups:
+            total += len(g)
+        new_blocks = self.pool.get_new_blocks(total)
+        i = 0
+        for g in groups:
+            for r in g:
+                r.blocks.append(new_blocks[i])
+                i += 1
+
+    def num_free_blocks(self) -> int:
+        """Blocks a request may still take (cached blocks nobody holds included)."""
+        return self.pool.num_free_blocks
+
+    def usages(self, num_free: list[int]) -> list[float]:
+        """``usage()`` with each count of free blocks in ``num_free`` (a leap's steps)."""
+        denominator = self.pool.usage_denominator
+        return [1.0 - n / denominator for n in num_free]
+
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Register the keys of the request's blocks that are full of known tokens
         (``BlockPool.cache_block`` and ``Request.block_key``, inlined).
@@ -276,4 +351,6 @@ class KVCacheManager:
             self.prefix_hits += num_hit_tokens
 
     def usage(self) -> float:
-        return self.pool.get_usage()
+        """``BlockPool.get_usage()`` (read twice a step: one call, not two)."""
+        pool = self.pool
+        return 1.0 - pool.num_free_blocks / pool.usage_denominator

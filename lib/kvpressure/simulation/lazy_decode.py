@@ -111,15 +111,11 @@ class LazyDecode(DecodeProgress):
             self.flush(sched.running)
             return 0, budget, False
         clock = self.clock
-        pool = sched.kv.pool
+        kv = sched.kv
         cross = self.buckets[clock % self.block_size]
         stopped = False
-        if len(cross) <= pool.num_free_blocks:
-            # Enough free blocks for every crossing: popped in running order, at once.
-            if cross:
-                for req, b in zip(cross, pool.get_new_blocks(len(cross))):  # noqa: B905
-                    req.blocks.append(b)
-        else:
+        # Enough free blocks for every crossing: popped in running order, at once.
+        if cross and not kv.append_blocks(cross):
             # Not every crossing gets a block: preemptions, in running order. FCFS takes
             # victims from the end of running (members still to come in this bucket); PRIORITY
             # may take any running request, served members included (their token of this
@@ -129,7 +125,7 @@ class LazyDecode(DecodeProgress):
                 if req.lz_d0 < 0:
                     continue  # preempted earlier in this step
                 served = True
-                while not pool.num_free_blocks:
+                while not kv.append_block(req):
                     victim = sched.preempt_at(sched.victim_index(), out)
                     if victim is req:
                         served = False
@@ -139,8 +135,6 @@ class LazyDecode(DecodeProgress):
                         continue
                     stopped = True
                     break
-                req.blocks.append(pool.pop_one())
-        kv = sched.kv
         if kv.enable_caching:
             # Members whose token completes a block register its key (#kv-cache-eager).
             for req in self.buckets[(clock + 1) % self.block_size]:
@@ -247,6 +241,11 @@ class LazyDecode(DecodeProgress):
         """Time mode: the step at the current clock - 1 lasted ``gap`` and ended at ``end``."""
         self.gaps.append(gap)
         self.ends.append(end)
+
+    def record_steps(self, gaps: list[float], ends: list[float]) -> None:
+        """Time mode: ``record`` for each of many steps at once (a leap)."""
+        self.gaps.extend(gaps)
+        self.ends.extend(ends)
 
     def flush(self, running: list[Request]) -> None:
         """Every member leaves (the head ``running[:members]``), counters up to date."""

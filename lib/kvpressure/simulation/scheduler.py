@@ -94,6 +94,17 @@ class SchedulerOutput:
         return req.grant
 
 
+def decode_step_output(num_decoding: int) -> SchedulerOutput:
+    """The output of a step in which the ``num_decoding`` requests of the decoding head get
+    one token each and nothing else happens: each step of a leap (leap.py)."""
+    out = SchedulerOutput(0, False)
+    out.num_lazy = num_decoding
+    out.num_scheduled_tokens = num_decoding
+    out.num_decode_tokens = num_decoding
+    out.num_decode_seqs = num_decoding
+    return out
+
+
 class WaitingQueue:
     """FCFS queue or PRIORITY heap; ``prepend`` is a heap push under PRIORITY
     (docs/scheduler.md#que-waiting)."""
@@ -297,26 +308,24 @@ class Scheduler:
         mark = out.mark
         priority = self.priority_policy
         max_model_len = self.max_model_len
-        block_size = self.block_size
-        pool = kv.pool
-        caching = kv.enable_caching
         while req_index < len(running) and budget > 0:
             req = running[req_index]
+            if not req.is_prefill_chunk:
+                # A run of decoding requests (c = L - 1): n = 1 each whatever T and the
+                # budget, their blocks from the KV-cache manager (#run-alloc); the general
+                # path below decides the same, slower, and preempts for a request whose block
+                # is not free.
+                end = kv.allocate_decode_slots(running, req_index, budget)
+                if end > req_index:
+                    for i in range(req_index, end):
+                        r = running[i]
+                        r.grant = 1
+                        r.grant_mark = mark
+                        granted.append(r)
+                    budget -= end - req_index
+                    req_index = end
+                    continue
             c = req.num_computed_tokens
-            if not req.is_prefill_chunk and (c % block_size or pool.num_free_blocks):
-                # Decoding (c = L - 1): n = 1 whatever T and the budget, and a block is needed
-                # only when position c starts one (#run-alloc); the general path below
-                # decides the same, slower.
-                if not c % block_size:
-                    req.blocks.append(pool.pop_one())
-                if caching and (c + 1) % block_size == 0:
-                    kv.cache_blocks(req, c + 1)  # #kv-cache-eager
-                req.grant = 1
-                req.grant_mark = mark
-                granted.append(req)
-                budget -= 1
-                req_index += 1
-                continue
             n = req.num_tokens - c
             if 0 < threshold < n:
                 n = threshold  # #step-threshold

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from array import array
 from struct import Struct
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 # Imported with the module, not at the first flush: a lazy import would land inside the
 # simulation's timed loop (tens of milliseconds against a loop of a few).
 import numpy as np
+
+if TYPE_CHECKING:
+    from kvpressure.simulation.scheduler import SchedulerOutput
 
 # Rows buffered before they move into the columns (Final: a constant in compiled code, not a
 # module lookup at every row).
@@ -102,26 +105,83 @@ class StepsTable:
     def __len__(self) -> int:
         return len(self._columns["step"]) + self._num_rows
 
-    def append(self, row: tuple) -> None:
-        """A whole ``StepRow`` as a plain tuple, time fields included (0.0 when untimed)."""
-        self._rows.append(self._pack(*row))
-        self._num_rows += 1
+    def add_step(self, step: int, arrivals: int, num_running: int, num_waiting: int,
+                 num_waiting_preempted: int, num_waiting_deferred: int, kv_usage: float,
+                 out: SchedulerOutput, num_finished: int, num_running_after: int,
+                 num_waiting_after: int, kv_usage_after: float, time_s: float = 0.0,
+                 step_duration_s: float = 0.0) -> None:
+        """One step's row: the queues and the KV usage right after ``schedule()`` (``out``,
+        what it decided) and after ``update_from_output()`` (``num_finished`` requests
+        finished), and in time mode the step's start and duration (dropped when untimed).
+        The one place the columns' order is written: packed at once (one ``struct`` call),
+        the row kept as bytes until the next flush."""
         if self._num_rows >= _BLOCK:
+            # Before the row, not after: the row just added stays the last of ``_rows``
+            # (``add_decode_steps`` repeats it).
             self._flush()
+        self._rows.append(self._pack(
+            step, arrivals, num_running, len(out.granted) + out.num_lazy, num_waiting,
+            num_waiting - num_waiting_preempted, num_waiting_preempted, num_waiting_deferred,
+            kv_usage, out.num_scheduled_tokens, out.num_prefill_tokens, out.num_decode_tokens,
+            out.admitted_new, out.resumed, out.recomputed_tokens, len(out.preempted),
+            num_finished, num_running_after, num_waiting_after, kv_usage_after,
+            out.prefix_cache_queries, out.prefix_cache_hits, time_s, step_duration_s))
+        self._num_rows += 1
 
-    def append_run(self, row: tuple, num_rows: int, usage: list[float], arrivals: int,
-                   num_finished: int, num_running_after: int, usage_after: float,
-                   t_start: float, durations: Any, ends: Any) -> None:
-        """``num_rows`` rows like ``row`` (a ``StepRow`` tuple, that of the first) but for
-        ``step`` (counting up), ``kv_usage`` and ``kv_usage_after`` (``usage``), ``arrivals``
-        (the first row's; 0 after), the last row's ``finished``, ``num_running_after`` and
+    def add_decode_steps(self, step: int, arrivals: int, num_running: int, num_waiting: int,
+                         num_waiting_preempted: int, num_waiting_deferred: int,
+                         out: SchedulerOutput, usage: list[float], num_finished: int,
+                         usage_last: float, t_start: float, durations: Any, ends: Any
+                         ) -> None:
+        """The rows of a leap (docs/scheduler.md#loop-row): ``len(usage)`` steps from
+        ``step``, each with the output ``out`` (the ``num_running`` decoding requests one
+        token each, nothing else) and no change to a queue but by the finishes of the last;
+        only the step, the KV usage (``usage``, after each step's blocks; ``usage_last``
+        after the last step's finishes) and the times (time mode: from ``t_start``, then
+        ``ends``, lasting ``durations``) differ. Short leaps go in row by row; longer ones
+        as one run of packed rows (the first row repeated, the columns that differ written
+        over it by numpy); the longest by column (no run of rows that long is held twice in
+        memory while the table joins it)."""
+        num_steps = len(usage)
+        if num_steps <= _ROWS_MAX:
+            t = t_start
+            last = num_steps - 1
+            for k in range(num_steps):
+                time_s = duration = 0.0
+                if ends is not None:
+                    time_s = t
+                    duration = float(durations[k])
+                    t = float(ends[k])
+                finished = num_finished if k == last else 0
+                self.add_step(step + k, arrivals if k == 0 else 0, num_running, num_waiting,
+                              num_waiting_preempted, num_waiting_deferred, usage[k], out,
+                              finished, num_running - finished, num_waiting,
+                              usage_last if k == last else usage[k], time_s, duration)
+        elif num_steps <= _RUN_MAX:
+            duration = float(durations[0]) if durations is not None else 0.0
+            self.add_step(step, arrivals, num_running, num_waiting, num_waiting_preempted,
+                          num_waiting_deferred, usage[0], out, 0, num_running, num_waiting,
+                          usage[0], t_start, duration)
+            self._repeat_last(num_steps, usage, arrivals, num_finished,
+                              num_running - num_finished, usage_last, t_start, durations,
+                              ends)
+        else:
+            self._add_decode_columns(step, arrivals, num_running, num_waiting,
+                                     num_waiting_preempted, num_waiting_deferred, usage,
+                                     num_finished, usage_last, t_start, durations, ends)
+
+    def _repeat_last(self, num_rows: int, usage: list[float], arrivals: int,
+                     num_finished: int, num_running_after: int, usage_after: float,
+                     t_start: float, durations: Any, ends: Any) -> None:
+        """The row just added, as the first of ``num_rows`` like it but for ``step``
+        (counting up), ``kv_usage`` and ``kv_usage_after`` (``usage``), ``arrivals`` (the
+        first row's; 0 after), the last row's ``finished``, ``num_running_after`` and
         ``kv_usage_after``, and in time mode ``time_s`` (from ``t_start``, then ``ends``) and
-        ``step_duration_s`` (``durations``). The packed row is repeated and the few
-        columns that differ written over it by numpy, one call each, not one row at a
-        time."""
-        buf = bytearray(self._pack(*row) * num_rows)
+        ``step_duration_s`` (``durations``): the packed row repeated and the few columns
+        that differ written over it, one numpy call each, not one row at a time."""
+        buf = bytearray(self._rows[-1] * num_rows)
         rows = np.frombuffer(buf, dtype=_row_dtype())
-        step0 = row[0]
+        step0 = int(rows["step"][0])
         rows["step"] = np.arange(step0, step0 + num_rows, dtype=np.int64)
         u = np.array(usage, dtype=np.float64)
         rows["kv_usage"] = u
@@ -137,13 +197,59 @@ class StepsTable:
             times[0] = t_start
             times[1:] = ends[:num_rows - 1]
             rows["step_duration_s"] = durations[:num_rows]
-        self._rows.append(buf)
-        self._num_rows += num_rows
-        if self._num_rows >= _BLOCK:
-            self._flush()
+        self._rows[-1] = buf
+        self._num_rows += num_rows - 1
+
+    def _add_decode_columns(self, step0: int, arrivals: int, num_running: int,
+                            num_waiting: int, num_preempted: int, num_deferred: int,
+                            usage: list[float], num_finished: int, usage_last: float,
+                            t_start: float, durations: Any, ends: Any) -> None:
+        """A long leap's rows straight into the columns, by name."""
+        num_steps = len(usage)
+        cols = self.columns
+        cols["step"].extend(range(step0, step0 + num_steps))
+        # One array per distinct value and width (request counts in 32 bits, token counts
+        # in 64), shared by the columns that repeat it.
+        zeros = array("q", (0,)) * num_steps
+        zeros32 = array("i", (0,)) * num_steps
+        running64 = array("q", (num_running,)) * num_steps
+        running32 = array("i", (num_running,)) * num_steps
+        waiting32 = array("i", (num_waiting,)) * num_steps if num_waiting else zeros32
+        for name in ("num_running", "num_scheduled_reqs", "num_running_after"):
+            cols[name].extend(running32)
+        for name in ("num_scheduled_tokens", "num_decode_tokens"):
+            cols[name].extend(running64)
+        for name in ("num_waiting", "num_waiting_after"):
+            cols[name].extend(waiting32)
+        for name, value in (("num_waiting_new", num_waiting - num_preempted),
+                            ("num_waiting_preempted", num_preempted),
+                            ("num_waiting_deferred", num_deferred)):
+            cols[name].extend(array("i", (value,)) * num_steps if value else zeros32)
+        for name in ("num_prefill_tokens", "recomputed_tokens", "prefix_cache_queries",
+                     "prefix_cache_hits"):
+            cols[name].extend(zeros)
+        for name in ("arrivals", "admitted_new", "resumed", "preemptions", "finished"):
+            cols[name].extend(zeros32)
+        cols["kv_usage"].extend(usage)
+        cols["kv_usage_after"].extend(usage)
+        # The first step's arrivals; the last step's finishes.
+        cols["arrivals"][-num_steps] = arrivals
+        cols["finished"][-1] = num_finished
+        cols["num_running_after"][-1] = num_running - num_finished
+        cols["kv_usage_after"][-1] = usage_last
+        if ends is not None:
+            cols["time_s"].append(t_start)
+            cols["time_s"].extend(ends[:-1].tolist())
+            cols["step_duration_s"].extend(durations.tolist())
 
     def extend(self, name: str, values) -> None:
         self.columns[name].extend(values)
+
+
+# Leaps up to this many steps long go into the table row by row (one packed row each); up to
+# _RUN_MAX as one run of packed rows; longer ones by column.
+_ROWS_MAX: Final = 16
+_RUN_MAX: Final = 16384
 
 
 def _typecode(name: str) -> str:
