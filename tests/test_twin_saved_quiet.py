@@ -143,8 +143,12 @@ def test_the_restarted_server_is_no_measurable_effect_and_the_larger_pool_is_one
     the restart does not change, is a measurable effect."""
     runs, twin, _ = sweeps["pool64_firstchunk"]
     again = sweeps["pool64_firstchunk_again"][0]
-    rem = twin.predict_remedies(candidates={"pool96": {"num_gpu_blocks": 96}})
+    rem = twin.predict_remedies(candidates={"pool96": {"num_gpu_blocks": 96},
+                                            "restarted": {}})
     band = rem["noise"]["change_halfwidth_pct"]
+    restarted = next(r for r in rem["candidates"] if r["setting"] == "restarted")
+    assert restarted["effect"] == NO_EFFECT
+    assert restarted["throughput_change_pct_with_noise"] == pytest.approx([-band, band])
     inside = [abs(_change(runs.loc[c, "output_throughput"], again.loc[c, "output_throughput"]))
               <= band for c in LEVELS]
     assert sum(inside) >= len(LEVELS) - 1

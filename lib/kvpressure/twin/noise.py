@@ -19,9 +19,12 @@ one takes Student's t quantile at its degrees of freedom (6 levels: 2.02, agains
 A predicted change's 90% interval adds, in quadrature on each side, the spread over the fit's
 coefficient draws, the spread over versions of the level the data cannot tell apart (its
 request lengths drawn again where they are a draw, a closed loop's requests sent at once in
-another order: ``LevelWorkload.redrawn``) and the noise of a paired measurement (``sqrt(2)`` times one run's). Where the data
-has only the mean lengths, the interval is stretched to hold 0: the twin cannot tell the sign
-of a change that the length spread drives.
+another order: ``LevelWorkload.redrawn``) and the noise of a paired measurement (``sqrt(2)`` times
+one run's: a change is measured between two server runs, each with its own noise). A setting
+that changes nothing (the current settings measured again, a restart) has no coefficient or
+version spread but keeps that noise: its interval is ``+-`` the paired half-width, never [0, 0].
+Where the data has only the mean lengths, the interval is stretched to hold 0: the twin cannot
+tell the sign of a change that the length spread drives.
 """
 
 from __future__ import annotations
