@@ -101,10 +101,13 @@ def test_the_current_settings_measured_again_get_the_band_of_two_runs(tmp_path):
     twin.fit(bootstrap=20)
     rem = twin.predict_remedies(limits={}, candidates={"restarted": {}})
     err = twin.report.table["output_throughput_error_pct"].to_numpy(float)
-    # by hand: the scatter of the 4 levels around the twin, t at 3 degrees of freedom,
-    # sqrt(2) for the two runs a change is measured between
-    sd = (sum(e * e for e in err) / len(err)) ** 0.5
-    band = float(student.ppf(0.95, 3)) * 2 ** 0.5 * sd
+    # by hand: the scatter of the 4 levels around the twin over the degrees of freedom its
+    # fit left (4 less the throughput rows' leverages), t at those, sqrt(2) for the two runs
+    # a change is measured between
+    spent = sum(twin.fitted.throughput_leverage.values())
+    assert 0 < spent < 4
+    sd = (sum(e * e for e in err) / (4 - spent)) ** 0.5
+    band = float(student.ppf(0.95, 4 - spent)) * 2 ** 0.5 * sd
     assert band > 0.5
     assert rem["noise"]["change_halfwidth_pct"] == pytest.approx(band)
     for name in ("baseline", "restarted"):

@@ -159,14 +159,15 @@ def predict_remedies(twin: Any, *, focus: float | None, limits: Mapping[str, flo
         limits = {k: float(base["point"][k]) * grow for k in ("ttft_p95_s", "itl_p95_s")
                   if math.isfinite(float(base["point"][k])) and base["point"][k] > 0}
         limits_rule = f"the twin's TTFT and ITL p95 at {at} +{latency_tolerance_pct:g}%"
-    noise = run_to_run_noise(twin.measured.runs, twin.key, twin.report.table)
+    fit = twin.fitted
+    noise = run_to_run_noise(twin.measured.runs, twin.key, twin.report.table,
+                             fit.throughput_leverage)
     work = twin.workloads[focus]
     spread_known = work.lengths_source != MEANS
     # Versions of the focus level the data cannot tell apart: its lengths drawn again where
     # they are a draw, a closed loop's requests sent at once in another order.
     redraws = [w for w in (work.redrawn(seed) for seed in range(1, REDRAWS + 1))
                if w is not work]
-    fit = twin.fitted
 
     def redrawn_throughputs(ov: Mapping[str, Any]) -> np.ndarray:
         return np.array([simulate_level({**settings, **ov}, w, fit.step_coefficients(),
