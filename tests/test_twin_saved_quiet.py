@@ -157,19 +157,3 @@ def test_the_restarted_server_is_no_measurable_effect_and_the_larger_pool_is_one
     # a setting already in place is not offered as a change
     assert all(r["effect"] == NO_EFFECT for r in rem["candidates"]
                if r["setting"] == "baseline")
-
-
-def test_without_start_times_the_return_lag_is_the_gauges_empty_slots(sweeps):
-    """No bench start times: the clients' return lag is the engine-side gap (a level's
-    clients less the requests the gauges hold, over its request rate), its median over the
-    levels over each level's fitted step, rounded."""
-    import numpy as np
-
-    for name, (_, twin, _) in sweeps.items():
-        lag = twin.return_lag
-        assert "engine-side gap" in lag.source, name
-        gaps = [v["engine_gap_s"] for v in twin.turnaround()["per_level"].values()]
-        median = float(np.median([g for g in gaps if math.isfinite(g)]))
-        for c, got in lag.per_level.items():
-            assert got["return_steps"] == round(median / got["mean_step_s"]), (name, c)
-        assert lag.return_steps == {c: w.return_steps for c, w in twin.workloads.items()}

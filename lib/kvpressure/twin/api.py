@@ -18,7 +18,6 @@ Levels are the measured closed loops, keyed by concurrency, or, for a folder of 
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Mapping
@@ -36,14 +35,7 @@ from kvpressure.twin.fit import PARAMETERS, TwinFit, fit_step_time
 from kvpressure.twin.fit_report import FitVerdict, comparison_table, verdict
 from kvpressure.twin.lengths import MEANS, PER_REQUEST
 from kvpressure.twin.measured import Measured, ingested_sources, level_name, load_measured
-from kvpressure.twin.return_lag import (
-    CLIENT_SIDE,
-    ENGINE_SIDE,
-    ReturnLag,
-    from_step_trace,
-    from_turnaround,
-    given,
-)
+from kvpressure.twin.return_lag import ReturnLag, from_step_trace, from_turnaround, given
 from kvpressure.twin.settings import assumed_settings, twin_settings
 from kvpressure.twin.simulate import simulate_level
 from kvpressure.twin.workload import REDRAWS, LevelWorkload, level_workloads
@@ -147,21 +139,14 @@ class Twin:
         return self.fitted
 
     def _lag_from_turnaround(self, levels: list[int]) -> ReturnLag:
-        """The return lag from the client-side turnaround (else, without bench start times,
-        the engine-side gap the gauges show) over the fitted mean step time of each fitted
-        level (the others take the median of those)."""
+        """The return lag from the client-side turnaround over the fitted mean step time of
+        each fitted level (the others take the median of those)."""
         fitted = self.require_fit("the clients' return lag")
         coef = np.array(list(fitted.step_coefficients().values()), dtype=float)
         step_s = {c: float(self.bases[c].time("duration", coef)) / max(self.bases[c].steps, 1)
                   for c in levels}
-        per = self.turnaround()["per_level"]
-        gaps = {c: v["client_gap_s"] for c, v in per.items()}
-        side = CLIENT_SIDE
-        if not any(math.isfinite(g) for g in gaps.values()):
-            # Without start times the gauges still show the slots left empty: the whole gap,
-            # the API server's share in it, where the client side would miss that share.
-            gaps, side = {c: v["engine_gap_s"] for c, v in per.items()}, ENGINE_SIDE
-        lag = from_turnaround(gaps, step_s, side)
+        gaps = {c: v["client_gap_s"] for c, v in self.turnaround()["per_level"].items()}
+        lag = from_turnaround(gaps, step_s)
         rest = [c for c in self.workloads if c not in lag.return_steps]
         if rest:
             k = int(np.median(list(lag.return_steps.values()))) if lag.return_steps else 0

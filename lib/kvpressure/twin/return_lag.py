@@ -147,20 +147,10 @@ def from_step_trace(steps: pd.DataFrame, levels: pd.DataFrame, settings: Mapping
     return ReturnLag(out, first_alone, source, per)
 
 
-CLIENT_SIDE = ("the client-side turnaround (bench start times and latencies", "it misses the "
-               "API server's share, so it can understate the lag")
-ENGINE_SIDE = ("the engine-side gap (running and waiting gauges of the scrape log, Little's "
-               "law; the bench results have no start times", "sampled once a scrape, a level's "
-               "value scatters by several steps")
-
-
-def from_turnaround(gaps_s: Mapping[int, float], step_s: Mapping[int, float],
-                    side: tuple[str, str] = CLIENT_SIDE) -> ReturnLag:
-    """The lag per level: the median turnaround over the levels (one level's mean gap, from a
-    few dozen requests, scatters by several milliseconds, more than a step) over the level's
-    mean step time, rounded. ``side`` names the gaps: the client's (``CLIENT_SIDE``) or the
-    engine's (``ENGINE_SIDE``: from a finish leaving the engine to the next request reaching
-    it, ``turnaround.engine_gap_s``)."""
+def from_turnaround(gaps_s: Mapping[int, float], step_s: Mapping[int, float]) -> ReturnLag:
+    """The lag per level: the median client-side turnaround over the levels (one level's mean
+    gap, from a few dozen requests, scatters by several milliseconds, more than a step) over
+    the level's mean step time, rounded."""
     known = [g for g in gaps_s.values() if math.isfinite(g)]
     median = float(np.median(known)) if known else 0.0
     out: dict[int, int] = {}
@@ -171,11 +161,12 @@ def from_turnaround(gaps_s: Mapping[int, float], step_s: Mapping[int, float],
         per[c] = {"return_steps": out[c], "client_gap_s": gaps_s.get(c, math.nan),
                   "mean_step_s": dt}
     if not known:
-        return ReturnLag(out, False, "none: the data measures no turnaround (no bench start "
-                         "times, no running and waiting gauges over the levels)", per)
-    return ReturnLag(out, False, f"from {side[0]}, median {median * 1000:.1f} ms over "
-                     f"{len(known)} level(s)) over the fitted mean step time of each level, "
-                     f"rounded; {side[1]}", per)
+        return ReturnLag(out, False, "none: the data measures no client turnaround (no bench "
+                         "start times); the API server's share is not in it either", per)
+    return ReturnLag(out, False, "from the client-side turnaround (bench start times and "
+                     f"latencies, median {median * 1000:.1f} ms) over the fitted mean step time "
+                     "of each level, rounded; it misses the API server's share, so it can "
+                     "understate the lag", per)
 
 
 def given(return_steps: int, levels: list[int], first_alone: bool = False) -> ReturnLag:
