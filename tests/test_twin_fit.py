@@ -129,3 +129,30 @@ def test_a_steps_time_in_plain_floats_is_the_array_paths_bits():
         assert type(one) is float and one == model.step_time(arrays)[0]
         if not (f.num_prefill_tokens or f.num_decode_seqs):
             assert one == 0.0
+
+
+def test_row_leverage_is_the_hat_matrix_diagonal():
+    from kvpressure.twin.fit import row_leverage
+
+    # one column (1, 1, 2): h_i = x_i^2 / sum x^2 = 1/6, 1/6, 4/6
+    assert row_leverage(np.array([[1.0], [1.0], [2.0]])) == pytest.approx([1 / 6, 1 / 6, 4 / 6])
+    # as many independent columns as rows: every row fitted exactly, leverage 1
+    assert row_leverage(np.array([[1.0, 0.0], [1.0, 1.0]])) == pytest.approx([1.0, 1.0])
+    # a constant and a slope over x = 0, 1, 2, 3: 1/n + (x - 1.5)^2 / 5
+    a = np.column_stack([np.ones(4), np.arange(4.0)])
+    assert row_leverage(a) == pytest.approx([0.7, 0.3, 0.3, 0.7])
+    assert row_leverage(np.zeros((3, 0))) == pytest.approx([0.0, 0.0, 0.0])
+
+
+def test_the_fit_says_how_much_of_each_levels_throughput_it_took_up(tmp_path):
+    """Each fitted level's throughput row has a leverage in [0, 1]; over every row of the
+    fit they sum to the coefficients it moved off 0, so the throughput rows' share is less."""
+    from twin_helpers import synthetic_run
+
+    twin = build_twin(synthetic_run(tmp_path / "run", levels=(2, 4, 6, 8)))
+    fit = twin.fit(bootstrap=5)
+    lev = fit.throughput_leverage
+    assert sorted(lev) == [2, 4, 6, 8]
+    assert all(0.0 <= v <= 1.0 + 1e-9 for v in lev.values())
+    active = sum(fit.theta[p] > 0 for p in fit.free)
+    assert 0 < sum(lev.values()) <= active + 1e-9

@@ -154,3 +154,27 @@ def test_a_noise_measured_on_few_values_takes_students_t():
     assert got.change_halfwidth_pct == pytest.approx(2.920 * 2 ** 0.5 * sd, rel=1e-3)
     # an estimate (no data to measure it on) keeps the normal quantile
     assert run_to_run_noise(pd.DataFrame(), "concurrency", None).quantile == pytest.approx(1.645)
+
+
+def test_the_scatter_around_a_fitted_twin_counts_the_degrees_of_freedom_its_fit_spent():
+    import pandas as pd
+
+    from kvpressure.twin.noise import run_to_run_noise
+
+    # errors 3, -3, 4, -4, 0, 0 % at six levels; the fit's throughput rows have leverages
+    # 0.5, 0.2, 0.1, 0.1, 0.05, 0.05 (they took up 1 level's worth): sum of squares 50 over
+    # 6 - 1 = 5 degrees of freedom, sd sqrt(10); t(0.95, 5) = 2.015
+    fit = pd.DataFrame({"concurrency": [2, 4, 6, 8, 12, 16],
+                        "output_throughput_error_pct": [3.0, -3.0, 4.0, -4.0, 0.0, 0.0]})
+    leverage = {2: 0.5, 4: 0.2, 6: 0.1, 8: 0.1, 12: 0.05, 16: 0.05}
+    got = run_to_run_noise(pd.DataFrame(), "concurrency", fit, leverage)
+    assert got.dof == pytest.approx(5.0) and got.throughput_sd_pct == pytest.approx(10 ** 0.5)
+    assert got.change_halfwidth_pct == pytest.approx(2.015 * 2 ** 0.5 * 10 ** 0.5, rel=1e-3)
+    # leverages summing to 2.5 leave 3.5 degrees of freedom: sd sqrt(50 / 3.5)
+    got = run_to_run_noise(pd.DataFrame(), "concurrency", fit,
+                           {c: v * 2.5 for c, v in leverage.items()})
+    assert got.dof == pytest.approx(3.5)
+    assert got.throughput_sd_pct == pytest.approx((50 / 3.5) ** 0.5)
+    # a level the fit did not see (left out: a prediction) spends nothing
+    got = run_to_run_noise(pd.DataFrame(), "concurrency", fit, {2: 0.6, 4: 0.4})
+    assert got.dof == pytest.approx(5.0)

@@ -85,3 +85,33 @@ def test_cli_twin_recommends_the_best_setting_within_the_limits(tmp_path, capsys
     assert "UNTRUSTED" not in (out / "twin.md").read_text()
     table = pd.read_csv(out / "fit_table.csv")
     assert table["concurrency"].tolist() == [2, 4, 6, 8]
+
+
+def test_the_current_settings_measured_again_get_the_band_of_two_runs(tmp_path):
+    """A candidate that changes nothing (a restart of the same server) is a change between
+    two runs: no effect, with the interval of both runs' noise, never [0, 0]."""
+    from scipy.stats import t as student
+
+    run = synthetic_run(tmp_path / "run", levels=(2, 4, 6, 8))
+    runs = pd.read_csv(run / "runs.csv")
+    # a server that scatters a few percent around its curve, as a real one does
+    runs["output_throughput"] *= [1.03, 0.97, 1.04, 0.96]
+    runs.to_csv(run / "runs.csv", index=False)
+    twin = build_twin(run)
+    twin.fit(bootstrap=20)
+    rem = twin.predict_remedies(limits={}, candidates={"restarted": {}})
+    err = twin.report.table["output_throughput_error_pct"].to_numpy(float)
+    # by hand: the scatter of the 4 levels around the twin over the degrees of freedom its
+    # fit left (4 less the throughput rows' leverages), t at those, sqrt(2) for the two runs
+    # a change is measured between
+    spent = sum(twin.fitted.throughput_leverage.values())
+    assert 0 < spent < 4
+    sd = (sum(e * e for e in err) / (4 - spent)) ** 0.5
+    band = float(student.ppf(0.95, 4 - spent)) * 2 ** 0.5 * sd
+    assert band > 0.5
+    assert rem["noise"]["change_halfwidth_pct"] == pytest.approx(band)
+    for name in ("baseline", "restarted"):
+        row = next(r for r in rem["candidates"] if r["setting"] == name)
+        assert row["throughput_change_pct"] == 0.0
+        assert row["throughput_change_pct_with_noise"] == pytest.approx([-band, band])
+        assert row["effect"] == "no measurable effect"

@@ -81,6 +81,8 @@ def test_turnaround_in_seconds_over_the_step_time_rounded():
 def test_no_measured_turnaround_is_no_lag():
     lag = from_turnaround({2: math.nan}, {2: 0.005})
     assert lag.return_steps == {2: 0}
+    # said as nothing measured, not as a measured 0 ms
+    assert lag.source.startswith("none") and "0.0 ms" not in lag.source
 
 
 def test_twin_with_a_given_lag_simulates_it_and_says_so(tmp_path):

@@ -143,8 +143,12 @@ def test_the_restarted_server_is_no_measurable_effect_and_the_larger_pool_is_one
     the restart does not change, is a measurable effect."""
     runs, twin, _ = sweeps["pool64_firstchunk"]
     again = sweeps["pool64_firstchunk_again"][0]
-    rem = twin.predict_remedies(candidates={"pool96": {"num_gpu_blocks": 96}})
+    rem = twin.predict_remedies(candidates={"pool96": {"num_gpu_blocks": 96},
+                                            "restarted": {}})
     band = rem["noise"]["change_halfwidth_pct"]
+    restarted = next(r for r in rem["candidates"] if r["setting"] == "restarted")
+    assert restarted["effect"] == NO_EFFECT
+    assert restarted["throughput_change_pct_with_noise"] == pytest.approx([-band, band])
     inside = [abs(_change(runs.loc[c, "output_throughput"], again.loc[c, "output_throughput"]))
               <= band for c in LEVELS]
     assert sum(inside) >= len(LEVELS) - 1
@@ -153,3 +157,18 @@ def test_the_restarted_server_is_no_measurable_effect_and_the_larger_pool_is_one
     # a setting already in place is not offered as a change
     assert all(r["effect"] == NO_EFFECT for r in rem["candidates"]
                if r["setting"] == "baseline")
+
+
+def test_the_twins_noise_is_the_restarts(sweeps):
+    """The one-run noise the twin of the first-chunk sweep reads off its own levels (their
+    scatter around it, over the degrees of freedom its fit left) against the noise the
+    restarted server shows, which the twin never saw: the per-level differences between the
+    two runs, their root mean square over sqrt(2) (two runs' noise in each)."""
+    runs, twin, _ = sweeps["pool64_firstchunk"]
+    again = sweeps["pool64_firstchunk_again"][0]
+    diffs = [_change(runs.loc[c, "output_throughput"], again.loc[c, "output_throughput"])
+             for c in LEVELS]
+    restart_sd = math.sqrt(sum(d * d for d in diffs) / len(diffs)) / math.sqrt(2)
+    noise = twin.predict_remedies(candidates={})["noise"]
+    assert noise["measured"] and noise["dof"] < len(LEVELS)
+    assert abs(noise["throughput_sd_pct"] / restart_sd - 1) <= 0.15, (noise, restart_sd)

@@ -211,9 +211,12 @@ def predictions(run_dir: Path, out: Path, cmd_settings: Mapping[str, Any],
         base = twin.predict_level(c, {})
         rem = twin.predict_level(c, overrides)
         if row is None:  # the twin's settings already have it: no change
-            out_levels[c] = {"change_pct": 0.0, "interval_pct": [0.0, 0.0],
+            # ... but measured on two server runs: their noise is the band
+            h = float(got["noise"]["change_halfwidth_pct"])
+            out_levels[c] = {"change_pct": 0.0, "interval_pct": [-h, h],
                              "effect": paired.NO_EFFECT,
-                             "effect_text": "no change: the twin's settings already have it"}
+                             "effect_text": "no change: the twin's settings already have it "
+                                            f"(two runs of them move by ±{h:.1f}%)"}
         else:
             out_levels[c] = {"change_pct": row["throughput_change_pct"],
                              "interval_pct": row["throughput_change_pct_with_noise"],

@@ -66,6 +66,11 @@ class TwinFit:
     step_noise: float = 0.0
     """Relative scatter of the server's step times around the model's (an open loop's draws
     replay with it; 0 where it is not measured or does not matter)."""
+    throughput_leverage: dict[Any, float] | None = None
+    """Per fitted level, the leverage of its throughput row in the fit (``row_leverage``):
+    how much of that level's own measurement the fitted curve took up, so how much its
+    scatter around the twin understates the level's noise (``noise.run_to_run_noise``).
+    None where the fit is not a least-squares fit on the levels' rows."""
 
     def vector(self) -> np.ndarray:
         return np.array([self.theta[p] for p in PARAMETERS])
@@ -153,6 +158,15 @@ def _to_drop(full: np.ndarray, free: list[str], worst: int, u: np.ndarray) -> st
         if u2[rest.index(free[worst])] >= MIN_UNIQUE:
             return cand
     return free[worst]
+
+
+def row_leverage(a: np.ndarray) -> np.ndarray:
+    """Each row's leverage in the least-squares fit on the columns of ``a``: the diagonal of
+    the hat matrix ``a pinv(a)``, what the fitted value at a row moves per unit of its own
+    measurement. They sum to the rank of ``a``: the degrees of freedom the fit spent."""
+    if a.size == 0:
+        return np.zeros(a.shape[0])
+    return np.einsum("ij,ji->i", a, np.linalg.pinv(a))
 
 
 def solve_nonnegative(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -243,6 +257,12 @@ def fit_step_time(measured_levels: pd.DataFrame, bases: Mapping[int, LevelBasis]
     x = solve_nonnegative(full[:, idx], target)
     for p, v in zip(free, x, strict=True):
         theta[p], source[p] = float(v), "fitted"
+    # The fit spent a degree of freedom on each coefficient off its bound of 0 (a coefficient
+    # held at 0 fits nothing): the leverage of the throughput rows on those columns.
+    active = [idx[i] for i, v in enumerate(x) if v > 0]
+    lev = row_leverage(full[:, active])
+    thr_rows = np.flatnonzero((rows["stat"] == "time_per_output_token").to_numpy())
+    throughput_leverage = {int(rows["concurrency"].iloc[i]): float(lev[i]) for i in thr_rows}
     # Bootstrap over levels.
     rng = np.random.default_rng(seed)
     conc = rows["concurrency"].to_numpy()
@@ -263,4 +283,4 @@ def fit_step_time(measured_levels: pd.DataFrame, bases: Mapping[int, LevelBasis]
         notes.append(f"{len(levels)} levels for {len(free)} fitted parameters: the bootstrap "
                      "over levels is coarse, read its intervals as indicative")
     return TwinFit(theta, source, free, interval, draws, table, uniq_all,
-                   [int(c) for c in levels], notes)
+                   [int(c) for c in levels], notes, throughput_leverage=throughput_leverage)

@@ -7,9 +7,12 @@ whatever its sign. The noise, best first:
 
 1. repeats of a level in the runs table (several runs of one level): their pooled relative
    standard deviation;
-2. the scatter of the measured levels around the fitted twin (root mean square of the
-   throughput errors over at least 3 levels): measured, and an upper bound, for it holds the
-   twin's own error too;
+2. the scatter of the measured levels around the fitted twin (the throughput errors over at
+   least 3 levels): measured, and an upper bound, for it holds the twin's own error too. The
+   twin was fitted on those very levels and took up part of each one's noise: a level whose
+   throughput row has leverage ``h`` in the fit (``fit.row_leverage``) scatters by
+   ``sqrt(1 - h)`` of its noise, so the squared errors are summed over ``n - sum(h)``
+   degrees of freedom, not ``n`` (without the leverages, the root mean square over ``n - 1``);
 3. otherwise estimated at ``ESTIMATED_SD_PCT`` (said so).
 
 A standard deviation estimated from a few values is itself uncertain: the band of a measured
@@ -19,14 +22,18 @@ one takes Student's t quantile at its degrees of freedom (6 levels: 2.02, agains
 A predicted change's 90% interval adds, in quadrature on each side, the spread over the fit's
 coefficient draws, the spread over versions of the level the data cannot tell apart (its
 request lengths drawn again where they are a draw, a closed loop's requests sent at once in
-another order: ``LevelWorkload.redrawn``) and the noise of a paired measurement (``sqrt(2)`` times one run's). Where the data
-has only the mean lengths, the interval is stretched to hold 0: the twin cannot tell the sign
-of a change that the length spread drives.
+another order: ``LevelWorkload.redrawn``) and the noise of a paired measurement (``sqrt(2)`` times
+one run's: a change is measured between two server runs, each with its own noise). A setting
+that changes nothing (the current settings measured again, a restart) has no coefficient or
+version spread but keeps that noise: its interval is ``+-`` the paired half-width, never [0, 0].
+Where the data has only the mean lengths, the interval is stretched to hold 0: the twin cannot
+tell the sign of a change that the length spread drives.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +51,9 @@ class RunNoise:
     """One run's throughput standard deviation at a level, % of the level's throughput."""
     source: str
     measured: bool
-    dof: int | None = None
-    """Degrees of freedom of a measured standard deviation; None for an estimate."""
+    dof: float | None = None
+    """Degrees of freedom of a measured standard deviation (not a whole number where a fit
+    spent some: ``n - sum(h)``); None for an estimate."""
 
     @property
     def quantile(self) -> float:
@@ -67,9 +75,11 @@ class RunNoise:
                 "change_halfwidth_pct": self.change_halfwidth_pct}
 
 
-def run_to_run_noise(runs: pd.DataFrame, key: str, fit_table: pd.DataFrame | None
-                     ) -> RunNoise:
-    """The run-to-run noise of the measured levels (module docstring)."""
+def run_to_run_noise(runs: pd.DataFrame, key: str, fit_table: pd.DataFrame | None,
+                     leverage: Mapping[Any, float] | None = None) -> RunNoise:
+    """The run-to-run noise of the measured levels (module docstring); ``leverage`` is each
+    fitted level's throughput-row leverage (``TwinFit.throughput_leverage``; a level not in it
+    was not fitted on: 0)."""
     if key in runs and "output_throughput" in runs:
         frame = pd.DataFrame({"x": pd.to_numeric(runs[key], errors="coerce"),
                               "y": pd.to_numeric(runs["output_throughput"], errors="coerce")})
@@ -83,7 +93,17 @@ def run_to_run_noise(runs: pd.DataFrame, key: str, fit_table: pd.DataFrame | Non
                             f"({dof} degree(s) of freedom)", True, dof)
     if fit_table is not None and "output_throughput_error_pct" in fit_table:
         err = fit_table["output_throughput_error_pct"].to_numpy(float)
-        err = err[np.isfinite(err)]
+        ok = np.isfinite(err)
+        if ok.sum() >= 3 and leverage is not None and key in fit_table:
+            spent = float(sum(leverage.get(c, 0.0) for c in fit_table[key][ok]))
+            left = float(ok.sum()) - spent
+            if left >= 1.0:
+                sd = float(np.sqrt(np.sum(err[ok] ** 2) / left))
+                return RunNoise(sd, f"measured: the scatter of the {int(ok.sum())} measured "
+                                f"levels around the fitted twin, over the {left:.1f} degrees "
+                                "of freedom its fit left (an upper bound: it holds the twin's "
+                                "own error)", True, left)
+        err = err[ok]
         if len(err) >= 3:
             sd = float(np.sqrt(np.mean(err ** 2)))
             return RunNoise(sd, f"measured: the scatter of the {len(err)} measured levels around "

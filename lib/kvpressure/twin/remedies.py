@@ -159,14 +159,15 @@ def predict_remedies(twin: Any, *, focus: float | None, limits: Mapping[str, flo
         limits = {k: float(base["point"][k]) * grow for k in ("ttft_p95_s", "itl_p95_s")
                   if math.isfinite(float(base["point"][k])) and base["point"][k] > 0}
         limits_rule = f"the twin's TTFT and ITL p95 at {at} +{latency_tolerance_pct:g}%"
-    noise = run_to_run_noise(twin.measured.runs, twin.key, twin.report.table)
+    fit = twin.fitted
+    noise = run_to_run_noise(twin.measured.runs, twin.key, twin.report.table,
+                             fit.throughput_leverage)
     work = twin.workloads[focus]
     spread_known = work.lengths_source != MEANS
     # Versions of the focus level the data cannot tell apart: its lengths drawn again where
     # they are a draw, a closed loop's requests sent at once in another order.
     redraws = [w for w in (work.redrawn(seed) for seed in range(1, REDRAWS + 1))
                if w is not work]
-    fit = twin.fitted
 
     def redrawn_throughputs(ov: Mapping[str, Any]) -> np.ndarray:
         return np.array([simulate_level({**settings, **ov}, w, fit.step_coefficients(),
@@ -185,18 +186,22 @@ def predict_remedies(twin: Any, *, focus: float | None, limits: Mapping[str, flo
         redrawn = (100.0 * (redrawn_throughputs(ov) / base_redrawn - 1.0)
                    if redraws and ov else None)
         draws = None if redrawn is None else np.append(redrawn, point_change)
+        # The current settings measured again (a restart, a setting already set) are a
+        # change between two runs too: no effect, but the band of both runs' noise, never
+        # [0, 0], so a measured restart is read against it.
         lo, hi, effect = change_interval(point_change, coef[0], coef[2], draws, noise,
-                                         spread_known)
+                                         spread_known or not ov)
         table.append({
             "setting": name, "overrides": ov,
             "output_throughput": p["output_throughput"],
             "output_throughput_p05_p50_p95": _interval(got["throughput_draws"]),
             "throughput_change_pct": point_change,
             "throughput_change_pct_p05_p50_p95": coef,
-            "throughput_change_pct_with_noise": [lo, hi] if ov else [0.0, 0.0],
+            "throughput_change_pct_with_noise": [lo, hi],
             "effect": effect if ov else NO_EFFECT,
             "effect_text": effect_text(point_change, lo, hi, effect, noise, spread_known)
-            if ov else "the current settings",
+            if ov else ("the current settings (measured again, a level's throughput moves "
+                        f"by {lo:+.1f}% to {hi:+.1f}%: the run-to-run noise of two runs)"),
             "redraws_change_pct": None if redrawn is None else redrawn.tolist(),
             "better_than_baseline_share": float(np.mean(change > 0)) if ov else None,
             "ttft_p95_s": p["ttft_p95_s"],

@@ -160,6 +160,9 @@ def from_turnaround(gaps_s: Mapping[int, float], step_s: Mapping[int, float]) ->
         out[c] = max(0, min(k, MAX_RETURN_STEPS))
         per[c] = {"return_steps": out[c], "client_gap_s": gaps_s.get(c, math.nan),
                   "mean_step_s": dt}
+    if not known:
+        return ReturnLag(out, False, "none: the data measures no client turnaround (no bench "
+                         "start times); the API server's share is not in it either", per)
     return ReturnLag(out, False, "from the client-side turnaround (bench start times and "
                      f"latencies, median {median * 1000:.1f} ms) over the fitted mean step time "
                      "of each level, rounded; it misses the API server's share, so it can "
