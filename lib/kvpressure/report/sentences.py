@@ -497,7 +497,8 @@ def version_warning(served: str | None, rules: str) -> str:
             f"an environment with vLLM {served}).")
 
 
-_LATENCY_NAMES = {"ttft_mean": "TTFT mean", "ttft_p99": "TTFT p99", "itl_mean": "ITL",
+# The benchmark's metric names (``profiles.fidelity.METRICS``); not the knee columns above.
+_FIDELITY_NAMES = {"ttft_mean": "TTFT mean", "ttft_p99": "TTFT p99", "itl_mean": "ITL",
                   "e2e_mean": "E2E mean", "e2e_p99": "E2E p99"}
 
 
@@ -507,7 +508,7 @@ def latency_fidelity_sentence(f: Mapping[str, Any]) -> str:
     gave."""
     where = "benchmarks/bench_sim_to_real.py"
     if f["checked"]:
-        errors = ", ".join(f"{name} {f['mape_pct'][m]:.1f}%" for m, name in _LATENCY_NAMES.items()
+        errors = ", ".join(f"{name} {f['mape_pct'][m]:.1f}%" for m, name in _FIDELITY_NAMES.items()
                            if m in f["mape_pct"])
         text = (f"Latencies are simulated on the {f['hardware']} profile. Against real vLLM "
                 f"servers on that card, over {f['held_out_stages']} load stages of "
@@ -522,7 +523,7 @@ def latency_fidelity_sentence(f: Mapping[str, Any]) -> str:
         return (f"Latencies are simulated on the {f['hardware']} profile. They are roofline "
                 "estimates: no real vLLM server was checked against the simulation.")
     spans = []
-    for m, name in _LATENCY_NAMES.items():
+    for m, name in _FIDELITY_NAMES.items():
         vals = [c[m] for c in cards.values() if m in c]
         if vals:
             spans.append(f"{name} {min(vals):.1f}% to {max(vals):.1f}%")
