@@ -23,7 +23,7 @@ from kvpressure.paths import data_dir
 # The latencies a report prints and the benchmark scores, in the benchmark's names.
 METRICS = ("ttft_mean", "ttft_p99", "itl_mean", "e2e_mean", "e2e_p99")
 # The tails whose errors have a side: the simulation has no step-to-step variation of the
-# real servers' steps and no warm-up, so its p99s can only come out too tight, and a mean
+# real servers' steps and no warm-up, so its p99s come out too tight, and a mean
 # absolute error alone would read as a band on both sides of them.
 TAILS = ("ttft_p99", "e2e_p99")
 FIDELITY_FILE = ("fidelity", "sim_to_real.json")
