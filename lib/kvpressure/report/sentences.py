@@ -497,7 +497,8 @@ def version_warning(served: str | None, rules: str) -> str:
             f"an environment with vLLM {served}).")
 
 
-_LATENCY_NAMES = {"ttft_mean": "TTFT mean", "ttft_p99": "TTFT p99", "itl_mean": "ITL",
+# The benchmark's metric names (``profiles.fidelity.METRICS``); not the knee columns above.
+_FIDELITY_NAMES = {"ttft_mean": "TTFT mean", "ttft_p99": "TTFT p99", "itl_mean": "ITL",
                   "e2e_mean": "E2E mean", "e2e_p99": "E2E p99"}
 
 
@@ -507,7 +508,7 @@ def latency_fidelity_sentence(f: Mapping[str, Any]) -> str:
     gave."""
     where = "benchmarks/bench_sim_to_real.py"
     if f["checked"]:
-        errors = ", ".join(f"{name} {f['mape_pct'][m]:.1f}%" for m, name in _LATENCY_NAMES.items()
+        errors = ", ".join(f"{name} {f['mape_pct'][m]:.1f}%" for m, name in _FIDELITY_NAMES.items()
                            if m in f["mape_pct"])
         text = (f"Latencies are simulated on the {f['hardware']} profile. Against real vLLM "
                 f"servers on that card, over {f['held_out_stages']} load stages of "
@@ -516,20 +517,42 @@ def latency_fidelity_sentence(f: Mapping[str, Any]) -> str:
         if not f["calibrated"]:
             text += (" No run on this card was used to fit its step costs; they are the "
                      "profile's published starting values.")
-        return text
+        return text + _tails_side(f, "those")
     cards = f["checked_cards"]
     if not cards:
         return (f"Latencies are simulated on the {f['hardware']} profile. They are roofline "
                 "estimates: no real vLLM server was checked against the simulation.")
     spans = []
-    for m, name in _LATENCY_NAMES.items():
+    for m, name in _FIDELITY_NAMES.items():
         vals = [c[m] for c in cards.values() if m in c]
         if vals:
             spans.append(f"{name} {min(vals):.1f}% to {max(vals):.1f}%")
     return (f"Latencies are simulated on the {f['hardware']} profile. They are roofline "
             "estimates: no real vLLM server on this card was checked against the simulation. "
             f"On the cards that were ({', '.join(sorted(cards))}), over the stages no value was "
-            f"fitted on ({where}), the mean error per card was {', '.join(spans)}.")
+            f"fitted on ({where}), the mean error per card was {', '.join(spans)}."
+            + _tails_side(f, "their"))
+
+
+# A tail is said to read low when the simulation fell below the real servers in at least this
+# share of the stages counted: a mean absolute error alone reads as a band on both sides.
+_MOSTLY_BELOW = 2 / 3
+
+
+def _tails_side(f: Mapping[str, Any], whose: str) -> str:
+    """The tails that came out below the real servers' in most stages (``tail_below_real`` of
+    ``tail_stages``), or nothing when none did."""
+    n, below = f.get("tail_stages", 0), f.get("tail_below_real", {})
+    low = [(name, below[m]) for m, name in _FIDELITY_NAMES.items()
+           if m in below and n and below[m] >= _MOSTLY_BELOW * n]
+    if not low:
+        return ""
+    (first, k), rest = low[0], low[1:]
+    counts = f"the simulated {first} was below the real servers' in {k} of {whose} {n} stages"
+    counts += "".join(f" and the {name} in {k2}" for name, k2 in rest)
+    return (f" The tails read low: {counts} (the simulation has no step-to-step variation of "
+            "a real server's steps and no warm-up of a fresh server), so take a simulated p99 "
+            "as an optimistic one.")
 
 
 # --------------------------------------------------------------------------- two run folders
