@@ -242,7 +242,7 @@ def test_comparison_summary_agrees_with_the_knees(simulated):
     if "knee" in by:
         assert "The knee moves right beyond noise (knee" in compare.summary
     else:  # every knee is "within noise": the summary must not say the knee moves
-        assert all(not s["knee_beyond_noise"] for s in compare.shifts)
+        assert all(not s.knee_beyond_noise for s in compare.shifts)
         assert "The knee moves right" not in compare.summary
         assert sustained_only.capitalize() in compare.summary
         assert "the knee itself did not move beyond noise" in record.evidence.reasons[0]

@@ -37,10 +37,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvpressure.analysis.compare import Comparison, moved_right_by, moved_right_words
+from kvpressure.analysis.compare import moved_right_by, moved_right_words
 from kvpressure.analysis.interference import InterferenceReport
 from kvpressure.analysis.symptoms import SymptomChecklist
 from kvpressure.jsonable import to_jsonable
+from kvpressure.stages.results import ComparisonResult, KneeComparison
 
 KV_BOUND = "bound by KV blocks"
 SEQ_BOUND = "bound by single-sequence length"
@@ -72,7 +73,7 @@ class Status:
 def decide_status(
     symptoms: SymptomChecklist,
     *,
-    comparison: Comparison | None = None,
+    comparison: KneeComparison | ComparisonResult | None = None,
     interference: InterferenceReport | None = None,
     max_sequence_tokens: int | None = None,
     pool_tokens: int | None = None,
@@ -82,7 +83,8 @@ def decide_status(
     kv_high_mean: float = 0.7,
     idle: bool | None = None,
 ) -> Status:
-    """Apply the rules above. ``pool_tokens`` = num_gpu_blocks x block_size; ``idle``: nothing
+    """Apply the rules above. ``comparison``: the analysis' or stage 04's (None when the data
+    holds none). ``pool_tokens`` = num_gpu_blocks x block_size; ``idle``: nothing
     ran or waited in the window (:func:`kvpressure.ingestion.load_window.is_idle`)."""
     sym = {s.id: s for s in symptoms.symptoms}
     verdicts = {k: s.verdict for k, s in sym.items()}
@@ -150,7 +152,7 @@ def decide_status(
                                 "knee_moves_right": comparison.knee_moves_right,
                                 "beyond_noise": comparison.beyond_noise,
                                 "noise_method": comparison.noise_method,
-                                "shifts": comparison.shifts}
+                                "shifts": [s.model_dump() for s in comparison.shifts]}
             if comparison.knee_moves_right and comparison.beyond_noise:
                 by = moved_right_by(comparison.shifts)
                 return done(KV_BOUND, rule + f"; {moved_right_words(by, past=True)} when "
