@@ -38,10 +38,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvpressure.analysis.compare import moved_right_by, moved_right_words
-from kvpressure.analysis.interference import InterferenceReport
 from kvpressure.analysis.symptoms import SymptomChecklist
 from kvpressure.jsonable import to_jsonable
-from kvpressure.stages.results import ComparisonResult, KneeComparison
+from kvpressure.stages.results import (
+    ComparisonResult,
+    Interference,
+    InterferenceResult,
+    KneeComparison,
+)
 
 KV_BOUND = "bound by KV blocks"
 SEQ_BOUND = "bound by single-sequence length"
@@ -74,7 +78,7 @@ def decide_status(
     symptoms: SymptomChecklist,
     *,
     comparison: KneeComparison | ComparisonResult | None = None,
-    interference: InterferenceReport | None = None,
+    interference: Interference | InterferenceResult | None = None,
     max_sequence_tokens: int | None = None,
     pool_tokens: int | None = None,
     max_model_len: int | None = None,
@@ -84,7 +88,7 @@ def decide_status(
     idle: bool | None = None,
 ) -> Status:
     """Apply the rules above. ``comparison``: the analysis' or stage 04's (None when the data
-    holds none). ``pool_tokens`` = num_gpu_blocks x block_size; ``idle``: nothing
+    holds none); ``interference`` likewise the analysis' or stage 05's. ``pool_tokens`` = num_gpu_blocks x block_size; ``idle``: nothing
     ran or waited in the window (:func:`kvpressure.ingestion.load_window.is_idle`)."""
     sym = {s.id: s for s in symptoms.symptoms}
     verdicts = {k: s.verdict for k, s in sym.items()}
@@ -102,7 +106,7 @@ def decide_status(
         ev["mean_kv_usage"] = kv_mean
 
     pi = interference.prefill_interference if interference is not None else None
-    pe = interference.prefill_evidence if interference is not None else {}
+    pe = interference.prefill_evidence.model_dump() if interference is not None else {}
     findings = []
     if pi:
         findings.append("prefill interference: ITL spikes with long prefills while KV is not full")

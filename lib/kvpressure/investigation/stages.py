@@ -30,6 +30,7 @@ from kvpressure.stages.results import (
     KneeResult,
     RecomputeResult,
     StageResult,
+    StepThresholds,
 )
 
 CURVE_COLUMNS = ("concurrency", "output_throughput", "itl_mean_s", "itl_p95_s", "ttft_p95_s",
@@ -453,7 +454,9 @@ def interference_stage(tables: Tables) -> StageOutput:
             "kv_usage": st["kv_usage"].to_numpy(float),
         })
         view = view[view["decode_tokens"] > 0]
-        long = rep.thresholds.get("long_prefill_tokens") or view["prefill_tokens"].max()
+        thr = rep.thresholds
+        long = ((thr.long_prefill_tokens if isinstance(thr, StepThresholds) else None)
+                or view["prefill_tokens"].max())
         view["kind"] = np.where(view["preempting"], "preemption / recompute",
                                 np.where(view["prefill_tokens"] >= long, "long prefill",
                                          "other"))
@@ -467,13 +470,12 @@ def interference_stage(tables: Tables) -> StageOutput:
     else:
         rep = interference_from_series(tables.series, t0, t1, run=tables.info.focus.run)
         view = pd.DataFrame(columns=["t", "step_ms", "prefill_tokens", "kind"])
-    d = rep.to_dict()
     pi, pre = rep.prefill_interference, rep.preemption
     words = {True: "present", False: "absent", None: "not measurable"}
-    d["summary"] = (f"prefill interference {words[pi]}; preemption-driven slow steps "
-                    f"{words[pre]} (from {rep.source})")
-    return StageOutput(as_result(InterferenceResult, d), {"steps": view,
-                                                          "by_kind": steps_by_kind(view)})
+    summary = (f"prefill interference {words[pi]}; preemption-driven slow steps "
+               f"{words[pre]} (from {rep.source})")
+    return StageOutput(as_result(InterferenceResult, {**dict(rep), "summary": summary}),
+                       {"steps": view, "by_kind": steps_by_kind(view)})
 
 
 def steps_by_kind(view: pd.DataFrame) -> pd.DataFrame:
@@ -484,11 +486,3 @@ def steps_by_kind(view: pd.DataFrame) -> pd.DataFrame:
     g = view.groupby("kind")["step_ms"]
     return pd.DataFrame({"steps": g.size(), "mean (ms)": g.mean(), "p50 (ms)": g.median(),
                          "p95 (ms)": g.quantile(0.95), "max (ms)": g.max()}).reset_index()
-
-
-def interference_of(result: InterferenceResult) -> Any:
-    """The analysis' InterferenceReport back from stage 05's result."""
-    from kvpressure.analysis.interference import InterferenceReport
-
-    fields = set(InterferenceReport.__dataclass_fields__)
-    return InterferenceReport(**{k: v for k, v in result.model_dump().items() if k in fields})

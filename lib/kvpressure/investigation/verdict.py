@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.investigation.collect import Tables
-from kvpressure.investigation.stages import StageOutput, interference_of
+from kvpressure.investigation.stages import StageOutput
 from kvpressure.report.sentences import (
     knee_sentence,
     record_axis,
@@ -308,7 +308,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         checklist = checklist_for(assumed)
     compared = read_stage(run_dir, ComparisonResult)
     comparison = compared if compared.available else None
-    interference = interference_of(read_stage(run_dir, InterferenceResult))
+    interference = read_stage(run_dir, InterferenceResult)
     max_seq = None
     if tables.requests is not None:
         max_seq = int((tables.requests["prompt_len"] + tables.requests["output_len"]).max())

@@ -444,8 +444,101 @@ class ComparisonResult(StageResult):
 
 
 # --------------------------------------------------------------------------- 05 interference
+class NoEvidence(_Part):
+    """Nothing measured for this part (``{}`` in the file): no steps or intervals in the
+    window, or no metric to judge it on."""
+
+
+class StepThresholds(_Part):
+    """The thresholds of the judgement from simulated steps (``analysis.interference``)."""
+
+    spike_factor: float
+    kv_full: float
+    min_spike_share: float
+    min_itl_share: float
+    recompute_ratio: float
+    long_prefill_tokens: int | None = None
+    """Absent when the window holds no step (no largest step to take half of)."""
+
+
+class SeriesThresholds(_Part):
+    """The thresholds of the judgement from scrape intervals."""
+
+    spike_factor: float
+    burst_factor: float
+    kv_full: float
+    min_spike_share: float
+
+
+class StepPrefillEvidence(_Part):
+    """Prefill interference from steps: the decode-only step, the ITL tail with and without
+    the long-prefill spikes and their share of it, the spike steps."""
+
+    decode_step_s: float | None
+    itl_mean_s: float | None
+    itl_p95_s: float | None
+    itl_p99_s: float | None
+    itl_p99_without_prefill_spikes_s: float | None
+    share_of_itl_p95_excess: float | None
+    share_of_itl_p99_excess: float | None
+    spike_steps: int
+    prefill_spike_steps: int
+    prefill_spike_magnitude: float | None
+    share_of_slow_itl: float | None
+    share_of_all_itl: float | None
+    kv_usage_in_prefill_spikes: float | None
+    arrivals_in_prefill_spikes: int | None
+
+
+class SeriesPrefillEvidence(_Part):
+    """Prefill interference from scrape intervals: ITL p99 spikes against prompt-token bursts."""
+
+    intervals: int
+    itl_p99_median_s: float | None
+    spike_intervals: int
+    prefill_spike_intervals: int
+    share_of_spikes: float | None
+    prompt_rate_median: float | None
+    itl_p99_in_prefill_spikes_s: float | None
+
+
+class StepPreemptionEvidence(_Part):
+    preemptions: int
+    recompute_ratio: float | None
+    kv_usage_at_preemption: float | None
+    preempt_spike_steps: int
+    share_of_slow_itl: float | None
+
+
+class SeriesPreemptionEvidence(_Part):
+    preemptions: float | None
+    kv_usage_at_preemption: float | None
+    intervals_with_preemptions: int
+
+
+PrefillEvidence = StepPrefillEvidence | SeriesPrefillEvidence | NoEvidence
+PreemptionEvidence = StepPreemptionEvidence | SeriesPreemptionEvidence | NoEvidence
+Thresholds = StepThresholds | SeriesThresholds | NoEvidence
+
+
+class Interference(_Part):
+    """Prefill interference and preemption-driven slow steps, judged apart
+    (``analysis.interference``): what was found, on what evidence, against which thresholds.
+    Every field is given by the analysis, so a file holds each one."""
+
+    source: str
+    """"steps" (simulated) or "series" (scrapes)."""
+    prefill_interference: bool | None
+    preemption: bool | None
+    prefill_evidence: PrefillEvidence
+    preemption_evidence: PreemptionEvidence
+    thresholds: Thresholds
+    notes: list[str]
+
+
 class InterferenceResult(StageResult):
-    """Stage 05: prefill interference vs preemption-driven slow steps at the focus point."""
+    """Stage 05: an :class:`Interference`'s fields at the focus point and its summary; only
+    ``source`` "none", the two verdicts None, notes and summary without engine metrics."""
 
     STAGE: ClassVar[str] = "interference"
     NOTEBOOK: ClassVar[str] = "05_interference"
@@ -454,9 +547,9 @@ class InterferenceResult(StageResult):
     """"steps" (simulated), "series" (scrapes) or "none" (no engine metrics)."""
     prefill_interference: bool | None
     preemption: bool | None
-    prefill_evidence: dict[str, Any] = Field(default_factory=dict)
-    preemption_evidence: dict[str, Any] = Field(default_factory=dict)
-    thresholds: dict[str, Any] = Field(default_factory=dict)
+    prefill_evidence: PrefillEvidence = Field(default_factory=NoEvidence)
+    preemption_evidence: PreemptionEvidence = Field(default_factory=NoEvidence)
+    thresholds: Thresholds = Field(default_factory=NoEvidence)
     notes: list[str] = Field(default_factory=list)
     summary: str
 
