@@ -45,6 +45,8 @@ from kvpressure.stages.results import (
     Interference,
     InterferenceResult,
     KneeComparison,
+    NoEvidence,
+    PrefillEvidence,
 )
 
 KV_BOUND = "bound by KV blocks"
@@ -67,7 +69,7 @@ class Status:
     confirmed: bool
     evidence: dict = field(default_factory=dict)
     prefill_interference: bool | None = None
-    prefill_evidence: dict = field(default_factory=dict)
+    prefill_evidence: PrefillEvidence = field(default_factory=NoEvidence)
     findings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -106,7 +108,7 @@ def decide_status(
         ev["mean_kv_usage"] = kv_mean
 
     pi = interference.prefill_interference if interference is not None else None
-    pe = interference.prefill_evidence.model_dump() if interference is not None else {}
+    pe = interference.prefill_evidence if interference is not None else NoEvidence()
     findings = []
     if pi:
         findings.append("prefill interference: ITL spikes with long prefills while KV is not full")

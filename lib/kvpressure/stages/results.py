@@ -577,7 +577,8 @@ class StatusResult(_Part):
     confirmed: bool
     evidence: dict[str, Any] = Field(default_factory=dict)
     prefill_interference: bool | None = None
-    prefill_evidence: dict[str, Any] = Field(default_factory=dict)
+    prefill_evidence: PrefillEvidence = Field(default_factory=NoEvidence)
+    """Stage 05's, by which ``prefill_interference`` was judged."""
     findings: list[str] = Field(default_factory=list)
 
 
