@@ -50,7 +50,7 @@ def test_record_is_complete_and_agrees_with_the_stages(simulated):
     assert [p.concurrency for p in record.perf.throughput_by_concurrency] == [4, 8, 16, 24, 32, 48]
     assert record.perf.knee.peak_y == max(
         p.output_throughput for p in record.perf.throughput_by_concurrency)
-    assert record.perf.knee.knee_x == knee.knee["knee_x"]
+    assert knee.knee is not None and record.perf.knee.knee_x == knee.knee.knee_x
     # Simulation counts recompute exactly: the range collapses to the value.
     c = record.counters
     assert c.recompute_exact and c.recompute_ratio_range == (c.recompute_ratio, c.recompute_ratio)
