@@ -22,13 +22,13 @@ REPO = Path(__file__).resolve().parents[1]
 def test_latency_knee_is_the_last_level_within_twice_the_unloaded_latency():
     # Unloaded latency 1.0 s, so the band ends at 2.0 s: 1.1 and 1.5 are inside, 4.0 is past.
     k = latency_knee([1, 2, 3, 4, 5], [1.0, 1.1, 1.5, 4.0, 9.0])
-    assert (k["knee_x"], k["turn_x"], k["limit"]) == (3.0, 4.0, 2.0)
+    assert (k.knee_x, k.turn_x, k.limit) == (3.0, 4.0, 2.0)
     # Repeats of a level are averaged first: 3 -> (1.2 + 2.6) / 2 = 1.9, still inside.
     k = latency_knee([1, 2, 3, 3, 4], [1.0, 1.1, 1.2, 2.6, 4.0])
-    assert (k["knee_x"], k["turn_x"]) == (3.0, 4.0)
+    assert (k.knee_x, k.turn_x) == (3.0, 4.0)
     # Never past the band: no turn inside the range; past it at once: no knee.
-    assert latency_knee([1, 2, 3], [1.0, 1.5, 1.9])["turn_x"] is None
-    assert latency_knee([1, 2, 3], [1.0, 2.5, 3.0])["knee_x"] is None
+    assert latency_knee([1, 2, 3], [1.0, 1.5, 1.9]).turn_x is None
+    assert latency_knee([1, 2, 3], [1.0, 2.5, 3.0]).knee_x is None
     assert latency_knee([1, 2], [1.0, 5.0]) is None
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpressure.jsonable import finite_or_none as finite
+from kvpressure.stages.results import LatencyKnee
 from kvpressure.words import NO_DATA, LevelWords, level_words, num
 
 
@@ -336,37 +337,37 @@ def knee_stage_sentences(res: Any) -> list[str]:
                else "(e.g. `vllm bench serve --max-concurrency C` for each C)")
         return [f"**No curve, no knee**: {res.why_not}. Measure the same workload at several "
                 f"{w.plural} {how} to locate it. " + latency]
-    levels = [p[res.x] for p in res.curve]
-    last = max(levels) if levels else k["peak_x"]
+    levels = [p.level(res.x) for p in res.curve]
+    last = max(levels) if levels else k.peak_x
     knee_txt = ("still rising at the largest level: no knee inside the range"
-                if k["knee_x"] is None else f"the knee is at {w.at(k['knee_x'], bold=True)}")
-    if k["decline_onset"] is not None:
-        held = (f"it holds within {k['plateau_band']:.0f} tok/s of the peak up to "
-                f"{w.at(k['sustained_end'])} and has turned down from {num(k['decline_onset'])}")
+                if k.knee_x is None else f"the knee is at {w.at(k.knee_x, bold=True)}")
+    if k.decline_onset is not None:
+        held = (f"it holds within {k.plateau_band:.0f} tok/s of the peak up to "
+                f"{w.at(k.sustained_end)} and has turned down from {num(k.decline_onset)}")
     else:
-        held = (f"it holds within {k['plateau_band']:.0f} tok/s of the peak up to the largest "
+        held = (f"it holds within {k.plateau_band:.0f} tok/s of the peak up to the largest "
                 f"level, {num(last)}: no turn inside the range")
-    same_from = k.get("same_schedule_from")
-    if k["declines"]:
-        fall = f"past the peak it **falls {k['decline_pct']:.0f}%**"
+    same_from = k.same_schedule_from
+    if k.declines:
+        fall = f"past the peak it **falls {k.decline_pct:.0f}%**"
     else:
-        fall = f"past the peak it changes by {-k['decline_pct']:.0f}%, within the noise"
-    noise = (f"Noise: {k['noise_sd']:.1f} tok/s per run ({k['noise_source']})."
-             if k["noise_sd"] is not None else f"Noise: {k['noise_source']}.")
-    out = [f"Throughput peaks at **{num(k['peak_y'])} tok/s** at {w.at(k['peak_x'])}; "
+        fall = f"past the peak it changes by {-k.decline_pct:.0f}%, within the noise"
+    noise = (f"Noise: {k.noise_sd:.1f} tok/s per run ({k.noise_source})."
+             if k.noise_sd is not None else f"Noise: {k.noise_source}.")
+    out = [f"Throughput peaks at **{num(k.peak_y)} tok/s** at {w.at(k.peak_x)}; "
            f"{knee_txt}; {held}; {fall}. {latency} {noise}"]
     if same_from is not None and res.x != "request_rate":
         out.append(same_schedule_sentence(levels, same_from))
     if res.latency_knees:
         out.append(latency_knee_sentence(res.latency_knees, last))
-    out += [f"Note: {note}." for note in k["notes"]]
+    out += [f"Note: {note}." for note in k.notes]
     return out
 
 
 _LATENCY_NAMES = {"ttft_p95_s": "TTFT p95", "itl_p95_s": "ITL p95"}
 
 
-def latency_knee_sentence(knees: Mapping[str, Any], last: Any) -> str:
+def latency_knee_sentence(knees: Mapping[str, LatencyKnee | None], last: Any) -> str:
     """Where each latency turns up against offered load (``analysis.knee.latency_knee``)."""
     words = level_words("request_rate")
     parts = []
@@ -374,14 +375,14 @@ def latency_knee_sentence(knees: Mapping[str, Any], last: Any) -> str:
         if not k:
             continue
         name = _LATENCY_NAMES.get(col, col)
-        band = f"{num(k['factor'])}x its {ms(k['base'])} at the lightest load"
-        if k.get("turn_x") is None:
+        band = f"{num(k.factor)}x its {ms(k.base)} at the lightest load"
+        if k.turn_x is None:
             parts.append(f"{name} stays within {band} up to {words.at(last)}")
-        elif k.get("knee_x") is None:
+        elif k.knee_x is None:
             parts.append(f"{name} is past {band} from the second level on")
         else:
-            parts.append(f"{name} holds within {band} up to {words.at(k['knee_x'], bold=True)} "
-                         f"and is past it from {words.at(k['turn_x'])}")
+            parts.append(f"{name} holds within {band} up to {words.at(k.knee_x, bold=True)} "
+                         f"and is past it from {words.at(k.turn_x)}")
     if not parts:
         return ""
     return ("**Latency against offered load**: " + "; ".join(parts) + ". Past the latency "
