@@ -14,6 +14,7 @@ from kvpressure.analysis.focus import focus_level
 from kvpressure.analysis.knee import knee_of_runs, latency_knee
 from kvpressure.investigation.analyse import analyse
 from kvpressure.report.sentences import knee_sentence, latency_knee_sentence
+from kvpressure.stages.results import LatencyKnee
 
 DATA = Path(__file__).parent / "data" / "rates"
 REPO = Path(__file__).resolve().parents[1]
@@ -135,8 +136,10 @@ def test_remedies_on_the_rate_axis_are_simulated_at_the_focus_rate(tmp_path: Pat
 
 def test_the_latency_knee_sentence_names_its_latencies():
     # The columns' names, not their keys (a later table of the module's once took the name).
-    knees = {"ttft_p95_s": {"factor": 2, "base": 0.05, "turn_x": None},
-             "itl_p95_s": {"factor": 2, "base": 0.01, "turn_x": 2.0, "knee_x": 1.5}}
+    knees = {"ttft_p95_s": LatencyKnee(knee_x=4.0, turn_x=None, base=0.05, factor=2, limit=0.1,
+                                       points=[]),
+             "itl_p95_s": LatencyKnee(knee_x=1.5, turn_x=2.0, base=0.01, factor=2, limit=0.02,
+                                      points=[])}
     text = latency_knee_sentence(knees, 4.0)
     assert "TTFT p95 stays within" in text and "ITL p95 holds within" in text
     assert "_p95_s" not in text
