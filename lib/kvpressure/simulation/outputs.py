@@ -85,10 +85,20 @@ class SimResult:
 
     def _summary(self) -> dict[str, Any]:
         c = self.steps.columns
+        np = sys.modules.get("numpy")
+        # Count columns summed exactly: by numpy over the arrays' own bytes when it is loaded
+        # (64 bits; faster), else by Python (its int fast path over an ``array``); the
+        # float columns keep Python's sum and its order of additions, hence their bytes.
+        ints: dict[str, Any] = {}
+        if np is not None:
+            ints = {name: np.frombuffer(c[name], dtype=c[name].typecode)
+                    for name in ("num_scheduled_tokens", "recomputed_tokens", "preemptions",
+                                 "num_prefill_tokens", "num_decode_tokens",
+                                 "prefix_cache_queries", "prefix_cache_hits", "num_running")}
 
-        # Count columns summed by Python (exact; its int fast path over an ``array``), the
-        # float columns by Python's sum and its order of additions, hence their bytes.
         def col_sum(name: str) -> int:
+            if np is not None:
+                return int(ints[name].sum(dtype=np.int64))
             return sum(c[name])
 
         sc = self.scenario
