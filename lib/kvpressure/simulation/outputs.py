@@ -133,9 +133,11 @@ class SimResult:
             "prefix_cache_queries": col_sum("prefix_cache_queries"),
             "prefix_cache_hits": col_sum("prefix_cache_hits"),
             "mean_running": col_sum("num_running") / n if n else 0.0,
-            "max_running": max(c["num_running"]) if n else 0,
+            "max_running": (int(ints["num_running"].max()) if np is not None
+                            else max(c["num_running"])) if n else 0,
             "mean_kv_usage": _sequential_sum(c["kv_usage"]) / n if n else 0.0,
-            "max_kv_usage": max(c["kv_usage"]) if n else 0.0,
+            "max_kv_usage": (float(np.frombuffer(c["kv_usage"], dtype="d").max())
+                             if np is not None else max(c["kv_usage"])) if n else 0.0,
         }
         if sc.annotations:
             s["annotations"] = sorted(sc.annotations)
