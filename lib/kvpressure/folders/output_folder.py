@@ -19,7 +19,6 @@ marker, see :mod:`kvpressure.sweeps.point_marker`) and discards everything else.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import hashlib
 import json
@@ -198,6 +197,9 @@ def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False when unsupported."""
     if not sys.platform.startswith("linux"):
         return False
+    # Here, not with the module: only a replaced folder needs it (a few ms of every start).
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2

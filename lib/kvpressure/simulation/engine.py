@@ -40,8 +40,6 @@ import time as _time
 from collections import deque
 from typing import Any
 
-import numpy as np
-
 from kvpressure.errors import InputError
 from kvpressure.simulation.lazy_decode import DecodeProgress, LazyDecode
 from kvpressure.simulation.leap import try_leap
@@ -309,6 +307,10 @@ class Simulation:
         t_start = self._step_start()
         if not self.timed:
             return t_start, None, None, num_steps
+        # Here, not with the module: a run on the step clock never needs numpy (its import
+        # would be most of a short run's process); a cost model has imported it already.
+        import numpy as np
+
         js = np.arange(num_steps)
         f = StepFeatures(np.zeros(num_steps, dtype=np.int64),
                          np.full(num_steps, num_running, dtype=np.int64),
@@ -342,6 +344,8 @@ class Simulation:
         """The first of ``num_steps`` leapt steps whose end reaches ``t`` (at most
         ``num_steps - 1``)."""
         if ends is not None:
+            import numpy as np
+
             return int(np.searchsorted(ends, t, side="left"))
         dt, t0, step0 = self.clock.dt, self.clock.t0, self.step
 
@@ -377,6 +381,8 @@ class Simulation:
             # are step durations, shared by the members (their own counters follow from the
             # head's step times when they are next synced, so these come before the
             # finishes).
+            import numpy as np
+
             gaps = np.diff(ends, prepend=t_start).tolist()
             lazy.record_steps(gaps, ends.tolist())
             self.itl_values.extend(gaps)

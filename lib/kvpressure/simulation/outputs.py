@@ -56,8 +56,9 @@ def percentile(values: list[float], weights: list[int] | None, q: float) -> floa
 def _sequential_sum(values: Any) -> float:
     """``sum(values)`` of a float array, bit for bit: Python 3.11 adds floats one after
     another, as a cumulative sum does (numpy's ``sum`` adds pairwise: other bits). From 3.12
-    on ``sum`` compensates its rounding, so it is called itself."""
-    if sys.version_info >= (3, 12):
+    on ``sum`` compensates its rounding, so it is called itself; on 3.11 too unless numpy is
+    loaded already (its cumulative sum, faster on a long run, is not worth its import)."""
+    if sys.version_info >= (3, 12) or "numpy" not in sys.modules:
         return sum(values)
     import numpy as np
 
@@ -83,19 +84,22 @@ class SimResult:
         return self.steps.timed
 
     def _summary(self) -> dict[str, Any]:
-        import numpy as np
-
         c = self.steps.columns
-        # Count columns summed by numpy over the arrays' own bytes (exact in 64 bits; a
-        # Python loop would box every cell); the float columns keep Python's sum and its
-        # order of additions, hence their bytes.
-        ints = {name: np.frombuffer(c[name], dtype=c[name].typecode)
-                for name in ("num_scheduled_tokens", "recomputed_tokens", "preemptions",
-                             "num_prefill_tokens", "num_decode_tokens",
-                             "prefix_cache_queries", "prefix_cache_hits", "num_running")}
+        np = sys.modules.get("numpy")
+        # Count columns summed exactly: by numpy over the arrays' own bytes when it is loaded
+        # (64 bits; faster), else by Python (its int fast path over an ``array``); the
+        # float columns keep Python's sum and its order of additions, hence their bytes.
+        ints: dict[str, Any] = {}
+        if np is not None:
+            ints = {name: np.frombuffer(c[name], dtype=c[name].typecode)
+                    for name in ("num_scheduled_tokens", "recomputed_tokens", "preemptions",
+                                 "num_prefill_tokens", "num_decode_tokens",
+                                 "prefix_cache_queries", "prefix_cache_hits", "num_running")}
 
         def col_sum(name: str) -> int:
-            return int(ints[name].sum(dtype=np.int64))
+            if np is not None:
+                return int(ints[name].sum(dtype=np.int64))
+            return sum(c[name])
 
         sc = self.scenario
         n = len(self.steps)
@@ -129,10 +133,11 @@ class SimResult:
             "prefix_cache_queries": col_sum("prefix_cache_queries"),
             "prefix_cache_hits": col_sum("prefix_cache_hits"),
             "mean_running": col_sum("num_running") / n if n else 0.0,
-            "max_running": int(ints["num_running"].max()) if n else 0,
+            "max_running": (int(ints["num_running"].max()) if np is not None
+                            else max(c["num_running"])) if n else 0,
             "mean_kv_usage": _sequential_sum(c["kv_usage"]) / n if n else 0.0,
-            "max_kv_usage": float(np.frombuffer(c["kv_usage"], dtype="d").max()) if n
-            else 0.0,
+            "max_kv_usage": (float(np.frombuffer(c["kv_usage"], dtype="d").max())
+                             if np is not None else max(c["kv_usage"])) if n else 0.0,
         }
         if sc.annotations:
             s["annotations"] = sorted(sc.annotations)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from array import array
 from struct import Struct
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
-
-# Imported with the module, not at the first flush: a lazy import would land inside the
-# simulation's timed loop (tens of milliseconds against a loop of a few).
-import numpy as np
 
 if TYPE_CHECKING:
     from kvpressure.simulation.scheduler import SchedulerOutput
@@ -65,7 +62,10 @@ class StepsTable:
 
     Plain steps pack each row into bytes as it comes (one ``struct`` call converts its
     numbers in C; the row is dropped at once), joined and moved into the columns a block at a
-    time by numpy's strided copies (one C call per column and block rather than per cell);
+    time by strided copies (one C call per column and block rather than one per cell): by
+    numpy when it is loaded (its copies are the faster), else by ``memoryview`` (a run on the
+    step clock needs no numpy, whose import would cost a short run's process more than its
+    loop; the bytes are the same);
     ``columns`` and ``len`` see the buffered rows too."""
 
     def __init__(self, timed: bool) -> None:
@@ -83,17 +83,22 @@ class StepsTable:
         if n:
             buf = b"".join(self._rows)
             if n < 4:
-                # A few rows (a long leap reads the columns): numpy's per-column calls cost
-                # more than unpacking them (from 4 rows on, they cost less).
+                # A few rows (a long leap reads the columns): the strided copies cost more
+                # than unpacking them.
                 # An untimed table has no time columns: zip() stops at its last column.
                 for col, values in zip(self._columns.values(),
                                        zip(*_ROW.iter_unpack(buf), strict=True),
                                        strict=False):
                     col.extend(values)
             else:
-                rows = np.frombuffer(buf, dtype=_row_dtype())
-                for name, col in self._columns.items():
-                    col.frombytes(rows[name].tobytes())
+                np = sys.modules.get("numpy")
+                if np is not None:
+                    rows = np.frombuffer(buf, dtype=_row_dtype(np))
+                    for name, col in self._columns.items():
+                        col.frombytes(rows[name].tobytes())
+                else:
+                    for name, col in self._columns.items():
+                        col.frombytes(_column_bytes(buf, name))
             self._rows.clear()
             self._num_rows = 0
 
@@ -178,9 +183,39 @@ class StepsTable:
         first row's; 0 after), the last row's ``finished``, ``num_running_after`` and
         ``kv_usage_after``, and in time mode ``time_s`` (from ``t_start``, then ``ends``) and
         ``step_duration_s`` (``durations``): the packed row repeated and the few columns
-        that differ written over it, one numpy call each, not one row at a time."""
-        buf = bytearray(self._rows[-1] * num_rows)
-        rows = np.frombuffer(buf, dtype=_row_dtype())
+        that differ written over it by strided copies, not one row at a time."""
+        last: Any = self._rows[-1]  # a packed row: bytes
+        buf = bytearray(last * num_rows)
+        np = sys.modules.get("numpy")
+        if np is not None:
+            self._repeat_numpy(np, buf, num_rows, usage, arrivals, num_finished,
+                               num_running_after, usage_after, t_start, durations, ends)
+            return
+        step0: int = _ROW.unpack_from(last)[0]
+        _put_column(buf, "step", 0, array("q", range(step0, step0 + num_rows)).tobytes())
+        u = array("d", usage).tobytes()
+        _put_column(buf, "kv_usage", 0, u)
+        _put_column(buf, "kv_usage_after", 0, u)
+        if arrivals and num_rows > 1:
+            _put_column(buf, "arrivals", 1, bytes(4 * (num_rows - 1)))
+        last_row = num_rows - 1
+        _put_value(buf, "finished", last_row, num_finished)
+        _put_value(buf, "num_running_after", last_row, num_running_after)
+        _put_value(buf, "kv_usage_after", last_row, usage_after)
+        if ends is not None:
+            # The times are float64 arrays (engine.py ``decode_step_times``): their bytes
+            # are the column's.
+            _put_column(buf, "time_s", 0,
+                        array("d", (t_start,)).tobytes() + ends[:num_rows - 1].tobytes())
+            _put_column(buf, "step_duration_s", 0, durations[:num_rows].tobytes())
+        self._rows[-1] = buf
+        self._num_rows += num_rows - 1
+
+    def _repeat_numpy(self, np: Any, buf: bytearray, num_rows: int, usage: list[float],
+                      arrivals: int, num_finished: int, num_running_after: int,
+                      usage_after: float, t_start: float, durations: Any, ends: Any) -> None:
+        """``_repeat_last`` by numpy's strided copies (``buf``: the row repeated)."""
+        rows = np.frombuffer(buf, dtype=_row_dtype(np))
         step0 = int(rows["step"][0])
         rows["step"] = np.arange(step0, step0 + num_rows, dtype=np.int64)
         u = np.array(usage, dtype=np.float64)
@@ -256,14 +291,66 @@ def _typecode(name: str) -> str:
     return "d" if name in _FLOAT_COLUMNS else "i" if name in _INT32_COLUMNS else "q"
 
 
-# A row's bytes: every field at its column's width, standard sizes, no padding (the same
-# layout for numpy below).
-_ROW = Struct("=" + "".join(_typecode(n) for n in StepRow._fields))
+# A row's bytes: every field at its column's width and at an offset a multiple of it, the
+# row a multiple of 8 bytes (pad bytes between), native byte order (an ``array``'s): a column
+# of packed rows is then one strided ``memoryview`` of its own item type.
+def _layout() -> tuple[str, dict[str, tuple[int, int]], int]:
+    fmt = "="
+    out = {}
+    offset = 0
+    for name in StepRow._fields:
+        width = Struct("=" + _typecode(name)).size
+        pad = -offset % width
+        fmt += "x" * pad + _typecode(name)
+        offset += pad
+        out[name] = (offset, width)
+        offset += width
+    pad = -offset % 8
+    return fmt + "x" * pad, out, offset + pad
+
+
+_FORMAT, _FIELDS, _SIZE = _layout()
+_ROW = Struct(_FORMAT)
+# Each field's (offset in a row, width).
+_LAYOUT: Final = _FIELDS
+
+
 _ROW_DTYPE: list[Any] = []
 
 
-def _row_dtype() -> Any:
+def _row_dtype(np: Any) -> Any:
+    """The packed row as a numpy record (the same offsets and size)."""
     if not _ROW_DTYPE:
         kinds = {"d": np.float64, "i": np.int32, "q": np.int64}
-        _ROW_DTYPE.append(np.dtype([(n, kinds[_typecode(n)]) for n in StepRow._fields]))
+        names = list(StepRow._fields)
+        _ROW_DTYPE.append(np.dtype({
+            "names": names, "formats": [kinds[_typecode(n)] for n in names],
+            "offsets": [_LAYOUT[n][0] for n in names], "itemsize": _SIZE}))
     return _ROW_DTYPE[0]
+
+
+def _column_bytes(rows: bytes, name: str) -> bytes:
+    """The column ``name`` of packed rows, as its array's bytes (one strided copy)."""
+    offset, width = _LAYOUT[name]
+    whole: Any = memoryview(rows)  # cast by a type code known at run time
+    view = whole.cast(_typecode(name))
+    return view[offset // width::_SIZE // width].tobytes()
+
+
+def _put_value(rows: bytearray, name: str, row: int, value: Any) -> None:
+    """Write one cell of packed rows (``value`` as it is: an int stays an int when
+    compiled, where a tuple of ints and floats would be typed float)."""
+    offset, _ = _LAYOUT[name]
+    Struct("=" + _typecode(name)).pack_into(rows, row * _SIZE + offset, value)
+
+
+def _put_column(rows: bytearray, name: str, first: int, values: bytes) -> None:
+    """Write the column ``name`` of packed rows from row ``first`` to the last, from its
+    values' bytes (one value a row; one strided copy)."""
+    offset, width = _LAYOUT[name]
+    code = _typecode(name)
+    whole: Any = memoryview(rows)  # cast by a type code known at run time
+    view = whole.cast(code)
+    step = _SIZE // width
+    source: Any = memoryview(values)
+    view[first * step + offset // width::step] = source.cast(code)
