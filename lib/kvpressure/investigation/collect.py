@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,7 @@ import pandas as pd
 
 from kvpressure.analysis.levels import REPEAT, repeats_of
 from kvpressure.errors import InputError
-from kvpressure.folders.layout import RUNS_CSV, SERIES_CSV
-from kvpressure.folders.run_folder import as_sources, write_stage
+from kvpressure.folders.run_folder import RunFolder, as_run_folder, as_sources, write_stage
 from kvpressure.stages.files import has_stage, read_stage
 from kvpressure.stages.results import CollectInfo
 
@@ -35,6 +34,8 @@ class Tables:
     series: pd.DataFrame
     steps: pd.DataFrame | None
     requests: pd.DataFrame | None
+    folder: RunFolder | None = field(default=None, repr=False)
+    """The folder they were read from, holding what it read (the twin reads on from it)."""
 
     @property
     def baseline_runs(self) -> pd.DataFrame:
@@ -113,24 +114,21 @@ def ensure_collected(
 ) -> CollectInfo:
     """Stage 01's results; runs stage 01 first when the run folder does not have them yet,
     so any notebook can be opened and run on its own."""
-    if not has_stage(run_dir, CollectInfo) or not (Path(run_dir) / RUNS_CSV).is_file():
+    if not has_stage(run_dir, CollectInfo) or not RunFolder(run_dir).has_runs():
         return collect(run_dir, experiment, source)
     return read_stage(run_dir, CollectInfo)
 
 
-def load_tables(run_dir: str | os.PathLike[str]) -> Tables:
+def load_tables(run_dir: RunFolder | str | os.PathLike[str]) -> Tables:
     """Stage 01's tables: runs, the focus point's series (and steps, requests when simulated)."""
-    run_dir = Path(run_dir)
-    info = read_stage(run_dir, CollectInfo)
-    runs = pd.read_csv(run_dir / RUNS_CSV)
-    series = pd.read_csv(run_dir / SERIES_CSV, dtype={"labels": str, "run": str, "metric": str})
-    series["labels"] = series["labels"].fillna("")
+    folder = as_run_folder(run_dir)
+    info = folder.stage(CollectInfo)
     steps = requests = None
     point_dir = info.focus.point_dir
     if point_dir:
-        steps = pd.read_csv(run_dir / point_dir / "steps.csv")
-        requests = pd.read_csv(run_dir / point_dir / "requests.csv")
-    return Tables(info, runs, series, steps, requests)
+        steps = pd.read_csv(folder.path / point_dir / "steps.csv")
+        requests = pd.read_csv(folder.path / point_dir / "requests.csv")
+    return Tables(info, folder.runs(), folder.series(), steps, requests, folder)
 
 
 def open_run(run_dir: Any = "", experiment: Any = "", source: Any = "") -> Tables:
