@@ -34,11 +34,12 @@ def run(args: argparse.Namespace) -> int:
     doc = result.to_dict()
     text = two_runs_markdown(doc)
     if args.out is not None:
-        from kvpressure.analysis.two_runs import RUNS_CSV, runs_dir_of
+        from kvpressure.analysis.two_runs import runs_dir_of
         from kvpressure.folders.output_folder import output_folder
+        from kvpressure.folders.run_folder import RunFolder
         from kvpressure.report.figures import two_runs_figure
 
-        inputs = [runs_dir_of(p) / RUNS_CSV for p in (args.run_a, args.run_b)]
+        inputs = [RunFolder(runs_dir_of(p)).runs_path for p in (args.run_a, args.run_b)]
         with output_folder(args.out, "compare", inputs=inputs, force=args.force) as work:
             (work / "compare.json").write_text(json.dumps(doc, indent=1) + "\n")
             (work / "compare.md").write_text(text)

@@ -21,7 +21,7 @@ import pandas as pd
 from kvpressure.analysis.levels import REPEAT, repeats_of
 from kvpressure.errors import InputError
 from kvpressure.folders.run_folder import RunFolder, as_run_folder, as_sources, write_stage
-from kvpressure.stages.files import has_stage, read_stage
+from kvpressure.stages.files import read_stage
 from kvpressure.stages.results import CollectInfo
 
 
@@ -110,13 +110,15 @@ def collect(
 
 
 def ensure_collected(
-    run_dir: str | os.PathLike[str], experiment: str | os.PathLike[str] = "", source: Any = ""
+    run_dir: RunFolder | str | os.PathLike[str], experiment: str | os.PathLike[str] = "",
+    source: Any = ""
 ) -> CollectInfo:
     """Stage 01's results; runs stage 01 first when the run folder does not have them yet,
     so any notebook can be opened and run on its own."""
-    if not has_stage(run_dir, CollectInfo) or not RunFolder(run_dir).has_runs():
-        return collect(run_dir, experiment, source)
-    return read_stage(run_dir, CollectInfo)
+    folder = as_run_folder(run_dir)
+    if not folder.has_stage(CollectInfo) or not folder.has_runs():
+        return collect(folder.path, experiment, source)
+    return folder.stage(CollectInfo)
 
 
 def load_tables(run_dir: RunFolder | str | os.PathLike[str]) -> Tables:
@@ -141,8 +143,10 @@ def open_run(run_dir: Any = "", experiment: Any = "", source: Any = "") -> Table
 
     ctx = run_dir if isinstance(run_dir, RunContext) else current_run(experiment, source, run_dir)
     setup_plots()
-    check = has_stage(ctx.run_dir, CollectInfo)
-    ensure_collected(ctx.run_dir, ctx.experiment, ctx.source)
+    # One folder for the whole opening: stage 01's result is read once, the tables once.
+    folder = RunFolder(ctx.run_dir)
+    check = folder.has_stage(CollectInfo)
+    ensure_collected(folder, ctx.experiment, ctx.source)
     if check:
-        check_fresh(ctx.run_dir)
-    return load_tables(ctx.run_dir)
+        check_fresh(folder)
+    return load_tables(folder)

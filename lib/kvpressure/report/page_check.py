@@ -94,7 +94,9 @@ def _source_numbers(run_dir: Path) -> list[float]:
             for v in node:
                 walk(v)
 
-    record = run_dir / "record.yaml"
+    from kvpressure.folders.run_folder import RunFolder
+
+    record = RunFolder(run_dir).record_path
     if record.is_file():
         doc = yaml.safe_load(record.read_text(encoding="utf-8"))
         walk(doc)

@@ -321,9 +321,9 @@ def _keep_complete_points(jobs: list[_PointJob], out: Path, rows: list[dict[str,
 
 def write_runs(frame: Any, out_dir: str | os.PathLike[str]) -> Path:
     """``runs.csv`` (and ``runs.parquet`` when pyarrow is installed)."""
-    from kvpressure.table_files import write_table
+    from kvpressure.folders.run_folder import RunFolder
 
-    return write_table(frame, Path(out_dir) / "runs.csv")[0]
+    return RunFolder(out_dir).write_runs(frame)[0]
 
 
 def stderr_progress(line: str) -> None:
