@@ -14,7 +14,7 @@ import io
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +38,7 @@ from kvpressure.stages.results import StageResult
 from kvpressure.table_files import write_table
 
 R = TypeVar("R", bound=StageResult)
+T = TypeVar("T")
 
 # The notebooks run with cwd = notebooks/, so their defaults are relative to it.
 DEFAULT_EXPERIMENT = "../data/experiments/seed_case.yaml"
@@ -171,6 +172,12 @@ class RunFolder:
         if key not in self._read:
             self._read[key] = read()
         return self._read[key]
+
+    def derived(self, name: str, make: Callable[[], T]) -> T:
+        """What a reader makes of the folder's files (``make()``), made once per folder; the
+        caller must not change it."""
+        got: T = self._kept(f"derived:{name}", make)
+        return got
 
     def data(self, path: Path) -> bytes:
         """A file of the folder as its bytes, read once (each reader parses them its way)."""

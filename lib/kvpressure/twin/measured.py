@@ -286,13 +286,19 @@ def ingested_sources(run_dir: RunFolder | Path, ingest: dict[str, Any], kind: So
              and isinstance(s.get("location"), str)]
     if found:
         return found
-    for p in _report_sources(as_run_folder(run_dir)):
-        try:
-            if sniff_file(p) == kind:
-                found.append(p)
-        except InputError:
-            continue
-    return found
+
+    def kinds() -> list[tuple[Path, Any]]:
+        out: list[tuple[Path, Any]] = []
+        for p in _report_sources(folder):
+            try:
+                out.append((p, sniff_file(p)))
+            except InputError:
+                continue
+        return out
+
+    # Each source is sniffed once, whichever kinds are asked for (a scrape log, a server log).
+    folder = as_run_folder(run_dir)
+    return [p for p, got in folder.derived("sources by kind", kinds) if got == kind]
 
 
 def ingested_scrape_log(run_dir: RunFolder | Path, ingest: dict[str, Any]
