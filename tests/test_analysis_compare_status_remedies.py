@@ -39,18 +39,18 @@ def test_knee_moves_right_beyond_seed_noise():
     c = compare_variants(runs, baseline="baseline", n_boot=50)
     assert c.parameter == "max_num_seqs"
     (s,) = c.shifts
-    assert s["baseline_knee_x"] == 24 and s["knee_x"] == 48
-    assert s["shift"] == 24 and s["change"] == "lower"
+    assert s.baseline_knee_x == 24 and s.knee_x == 48
+    assert s.shift == 24 and s.change == "lower"
     assert c.knee_moves_right and c.beyond_noise
     assert "repeated" in c.noise_method
-    json.dumps(c.to_dict())
+    json.dumps(c.model_dump(mode="json"))
 
 
 def test_same_knee_is_not_a_move():
     runs = seeded_runs({"baseline": 32, "mns128": 32}, {"baseline": 256, "mns128": 128})
     c = compare_variants(runs, n_boot=50)
     assert not c.beyond_noise
-    assert c.shifts[0]["shift"] == 0
+    assert c.shifts[0].shift == 0
 
 
 def test_more_than_one_parameter_is_refused_naming_them():
@@ -73,7 +73,7 @@ def test_variants_table_and_no_repeats():
                                               "big_pool": {"gpu_memory_utilization": 0.95}},
                          baseline="base", n_boot=20)
     assert c.parameter == "gpu_memory_utilization"
-    assert c.shifts[0]["change"] == "higher" and c.shifts[0]["shift"] == 24
+    assert c.shifts[0].change == "higher" and c.shifts[0].shift == 24
     assert c.beyond_noise  # exact curves: no noise, the shift stands
 
 
@@ -116,8 +116,8 @@ def test_decline_that_disappears_moves_the_knee_right_beyond_seed_noise(rng_seed
     # The lower max_num_seqs holds to 96: the decline is gone, the turn lies past the range.
     assert low.decline_onset is None and low.sustained_end == 96
     (s,) = c.shifts
-    assert s["moved_right_by"] == ["sustained range"] and s["beyond_noise"]
-    assert s["sustained_shift"] == (96 + 32) - 40  # past the range = one step past 96
+    assert s.moved_right_by == ["sustained range"] and s.beyond_noise
+    assert s.sustained_shift == (96 + 32) - 40  # past the range = one step past 96
     assert "repeated measurements" in c.noise_method
     # The status says what moved: the sustained range, not the knee (which stayed within noise)
     st = decide_status(checklist(kv_usage_near_full="present", waiting_persists="present",
@@ -134,7 +134,7 @@ def test_decline_that_disappears_on_exact_curves_without_repeats():
             for x, y in zip(SEED_LEVELS, curve_, strict=True)]
     c = compare_variants(pd.DataFrame(rows), MNS, baseline="baseline", n_boot=60)
     assert c.knee_moves_right and c.beyond_noise
-    assert c.shifts[0]["moved_right_by"] == ["sustained range"]
+    assert c.shifts[0].moved_right_by == ["sustained range"]
     # Noise from the roughness of the rising part, not from the fall: both curves share the
     # rise up to 40, and the fall does not enter the baseline's estimate.
     base, low = c.variants
@@ -148,7 +148,7 @@ def test_identical_curves_with_noisy_repeats_do_not_move(rng_seed):
                         rng_seed=rng_seed)
     c = compare_variants(runs, MNS, baseline="baseline", n_boot=60)
     assert not c.beyond_noise
-    assert not c.shifts[0]["moved_right_by"]
+    assert not c.shifts[0].moved_right_by
 
 
 def test_shift_smaller_than_the_seed_spread_is_within_noise():

@@ -8,6 +8,7 @@ import pytest
 
 from kvpressure.analysis.interference import interference_from_series, interference_from_steps
 from kvpressure.errors import InputError
+from kvpressure.stages.results import Interference, StepPrefillEvidence, StepThresholds
 
 
 def planted_steps(n: int = 200, spikes: tuple[int, ...] = (20, 60, 100, 140, 180),
@@ -40,25 +41,29 @@ def test_planted_prefill_spikes_with_kv_not_full():
     r = interference_from_steps(planted_steps())
     assert r.prefill_interference is True and r.preemption is False
     ev = r.prefill_evidence
-    assert ev["prefill_spike_steps"] == 5 and ev["spike_steps"] == 5
-    assert ev["decode_step_s"] == pytest.approx(0.010)
-    assert ev["prefill_spike_magnitude"] == pytest.approx(4.0)
-    assert ev["share_of_slow_itl"] == 1.0
-    assert ev["share_of_all_itl"] == pytest.approx(5 / 200)
+    assert isinstance(ev, StepPrefillEvidence)
+    assert ev.prefill_spike_steps == 5 and ev.spike_steps == 5
+    assert ev.decode_step_s == pytest.approx(0.010)
+    assert ev.prefill_spike_magnitude == pytest.approx(4.0)
+    assert ev.share_of_slow_itl == 1.0
+    assert ev.share_of_all_itl == pytest.approx(5 / 200)
     # 2.5% of ITLs are 40 ms: p99 is a spike and all of its excess comes from them; the p95
     # is a plain decode step.
-    assert ev["itl_p99_s"] == pytest.approx(0.040)
-    assert ev["itl_p99_without_prefill_spikes_s"] == pytest.approx(0.010)
-    assert ev["share_of_itl_p99_excess"] == pytest.approx(1.0)
-    assert ev["itl_p95_s"] == pytest.approx(0.010)
+    assert ev.itl_p99_s == pytest.approx(0.040)
+    assert ev.itl_p99_without_prefill_spikes_s == pytest.approx(0.010)
+    assert ev.share_of_itl_p99_excess == pytest.approx(1.0)
+    assert ev.itl_p95_s == pytest.approx(0.010)
+    # Half the largest step, set once the steps are read; the file gives back the same parts.
+    assert isinstance(r.thresholds, StepThresholds) and r.thresholds.long_prefill_tokens
+    assert Interference.model_validate_json(r.model_dump_json()) == r
 
 
 def test_preemption_with_kv_full_is_not_prefill_interference():
     r = interference_from_steps(planted_steps(spikes=(), preempt_at=(50, 120)))
     assert r.preemption is True and r.prefill_interference is False
-    assert r.preemption_evidence["preemptions"] == 2
-    assert r.preemption_evidence["kv_usage_at_preemption"] == 1.0
-    assert r.preemption_evidence["preempt_spike_steps"] == 2
+    assert r.preemption_evidence.preemptions == 2
+    assert r.preemption_evidence.kv_usage_at_preemption == 1.0
+    assert r.preemption_evidence.preempt_spike_steps == 2
 
 
 def test_both_can_be_present():
@@ -103,8 +108,8 @@ def test_series_spikes_aligned_with_prompt_bursts():
     s = itl_series(spike_at={3, 9, 15}, burst_at={3, 9, 15}, preempt_at=set(), kv_full_at=set())
     r = interference_from_series(s)
     assert r.prefill_interference is True and r.preemption is False
-    assert r.prefill_evidence["spike_intervals"] == 3
-    assert r.prefill_evidence["prefill_spike_intervals"] == 3
+    assert r.prefill_evidence.spike_intervals == 3
+    assert r.prefill_evidence.prefill_spike_intervals == 3
 
 
 def test_series_spikes_with_preemptions_are_not_prefill():
@@ -112,5 +117,5 @@ def test_series_spikes_with_preemptions_are_not_prefill():
                    kv_full_at={3, 9, 15})
     r = interference_from_series(s)
     assert r.prefill_interference is False and r.preemption is True
-    assert r.preemption_evidence["preemptions"] == 3
-    assert r.preemption_evidence["kv_usage_at_preemption"] == 1.0
+    assert r.preemption_evidence.preemptions == 3
+    assert r.preemption_evidence.kv_usage_at_preemption == 1.0

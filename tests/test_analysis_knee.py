@@ -8,9 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvpressure.analysis.knee import find_knee, robust_roughness
+from kvpressure.analysis.knee import find_knee, knee_summary, robust_roughness
 from kvpressure.cli import main
 from kvpressure.errors import InputError
+from kvpressure.jsonable import to_jsonable
 
 
 def rise_then_fall(x: np.ndarray, knee: float, slope: float, fall: float) -> np.ndarray:
@@ -85,8 +86,8 @@ def test_repeats_are_averaged_and_their_spread_is_the_noise():
     x = [16, 16, 32, 32, 64, 64]
     y = [100, 104, 180, 176, 150, 154]
     k = find_knee(x, y)
-    assert [p["y"] for p in k.points] == [102, 178, 152]
-    assert all(p["n"] == 2 for p in k.points)
+    assert [p.y for p in k.points] == [102, 178, 152]
+    assert all(p.n == 2 for p in k.points)
     # Pooled sd of pairs differing by 4: sqrt(8) each.
     assert k.noise_sd == pytest.approx(np.sqrt(8))
     assert k.noise_source.startswith("spread of repeated")
@@ -209,9 +210,9 @@ def test_bad_input():
 
 
 def test_result_is_jsonable():
-    d = find_knee([1, 2, 4, 8], [1.0, 2.0, 3.0, 3.0]).to_dict()
+    d = to_jsonable(find_knee([1, 2, 4, 8], [1.0, 2.0, 3.0, 3.0]).model_dump())
     json.dumps(d)
-    assert set(find_knee([1, 2, 4, 8], [1.0, 2, 3, 3]).summary("g")) == {
+    assert set(knee_summary(find_knee([1, 2, 4, 8], [1.0, 2, 3, 3]), "g")) == {
         "group", "knee_x", "peak_x", "peak_y", "plateau", "declines", "decline_pct", "points"}
 
 

@@ -31,9 +31,57 @@ def test_the_summary_is_the_mean_error_over_scored_held_out_stages():
     got = summarise(rows)
     assert got["h100-80g"] == {"held_out_stages": 2, "held_out_runs": 1,
                                "calibration_stages": 1,
-                               "mape_pct": {"ttft_mean": 20.0, "itl_mean": 7.5}}
+                               "mape_pct": {"ttft_mean": 20.0, "itl_mean": 7.5},
+                               "below_real": {}}  # no tail measured in these rows
     assert got["l40s"]["mape_pct"] == {"ttft_mean": 20.0, "itl_mean": 20.0}
     assert got["l40s"]["calibration_stages"] == 0
+
+
+def _tails(run, real, pred):
+    metrics = dict.fromkeys(METRICS, None)
+    return {"run": run, "hardware": "h100-80g", "split": "held-out", "overload": False,
+            "measured": {**metrics, "ttft_p99": real[0], "e2e_p99": real[1]},
+            "after": {**metrics, "ttft_p99": pred[0], "e2e_p99": pred[1]}}
+
+
+def test_the_summary_counts_the_stages_a_tail_came_out_below_the_real_one():
+    rows = [_tails("a", (0.050, 2.0), (0.040, 2.1)),  # TTFT p99 below, E2E p99 above
+            _tails("b", (0.050, 2.0), (0.030, 1.9)),  # both below
+            _tails("c", (0.050, 2.0), (0.050, 2.0))]  # equal: not below
+    got = summarise(rows)["h100-80g"]
+    assert got["below_real"] == {"ttft_p99": 2, "e2e_p99": 1}
+    assert got["mape_pct"]["ttft_p99"] == pytest.approx((20 + 40 + 0) / 3, abs=0.05)
+
+
+def _checked(below):
+    return {"hardware": "x", "checked": True, "held_out_stages": 9, "held_out_runs": 3,
+            "calibrated": True, "mape_pct": {"ttft_p99": 20.0, "e2e_p99": 10.0},
+            "checked_cards": {}, "tail_stages": 9, "tail_below_real": below, "source": ""}
+
+
+def test_the_sentence_says_the_tails_read_low_only_when_they_mostly_did():
+    text = latency_fidelity_sentence(_checked({"ttft_p99": 9, "e2e_p99": 6}))
+    assert "The tails read low: the simulated TTFT p99 was below the real servers' in 9 " \
+           "of those 9 stages and the E2E p99 in 6" in text
+    # Five of nine is no side: the mean error stays the statement, as before.
+    text = latency_fidelity_sentence(_checked({"ttft_p99": 5, "e2e_p99": 4}))
+    assert "read low" not in text and "TTFT p99 20.0%" in text
+    text = latency_fidelity_sentence(_checked({"ttft_p99": 4, "e2e_p99": 8}))
+    assert "the simulated E2E p99 was below the real servers' in 8 of those 9" in text
+    assert "TTFT p99 was below" not in text
+
+
+def test_the_shipped_tails_side_is_the_cards_own_or_every_checked_cards():
+    doc = json.loads(data_dir().joinpath(*FIDELITY_FILE).read_text())
+    h100 = latency_fidelity("h100-80g")
+    assert h100["tail_stages"] == h100["held_out_stages"]
+    assert h100["tail_below_real"] == doc["cards"]["h100-80g"]["below_real"]
+    ascend = latency_fidelity("ascend-910b-64g")
+    assert ascend["tail_stages"] == sum(c["held_out_stages"] for c in doc["cards"].values())
+    for m, k in ascend["tail_below_real"].items():
+        assert k == sum(c["below_real"][m] for c in doc["cards"].values())
+        if k >= 2 / 3 * ascend["tail_stages"]:
+            assert f"in {k}" in latency_fidelity_sentence(ascend)
 
 
 def test_the_shipped_table_covers_the_benchmarks_cards():

@@ -13,7 +13,7 @@ import yaml
 from kvpressure.analysis.focus import focus_level
 from kvpressure.analysis.knee import knee_of_runs, latency_knee
 from kvpressure.investigation.analyse import analyse
-from kvpressure.report.sentences import knee_sentence
+from kvpressure.report.sentences import knee_sentence, latency_knee_sentence
 
 DATA = Path(__file__).parent / "data" / "rates"
 REPO = Path(__file__).resolve().parents[1]
@@ -22,13 +22,13 @@ REPO = Path(__file__).resolve().parents[1]
 def test_latency_knee_is_the_last_level_within_twice_the_unloaded_latency():
     # Unloaded latency 1.0 s, so the band ends at 2.0 s: 1.1 and 1.5 are inside, 4.0 is past.
     k = latency_knee([1, 2, 3, 4, 5], [1.0, 1.1, 1.5, 4.0, 9.0])
-    assert (k["knee_x"], k["turn_x"], k["limit"]) == (3.0, 4.0, 2.0)
+    assert (k.knee_x, k.turn_x, k.limit) == (3.0, 4.0, 2.0)
     # Repeats of a level are averaged first: 3 -> (1.2 + 2.6) / 2 = 1.9, still inside.
     k = latency_knee([1, 2, 3, 3, 4], [1.0, 1.1, 1.2, 2.6, 4.0])
-    assert (k["knee_x"], k["turn_x"]) == (3.0, 4.0)
+    assert (k.knee_x, k.turn_x) == (3.0, 4.0)
     # Never past the band: no turn inside the range; past it at once: no knee.
-    assert latency_knee([1, 2, 3], [1.0, 1.5, 1.9])["turn_x"] is None
-    assert latency_knee([1, 2, 3], [1.0, 2.5, 3.0])["knee_x"] is None
+    assert latency_knee([1, 2, 3], [1.0, 1.5, 1.9]).turn_x is None
+    assert latency_knee([1, 2, 3], [1.0, 2.5, 3.0]).knee_x is None
     assert latency_knee([1, 2], [1.0, 5.0]) is None
 
 
@@ -131,3 +131,12 @@ def test_remedies_on_the_rate_axis_are_simulated_at_the_focus_rate(tmp_path: Pat
     assert rows and all("at request rate 1 req/s" in r["effect"] for r in rows)
     rec = recommend(report, info.settings, axis="request_rate")
     assert "concurrency" not in rec["text"] and "request rate 1 req/s" in rec["text"]
+
+
+def test_the_latency_knee_sentence_names_its_latencies():
+    # The columns' names, not their keys (a later table of the module's once took the name).
+    knees = {"ttft_p95_s": {"factor": 2, "base": 0.05, "turn_x": None},
+             "itl_p95_s": {"factor": 2, "base": 0.01, "turn_x": 2.0, "knee_x": 1.5}}
+    text = latency_knee_sentence(knees, 4.0)
+    assert "TTFT p95 stays within" in text and "ITL p95 holds within" in text
+    assert "_p95_s" not in text

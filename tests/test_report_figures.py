@@ -20,6 +20,7 @@ from kvpressure.report.figures import (  # noqa: E402
     latency_levels_figure,
     layout_problems,
 )
+from kvpressure.stages.results import ThroughputKnee  # noqa: E402
 
 FALL = REPO_ROOT / "tests" / "data" / "twin_real_fall"
 
@@ -56,8 +57,10 @@ CURVE = pd.DataFrame({
     "itl_p95_s": [0.025, 0.27, 0.29, 0.29, 0.30, 0.30, 0.31, 0.31, 0.311, 0.311],
     "ttft_p95_s": [5.9, 29.3, 50.5, 73.4, 97.2, 99.0, 107.0, 113.0, 124.1, 396.3],
 })
-KNEE = {"knee_x": 16.0, "peak_x": 40.0, "peak_y": 400.0, "plateau": [40.0, 40.0],
-        "decline_onset": 42.0, "declines": True, "decline_pct": 47.1}
+# The parts of a knee the figure draws (model_construct: the rest is not drawn).
+KNEE = ThroughputKnee.model_construct(knee_x=16.0, peak_x=40.0, peak_y=400.0,
+                                      plateau=(40.0, 40.0), decline_onset=42.0, declines=True,
+                                      decline_pct=47.1)
 
 
 def test_the_curve_figures_pass():
@@ -65,7 +68,7 @@ def test_the_curve_figures_pass():
     assert layout_problems(fig) == []
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert not any(label.startswith("plateau") for label in labels)  # no plateau drawn
-    assert fig.axes[0].get_ylim()[1] > KNEE["peak_y"] * 1.05  # the peak's star is not clipped
+    assert fig.axes[0].get_ylim()[1] > KNEE.peak_y * 1.05  # the peak's star is not clipped
     assert layout_problems(latency_levels_figure(CURVE)) == []
 
 

@@ -136,18 +136,22 @@ def test_levels_that_ran_the_same_schedule_are_named_not_read_as_a_trend():
 
 def test_a_range_past_the_largest_level_reads_past_it():
     from kvpressure.investigation.stages import shift_table, variant_table
-    from kvpressure.stages.results import ComparisonResult
+    from kvpressure.stages.results import ComparisonResult, CurvePoint, KneeShift, VariantKnee
 
-    points = [{"x": float(x), "y": 1.0} for x in (8, 16, 32, 64, 96)]
-    variant = {"variant": "max_num_seqs=40", "knee_x": 40.0, "knee_range": [24.0, 40.0],
-               "sustained_end": 96.0, "decline_onset": None, "sustained_range": [64.0, 128.0],
-               "peak_y": 381.3, "noise_sd": 14.4, "repeats": 3, "points": points}
+    points = [CurvePoint(x=float(x), y=1.0, n=3, sd=0.1) for x in (8, 16, 32, 64, 96)]
+    variant = VariantKnee(
+        variant="max_num_seqs=40", settings={"max_num_seqs": 40}, knee_x=40.0, peak_x=64.0,
+        peak_y=381.3, declines=False, decline_pct=0.0, knee_range=(24.0, 40.0), levels=5,
+        points=points, sustained_end=96.0, decline_onset=None, sustained_range=(64.0, 128.0),
+        repeats=3, noise_sd=14.4, noise_source="spread of repeated measurements")
+    shift = KneeShift(
+        variant="max_num_seqs=40", value=40, baseline_value=256, change="lower", knee_x=40.0,
+        baseline_knee_x=16.0, shift=24.0, knee_beyond_noise=False, sustained_end=96.0,
+        baseline_sustained_end=8.0, decline_onset=None, baseline_decline_onset=16.0,
+        sustained_shift=88.0, sustained_beyond_noise=True, moves_right=True,
+        moved_right_by=["sustained range"], beyond_noise=True, peak_gain_pct=0.0)
     result = ComparisonResult(available=True, parameter="max_num_seqs", summary="s",
-                              variants=[variant],
-                              shifts=[{"variant": "max_num_seqs=40", "baseline_value": 256,
-                                       "value": 40, "shift": 24.0, "knee_beyond_noise": False,
-                                       "sustained_shift": 88.0, "sustained_beyond_noise": True,
-                                       "beyond_noise": True, "peak_gain_pct": 0.0}])
+                              variants=[variant], shifts=[shift])
     row = variant_table(result).iloc[0]
     assert row["holds-to range"] == "64 to past 96" and row["knee (clients)"] == "40"
     assert "knee_x" not in variant_table(result).columns

@@ -50,7 +50,7 @@ def test_record_is_complete_and_agrees_with_the_stages(simulated):
     assert [p.concurrency for p in record.perf.throughput_by_concurrency] == [4, 8, 16, 24, 32, 48]
     assert record.perf.knee.peak_y == max(
         p.output_throughput for p in record.perf.throughput_by_concurrency)
-    assert record.perf.knee.knee_x == knee.knee["knee_x"]
+    assert knee.knee is not None and record.perf.knee.knee_x == knee.knee.knee_x
     # Simulation counts recompute exactly: the range collapses to the value.
     c = record.counters
     assert c.recompute_exact and c.recompute_ratio_range == (c.recompute_ratio, c.recompute_ratio)
@@ -242,7 +242,7 @@ def test_comparison_summary_agrees_with_the_knees(simulated):
     if "knee" in by:
         assert "The knee moves right beyond noise (knee" in compare.summary
     else:  # every knee is "within noise": the summary must not say the knee moves
-        assert all(not s["knee_beyond_noise"] for s in compare.shifts)
+        assert all(not s.knee_beyond_noise for s in compare.shifts)
         assert "The knee moves right" not in compare.summary
         assert sustained_only.capitalize() in compare.summary
         assert "the knee itself did not move beyond noise" in record.evidence.reasons[0]

@@ -61,12 +61,13 @@ def test_02_recompute_is_counted_exactly(run):
 
 def test_03_knee_lies_on_its_curve(run):
     res = read_stage(run, KneeResult)
-    k, pts = res.knee, pd.DataFrame(res.curve)
-    assert k["peak_y"] == pts["output_throughput"].max()
-    assert k["knee_x"] is None or min(pts["concurrency"]) <= k["knee_x"] <= k["peak_x"]
-    assert k["peak_x"] <= k["sustained_end"]
-    assert k["decline_onset"] is None or k["decline_onset"] > k["sustained_end"]
-    assert 0 <= k["decline_pct"] <= 100
+    k, pts = res.knee, pd.DataFrame([p.model_dump(exclude_unset=True) for p in res.curve])
+    assert k is not None and k.sustained_end is not None
+    assert k.peak_y == pts["output_throughput"].max()
+    assert k.knee_x is None or min(pts["concurrency"]) <= k.knee_x <= k.peak_x
+    assert k.peak_x <= k.sustained_end
+    assert k.decline_onset is None or k.decline_onset > k.sustained_end
+    assert 0 <= k.decline_pct <= 100
     assert (pts["repeats"] == res.repeats).all()
 
 
@@ -75,16 +76,18 @@ def test_04_comparison_shifts_agree_with_the_variants(run):
     c = read_stage(run, ComparisonResult)
     assert c.available, "the experiment defines a comparison but none was made"
     assert c.parameter == info.comparison_parameter
-    assert all(s["shift"] == s["knee_x"] - s["baseline_knee_x"]
-               for s in c.shifts if s["knee_x"] is not None and s["baseline_knee_x"] is not None)
+    assert all(s.shift == s.knee_x - s.baseline_knee_x
+               for s in c.shifts if s.knee_x is not None and s.baseline_knee_x is not None)
     # Beyond noise means the variant's range lies wholly right of the baseline's, by one of two.
-    base = next(v for v in c.variants if v["variant"] == c.baseline)
+    base = next(v for v in c.variants if v.variant == c.baseline)
+    assert base.sustained_range is not None
     for s in c.shifts:
-        v = next(v for v in c.variants if v["variant"] == s["variant"])
-        assert ("knee" in s["moved_right_by"]) == (
-            s["shift"] > 0 and v["knee_range"][0] > base["knee_range"][1])
-        assert ("sustained range" in s["moved_right_by"]) == (
-            s["sustained_shift"] > 0 and v["sustained_range"][0] > base["sustained_range"][1])
+        v = next(v for v in c.variants if v.variant == s.variant)
+        assert v.sustained_range is not None
+        assert ("knee" in s.moved_right_by) == (
+            s.shift > 0 and v.knee_range[0] > base.knee_range[1])
+        assert ("sustained range" in s.moved_right_by) == (
+            s.sustained_shift > 0 and v.sustained_range[0] > base.sustained_range[1])
     assert c.moved_right_beyond_noise == bool(moved_right_by(c.shifts))
 
 

@@ -2,8 +2,8 @@
 
 JSON has no NaN or infinity, and a missing measurement must never read as a number, so both
 become ``null``. numpy scalars become Python numbers, tuples and sets become lists (sets sorted,
-so the output is the same from run to run), dataclasses become dicts, enums their values, paths
-become strings.
+so the output is the same from run to run), dataclasses and models become dicts, enums their
+values, paths become strings.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def to_jsonable(obj: Any) -> Any:
     """``obj`` (a dataclass, dict, list, tuple, set, numpy value, ...) as plain JSON values."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         obj = dataclasses.asdict(obj)
+    if hasattr(obj, "model_dump") and not isinstance(obj, type):  # a typed part (pydantic)
+        obj = obj.model_dump()
     if isinstance(obj, np.generic):
         obj = obj.item()
     if isinstance(obj, enum.Enum):  # a kind written as its word (YAML has no enum)

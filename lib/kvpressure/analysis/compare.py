@@ -32,15 +32,15 @@ the variant's is not.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from kvpressure.analysis.knee import KneeResult, find_knee
+from kvpressure.analysis.knee import find_knee
 from kvpressure.errors import InputError
-from kvpressure.jsonable import to_jsonable
+from kvpressure.stages.results import KneeComparison, KneeShift, ThroughputKnee, VariantKnee
 
 # Engine arguments a comparison may vary (and that runs.csv may carry as columns).
 SETTING_COLUMNS = (
@@ -48,47 +48,6 @@ SETTING_COLUMNS = (
     "scheduler_reserve_full_isl", "watermark", "num_gpu_blocks", "block_size",
     "enable_chunked_prefill", "enable_prefix_caching", "policy", "long_prefill_token_threshold",
 )
-
-
-@dataclass
-class VariantCurve:
-    variant: str
-    settings: dict
-    knee_x: float | None
-    peak_x: float
-    peak_y: float
-    declines: bool
-    decline_pct: float
-    knee_range: tuple[float, float]
-    levels: int
-    points: list[dict] = field(default_factory=list)
-    sustained_end: float | None = None
-    """Last level held within the plateau band of the peak."""
-    decline_onset: float | None = None
-    """First level of the decline after ``sustained_end``; None when the curve holds to its
-    largest level."""
-    sustained_range: tuple[float, float] | None = None
-    """5th-95th percentile of the sustained range's end (bootstrap; past the range = one step
-    past the largest level)."""
-    repeats: int = 1
-    noise_sd: float | None = None
-    noise_source: str = ""
-
-
-@dataclass
-class Comparison:
-    parameter: str
-    baseline: str
-    baseline_value: object
-    variants: list[VariantCurve]
-    shifts: list[dict]
-    knee_moves_right: bool
-    beyond_noise: bool
-    noise_method: str
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return to_jsonable(self)
 
 
 def _norm(v: object) -> object:
@@ -147,7 +106,7 @@ def _knee_pos(k: float | None, xs: np.ndarray) -> float:
     return float(k) if k is not None else _past_range(xs)
 
 
-def _turn_pos(res: KneeResult | VariantCurve, xs: np.ndarray) -> float:
+def _turn_pos(res: ThroughputKnee | VariantKnee, xs: np.ndarray) -> float:
     """End of the sustained range as a position; a curve that never turns down sits one step
     past the end."""
     if res.decline_onset is None or res.sustained_end is None:
@@ -188,7 +147,7 @@ def _bootstrap(
     if sigma <= 0:
         return _Noise(np.full(1, _knee_pos(res.knee_x, xs)), np.full(1, _turn_pos(res, xs)),
                       "no noise (exact curve): the shift stands as measured")
-    ym = np.array([p["y"] for p in res.points])
+    ym = np.array([p.y for p in res.points])
     for _ in range(n_boot):
         yy = ym + rng.normal(0.0, sigma, size=len(ym))
         r = find_knee(levels, yy, plateau_tol=plateau_tol, noise_sd=sigma)
@@ -229,7 +188,7 @@ def compare_variants(
     seed: int = 0,
     plateau_tol: float = 0.05,
     noise_sd: float | None = None,
-) -> Comparison:
+) -> KneeComparison:
     """Per-variant knee and sustained range, and whether the knee moved right beyond noise
     (the rule of the module docstring), for one changed parameter.
 
@@ -264,7 +223,7 @@ def compare_variants(
     rng = np.random.default_rng(seed)
     # Past-the-range positions need one x axis for every variant.
     bx = np.unique(pd.to_numeric(runs[x], errors="coerce").dropna().to_numpy(float))
-    curves: dict[str, VariantCurve] = {}
+    curves: dict[str, VariantKnee] = {}
     boots: dict[str, _Noise] = {}
     for n in names:
         part = runs[runs[group].astype(str) == n]
@@ -276,17 +235,17 @@ def compare_variants(
         k = find_knee(xv[ok], yv[ok], plateau_tol=plateau_tol, noise_sd=noise_sd)
         b = _bootstrap(xv[ok], yv[ok], bx, n_boot, rng, plateau_tol, noise_sd)
         boots[n] = b
-        curves[n] = VariantCurve(
+        curves[n] = VariantKnee(
             variant=n, settings=settings[n], knee_x=k.knee_x, peak_x=k.peak_x, peak_y=k.peak_y,
             declines=k.declines, decline_pct=k.decline_pct, knee_range=_range(b.knees),
             levels=len(k.points), points=k.points, sustained_end=k.sustained_end,
             decline_onset=k.decline_onset, sustained_range=_range(b.turns),
-            repeats=max(int(p["n"]) for p in k.points), noise_sd=k.noise_sd,
+            repeats=max(p.n for p in k.points), noise_sd=k.noise_sd,
             noise_source=k.noise_source,
         )
 
     b0 = curves[base]
-    shifts = []
+    shifts: list[KneeShift] = []
     for n in names:
         if n == base:
             continue
@@ -306,37 +265,37 @@ def compare_variants(
             direction = "lower" if v1 < v0 else "higher"
         elif v0 != v1:
             direction = f"{v0} -> {v1}"
-        shifts.append({
-            "variant": n, "value": v1, "baseline_value": v0, "change": direction,
-            "knee_x": c.knee_x, "baseline_knee_x": b0.knee_x, "shift": shift,
-            "knee_beyond_noise": knee_move is not None,
-            "sustained_end": c.sustained_end, "baseline_sustained_end": b0.sustained_end,
-            "decline_onset": c.decline_onset, "baseline_decline_onset": b0.decline_onset,
-            "sustained_shift": turn_shift, "sustained_beyond_noise": turn_move is not None,
-            "moves_right": moves_right, "moved_right_by": right_by,
-            "beyond_noise": bool(right_by) if moves_right else (
+        shifts.append(KneeShift(
+            variant=n, value=v1, baseline_value=v0, change=direction,
+            knee_x=c.knee_x, baseline_knee_x=b0.knee_x, shift=shift,
+            knee_beyond_noise=knee_move is not None,
+            sustained_end=c.sustained_end, baseline_sustained_end=b0.sustained_end,
+            decline_onset=c.decline_onset, baseline_decline_onset=b0.decline_onset,
+            sustained_shift=turn_shift, sustained_beyond_noise=turn_move is not None,
+            moves_right=moves_right, moved_right_by=right_by,
+            beyond_noise=bool(right_by) if moves_right else (
                 knee_move is not None or turn_move is not None),
-            "peak_gain_pct": (100.0 * (c.peak_y - b0.peak_y) / b0.peak_y
-                              if b0.peak_y else math.nan),
-        })
+            peak_gain_pct=(100.0 * (c.peak_y - b0.peak_y) / b0.peak_y
+                           if b0.peak_y else math.nan),
+        ))
     notes = []
     if any(v.knee_x is None for v in curves.values()):
         notes.append("a curve still rising at its last level has its knee past the range")
     if any(v.decline_onset is None for v in curves.values()):
         notes.append("a curve that holds to its last level has its sustained range extend past "
                      "the range")
-    return Comparison(
+    return KneeComparison(
         parameter=param, baseline=base, baseline_value=settings[base].get(param),
         variants=[curves[n] for n in names], shifts=shifts,
-        knee_moves_right=any(s["moves_right"] for s in shifts),
-        beyond_noise=any(bool(s["moved_right_by"]) for s in shifts),
+        knee_moves_right=any(s.moves_right for s in shifts),
+        beyond_noise=any(bool(s.moved_right_by) for s in shifts),
         noise_method="; ".join(sorted({b.method for b in boots.values()})), notes=notes,
     )
 
 
-def moved_right_by(shifts: list[dict]) -> list[str]:
+def moved_right_by(shifts: Sequence[KneeShift]) -> list[str]:
     """What moved right beyond noise in any variant: "knee", "sustained range" (sorted)."""
-    return sorted({b for s in shifts for b in s.get("moved_right_by", [])})
+    return sorted({b for s in shifts for b in s.moved_right_by})
 
 
 def moved_right_words(by: list[str], past: bool = False) -> str:

@@ -26,8 +26,6 @@ preemptions rose or KV usage was at ``kv_full``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 
@@ -37,21 +35,23 @@ from kvpressure.analysis.symptoms import KV_FULL_USAGE
 from kvpressure.errors import InputError
 from kvpressure.ingestion.counters import gauge_window
 from kvpressure.ingestion.names import ITL, KV_USAGE, PREEMPTIONS, PROMPT_TOKENS
-from kvpressure.jsonable import to_jsonable
+from kvpressure.stages.results import (
+    Interference,
+    NoEvidence,
+    SeriesPreemptionEvidence,
+    SeriesPrefillEvidence,
+    SeriesThresholds,
+    StepPreemptionEvidence,
+    StepPrefillEvidence,
+    StepThresholds,
+)
 
 
-@dataclass
-class InterferenceReport:
-    source: str
-    prefill_interference: bool | None
-    preemption: bool | None
-    prefill_evidence: dict = field(default_factory=dict)
-    preemption_evidence: dict = field(default_factory=dict)
-    thresholds: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return to_jsonable(self)
+def _nothing_yet(source: str, thresholds: StepThresholds | SeriesThresholds) -> Interference:
+    """The judgement before any evidence: neither finding known, no evidence yet."""
+    return Interference(source=source, prefill_interference=None, preemption=None,
+                        prefill_evidence=NoEvidence(), preemption_evidence=NoEvidence(),
+                        thresholds=thresholds, notes=[])
 
 
 def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -74,17 +74,17 @@ def interference_from_steps(
     min_spike_share: float = 0.1,
     min_itl_share: float = 0.01,
     recompute_ratio: float = 0.05,
-) -> InterferenceReport:
+) -> Interference:
     """Prefill interference and preemption from timed simulation steps."""
     if not is_timed(steps):
         raise InputError("steps: interference needs time_s and step_duration_s (a timed run)")
     require_columns(steps, ("num_prefill_tokens", "num_decode_tokens", "kv_usage",
                             "preemptions", "recomputed_tokens", "num_scheduled_tokens"), "steps")
     st = steps_in_window(steps, (t0, t1))
-    thr = {"spike_factor": spike_factor, "kv_full": kv_full, "min_spike_share": min_spike_share,
-           "min_itl_share": min_itl_share, "recompute_ratio": recompute_ratio}
-    out = InterferenceReport(source="steps", prefill_interference=None, preemption=None,
-                             thresholds=thr)
+    thr = StepThresholds(spike_factor=spike_factor, kv_full=kv_full,
+                         min_spike_share=min_spike_share, min_itl_share=min_itl_share,
+                         recompute_ratio=recompute_ratio)
+    out = _nothing_yet("steps", thr)
     if st.empty:
         out.notes.append("no steps in the window")
         return out
@@ -97,7 +97,7 @@ def interference_from_steps(
     sched = st["num_scheduled_tokens"].to_numpy(float)
     if long_prefill_tokens is None:
         long_prefill_tokens = max(1, int(0.5 * sched.max()))
-    thr["long_prefill_tokens"] = long_prefill_tokens
+    thr.long_prefill_tokens = long_prefill_tokens
 
     decode_only = (pre == 0) & (dec > 0)
     base = float(np.median(dur[decode_only])) if decode_only.any() else float(np.median(dur))
@@ -127,7 +127,7 @@ def interference_from_steps(
         excess = with_ - base
         tail[name] = (with_, without, (with_ - without) / excess if excess > 0 else 0.0)
 
-    out.prefill_evidence = {
+    out.prefill_evidence = StepPrefillEvidence.model_validate({
         "decode_step_s": base, "itl_mean_s": mean_itl,
         "itl_p95_s": tail["p95"][0], "itl_p99_s": tail["p99"][0],
         "itl_p99_without_prefill_spikes_s": tail["p99"][1],
@@ -139,15 +139,15 @@ def interference_from_steps(
         "kv_usage_in_prefill_spikes": float(kv[is_prefill].mean()) if is_prefill.any() else None,
         "arrivals_in_prefill_spikes": int(st["arrivals"].to_numpy()[is_prefill].sum())
         if "arrivals" in st else None,
-    }
+    })
     total_sched = sched.sum()
     ratio = float(rec.sum() / total_sched) if total_sched else 0.0
     pre_steps = pmt > 0
-    out.preemption_evidence = {
-        "preemptions": int(pmt.sum()), "recompute_ratio": ratio,
-        "kv_usage_at_preemption": float(kv[pre_steps].mean()) if pre_steps.any() else None,
-        "preempt_spike_steps": int(is_preempt.sum()), "share_of_slow_itl": share_preempt,
-    }
+    out.preemption_evidence = StepPreemptionEvidence(
+        preemptions=int(pmt.sum()), recompute_ratio=ratio,
+        kv_usage_at_preemption=float(kv[pre_steps].mean()) if pre_steps.any() else None,
+        preempt_spike_steps=int(is_preempt.sum()), share_of_slow_itl=share_preempt,
+    )
     out.prefill_interference = bool(
         is_prefill.any() and share_prefill >= min_spike_share and token_share >= min_itl_share
     )
@@ -165,14 +165,13 @@ def interference_from_series(
     burst_factor: float = 2.0,
     kv_full: float = KV_FULL_USAGE,
     min_spike_share: float = 0.1,
-) -> InterferenceReport:
+) -> Interference:
     """The same judgement from scrape intervals of ``series``."""
     series = S.check_series(series)
     series = S.select_run(series, run)
-    thr = {"spike_factor": spike_factor, "burst_factor": burst_factor, "kv_full": kv_full,
-           "min_spike_share": min_spike_share}
-    out = InterferenceReport(source="series", prefill_interference=None, preemption=None,
-                             thresholds=thr)
+    thr = SeriesThresholds(spike_factor=spike_factor, burst_factor=burst_factor,
+                           kv_full=kv_full, min_spike_share=min_spike_share)
+    out = _nothing_yet("series", thr)
     bucket_rows = series[series["metric"] == f"{ITL}_bucket"]
     if bucket_rows.empty:
         out.notes.append(f"no {ITL} histogram: ITL spikes cannot be seen")
@@ -209,8 +208,9 @@ def interference_from_series(
         total = float(iv["preemptions"].sum())
         kv_at = (iv.loc[iv["preemptions"] > 0, "kv_usage"].mean()
                  if "kv_usage" in iv and (iv["preemptions"] > 0).any() else None)
-        out.preemption_evidence = {"preemptions": total, "kv_usage_at_preemption": kv_at,
-                                   "intervals_with_preemptions": int((iv["preemptions"] > 0).sum())}
+        out.preemption_evidence = SeriesPreemptionEvidence(
+            preemptions=total, kv_usage_at_preemption=kv_at,
+            intervals_with_preemptions=int((iv["preemptions"] > 0).sum()))
         out.preemption = total > 0
     else:
         out.notes.append(f"no {PREEMPTIONS}: preemption cannot be judged")
@@ -227,13 +227,13 @@ def interference_from_series(
     no_pre = iv["preemptions"].fillna(0) == 0 if "preemptions" in iv else True
     prefill = spike & burst & kv_ok & no_pre
     n_spike = int(spike.sum())
-    out.prefill_evidence = {
+    out.prefill_evidence = SeriesPrefillEvidence.model_validate({
         "intervals": len(iv), "itl_p99_median_s": base, "spike_intervals": n_spike,
         "prefill_spike_intervals": int(prefill.sum()),
         "share_of_spikes": float(prefill.sum() / n_spike) if n_spike else 0.0,
         "prompt_rate_median": rate_med,
         "itl_p99_in_prefill_spikes_s": float(iv.loc[prefill, "itl_p99_s"].median())
         if prefill.any() else None,
-    }
+    })
     out.prefill_interference = bool(prefill.any() and prefill.sum() / n_spike >= min_spike_share)
     return out

@@ -47,51 +47,24 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
 from kvpressure.jsonable import to_jsonable
+from kvpressure.stages.results import CurvePoint, LatencyKnee, LatencyPoint, ThroughputKnee
 
 # One level is a point and two are a slope: a bend needs a third.
 MIN_KNEE_LEVELS = 3
 CLI_KEYS = ("knee_x", "peak_x", "peak_y", "plateau", "declines", "decline_pct", "points")
 
 
-@dataclass
-class KneeResult:
-    knee_x: float | None
-    peak_x: float
-    peak_y: float
-    plateau: tuple[float, float]
-    declines: bool
-    decline_pct: float
-    points: list[dict]
-    method: str = ""
-    knee_kneedle: float | None = None
-    knee_broken_stick: float | None = None
-    noise_sd: float | None = None
-    noise_source: str = ""
-    still_rising: bool = False
-    sustained_end: float | None = None
-    decline_onset: float | None = None
-    plateau_band: float | None = None
-    notes: list[str] = field(default_factory=list)
-    same_schedule_from: float | None = None
-    """The smallest level from which every larger level ran the same schedule
-    (:func:`same_schedule_from`); None when the levels all differ."""
-
-    def to_dict(self) -> dict:
-        return to_jsonable(self)
-
-    def summary(self, group: object = None) -> dict:
-        """The JSON object of ``kvpressure knee`` (docs/interfaces.md#knee-json)."""
-        d = self.to_dict()
-        out = {"group": group}
-        out.update({k: d[k] for k in CLI_KEYS})
-        return out
+def knee_summary(knee: ThroughputKnee, group: object = None) -> dict[str, Any]:
+    """The JSON object of ``kvpressure knee`` (docs/interfaces.md#knee-json)."""
+    d = to_jsonable(knee.model_dump())
+    return {"group": group, **{k: d[k] for k in CLI_KEYS}}
 
 
 def few_levels_note(levels: int) -> str:
@@ -231,7 +204,7 @@ def find_knee(
     min_decline_pct: float = 2.0,
     z: float = 2.0,
     noise_sd: float | None = None,
-) -> KneeResult:
+) -> ThroughputKnee:
     """Locate the knee of ``y`` (throughput) over ``x`` (concurrency).
 
     ``x`` may repeat (several measurements per level). ``noise_sd`` overrides the noise
@@ -251,7 +224,7 @@ def find_knee(
     xs, ym, counts, sds = _aggregate(xa[order], ya[order])
     notes: list[str] = []
     points = [
-        {"x": float(a), "y": float(b), "n": int(c), "sd": None if math.isnan(s) else float(s)}
+        CurvePoint(x=float(a), y=float(b), n=int(c), sd=None if math.isnan(s) else float(s))
         for a, b, c, s in zip(xs, ym, counts, sds, strict=True)
     ]
 
@@ -327,7 +300,7 @@ def find_knee(
     if MIN_KNEE_LEVELS <= len(xs) < 5:
         notes.append(f"only {len(xs)} levels: knee and decline are rough")
 
-    return KneeResult(
+    return ThroughputKnee(
         knee_x=knee,
         peak_x=peak_x,
         peak_y=peak_y,
@@ -345,6 +318,7 @@ def find_knee(
         decline_onset=decline_onset,
         plateau_band=band,
         notes=notes,
+        same_schedule_from=None,
     )
 
 
@@ -399,7 +373,7 @@ def same_schedule_from(curve: pd.DataFrame, x: str = "concurrency") -> float | N
 
 
 def knee_of_runs(runs: pd.DataFrame, x: str = "concurrency", y: str = "output_throughput", *,
-                 plateau_tol: float = 0.05, where: str = "runs") -> KneeResult:
+                 plateau_tol: float = 0.05, where: str = "runs") -> ThroughputKnee:
     """The knee of one curve of a runs table: the function ``kvpressure knee`` and the report's
     knee stage share. Rows the curve cannot use (a level such as "off", an ``inf`` or missing
     throughput) are left out and named in ``notes``; a ``y`` named like a latency or a per-user
@@ -429,7 +403,7 @@ def knee_of_runs(runs: pd.DataFrame, x: str = "concurrency", y: str = "output_th
     if left_out:
         res.notes.insert(0, f"{len(left_out)} row(s) left out of the curve: "
                          + "; ".join(left_out))
-    ys = [p["y"] for p in res.points]
+    ys = [p.y for p in res.points]
     if len(ys) >= 3 and all(b < a for a, b in zip(ys, ys[1:], strict=False)):
         res.notes.append(f"{y} falls from the first level on: a latency or a per-user rate "
                          "would look like this; check that it is the server's throughput")
@@ -441,7 +415,7 @@ LATENCY_FACTOR = 2.0
 
 
 def latency_knee(x: Sequence[float], y: Sequence[float],
-                 factor: float = LATENCY_FACTOR) -> dict | None:
+                 factor: float = LATENCY_FACTOR) -> LatencyKnee | None:
     """Where a latency curve against offered load turns up: ``knee_x`` is the last level whose
     latency is still within ``factor`` times the latency at the lightest load, ``turn_x`` the
     next level (where requests start to queue: the load is more than the server drains).
@@ -464,7 +438,8 @@ def latency_knee(x: Sequence[float], y: Sequence[float],
     limit = factor * base
     past = [i for i in range(len(lx)) if ly[i] > limit]
     first = past[0] if past else None
-    return {"knee_x": None if first == 1 else float(lx[(first or len(lx)) - 1]),
-            "turn_x": None if first is None else float(lx[first]),
-            "base": base, "factor": factor, "limit": limit,
-            "points": [{"x": float(a), "y": float(b)} for a, b in zip(lx, ly, strict=True)]}
+    return LatencyKnee(
+        knee_x=None if first == 1 else float(lx[(first or len(lx)) - 1]),
+        turn_x=None if first is None else float(lx[first]), base=base, factor=factor,
+        limit=limit,
+        points=[LatencyPoint(x=float(a), y=float(b)) for a, b in zip(lx, ly, strict=True)])

@@ -37,10 +37,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvpressure.analysis.compare import Comparison, moved_right_by, moved_right_words
-from kvpressure.analysis.interference import InterferenceReport
+from kvpressure.analysis.compare import moved_right_by, moved_right_words
 from kvpressure.analysis.symptoms import SymptomChecklist
 from kvpressure.jsonable import to_jsonable
+from kvpressure.stages.results import (
+    ComparisonResult,
+    Interference,
+    InterferenceResult,
+    KneeComparison,
+    NoEvidence,
+    PrefillEvidence,
+)
 
 KV_BOUND = "bound by KV blocks"
 SEQ_BOUND = "bound by single-sequence length"
@@ -62,7 +69,7 @@ class Status:
     confirmed: bool
     evidence: dict = field(default_factory=dict)
     prefill_interference: bool | None = None
-    prefill_evidence: dict = field(default_factory=dict)
+    prefill_evidence: PrefillEvidence = field(default_factory=NoEvidence)
     findings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -72,8 +79,8 @@ class Status:
 def decide_status(
     symptoms: SymptomChecklist,
     *,
-    comparison: Comparison | None = None,
-    interference: InterferenceReport | None = None,
+    comparison: KneeComparison | ComparisonResult | None = None,
+    interference: Interference | InterferenceResult | None = None,
     max_sequence_tokens: int | None = None,
     pool_tokens: int | None = None,
     max_model_len: int | None = None,
@@ -82,7 +89,8 @@ def decide_status(
     kv_high_mean: float = 0.7,
     idle: bool | None = None,
 ) -> Status:
-    """Apply the rules above. ``pool_tokens`` = num_gpu_blocks x block_size; ``idle``: nothing
+    """Apply the rules above. ``comparison``: the analysis' or stage 04's (None when the data
+    holds none); ``interference`` likewise the analysis' or stage 05's. ``pool_tokens`` = num_gpu_blocks x block_size; ``idle``: nothing
     ran or waited in the window (:func:`kvpressure.ingestion.load_window.is_idle`)."""
     sym = {s.id: s for s in symptoms.symptoms}
     verdicts = {k: s.verdict for k, s in sym.items()}
@@ -100,7 +108,7 @@ def decide_status(
         ev["mean_kv_usage"] = kv_mean
 
     pi = interference.prefill_interference if interference is not None else None
-    pe = interference.prefill_evidence if interference is not None else {}
+    pe = interference.prefill_evidence if interference is not None else NoEvidence()
     findings = []
     if pi:
         findings.append("prefill interference: ITL spikes with long prefills while KV is not full")
@@ -150,7 +158,7 @@ def decide_status(
                                 "knee_moves_right": comparison.knee_moves_right,
                                 "beyond_noise": comparison.beyond_noise,
                                 "noise_method": comparison.noise_method,
-                                "shifts": comparison.shifts}
+                                "shifts": [s.model_dump() for s in comparison.shifts]}
             if comparison.knee_moves_right and comparison.beyond_noise:
                 by = moved_right_by(comparison.shifts)
                 return done(KV_BOUND, rule + f"; {moved_right_words(by, past=True)} when "

@@ -40,7 +40,7 @@ class TwoRuns:
     a: str
     b: str
     knees: dict[str, Any]
-    """The comparison's per-run curves and shifts (``Comparison.to_dict()``)."""
+    """The comparison's per-run curves and shifts (``KneeComparison`` as plain values)."""
     levels: list[dict[str, Any]]
     settings_changed: dict[str, list[Any]]
     versions_changed: dict[str, list[Any]]
@@ -89,8 +89,9 @@ def compare_run_folders(va: RunFolderView, vb: RunFolderView) -> TwoRuns:
     both = pd.concat([va.runs.assign(run_folder="A"), vb.runs.assign(run_folder="B")],
                      ignore_index=True)
     both = both[both["concurrency"].isin(shared)]
-    knees = compare_variants(both, {"A": {"run_folder": "A"}, "B": {"run_folder": "B"}},
-                             baseline="A", group="run_folder").to_dict()
+    cmp = compare_variants(both, {"A": {"run_folder": "A"}, "B": {"run_folder": "B"}},
+                           baseline="A", group="run_folder")
+    knees = to_jsonable(cmp.model_dump())
     ma, mb = _level_means(va.runs), _level_means(vb.runs)
     # One measurement's noise at a level: its repeats' spread, else the curve's (compare.py).
     noise = {v["variant"]: ({p["x"]: (p["sd"], p["n"]) for p in v["points"]}, v["noise_sd"])

@@ -101,7 +101,7 @@ def knee_table(
     plateau_tol: float = 0.05, say: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """One knee summary per group of ``frame``; notes and noise handed to ``say``."""
-    from kvpressure.analysis.knee import knee_of_runs
+    from kvpressure.analysis.knee import knee_of_runs, knee_summary
 
     for col in (x, y) + ((group,) if group else ()):
         if col not in frame.columns:
@@ -130,7 +130,7 @@ def knee_table(
                 f"{res.plateau_band:.4g}; knee {res.method or 'found'}")
             for note in res.notes:
                 say(f"{label}note: {note}")
-        out.append(res.summary(g))
+        out.append(knee_summary(res, g))
     return out
 
 

@@ -127,6 +127,13 @@ def _checks_missing(symptoms: Symptoms, collect: CollectInfo) -> dict[str, str]:
     return out
 
 
+def _level(value: float | int | None, rates: bool) -> float | int | None:
+    """A curve level as the record holds it: a request rate a float, a concurrency an int."""
+    if value is None:
+        return None
+    return float(value) if rates else int(value)
+
+
 def _range(low: Any, high: Any) -> list[Any] | None:
     return None if low is None or high is None else [low, high]
 
@@ -145,8 +152,8 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
         comparison = {
             "parameter": compare.parameter, "baseline": compare.baseline,
             "variants": compare.variant_names,
-            "knee_shift": max((x["shift"] for x in shifts), default=0.0),
-            "sustained_shift": max((x["sustained_shift"] for x in shifts), default=0.0),
+            "knee_shift": max((x.shift for x in shifts), default=0.0),
+            "sustained_shift": max((x.sustained_shift for x in shifts), default=0.0),
             "beyond_noise": bool(compare.moved_right_beyond_noise),
             "noise": compare.noise_method,
             "summary": compare.summary,
@@ -157,10 +164,9 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
     rates = collect.level_axis == "request_rate"
     x = collect.level_axis
     curve = [
-        {x: (float(p[x]) if rates else int(p[x])), "output_throughput": p["output_throughput"],
-         "itl_mean_s": p.get("itl_mean_s"), "itl_p95_s": p.get("itl_p95_s"),
-         "ttft_p95_s": p.get("ttft_p95_s"), "preemptions": p.get("preemptions"),
-         "recompute_ratio": p.get("recompute_ratio")}
+        {x: _level(p.level(x), rates), "output_throughput": p.output_throughput,
+         "itl_mean_s": p.itl_mean_s, "itl_p95_s": p.itl_p95_s, "ttft_p95_s": p.ttft_p95_s,
+         "preemptions": p.preemptions, "recompute_ratio": p.recompute_ratio}
         for p in knee.curve
     ] or None
     data = {
@@ -212,9 +218,10 @@ def build_record(stages: RunStages, where: str = "record.yaml") -> Record:
             "throughput_by_concurrency": None if rates else curve,
             "throughput_by_request_rate": curve if rates else None,
             "knee": None if k is None else {
-                key: k[key] for key in ("knee_x", "peak_x", "peak_y", "declines", "decline_pct")
-            } | {"same_schedule_from": k.get("same_schedule_from")} | {"plateau": k["plateau"][1] > k["plateau"][0],
-                 "sustained_to": k["sustained_end"]},
+                "knee_x": k.knee_x, "peak_x": k.peak_x, "peak_y": k.peak_y,
+                "declines": k.declines, "decline_pct": k.decline_pct,
+                "same_schedule_from": k.same_schedule_from,
+                "plateau": k.plateau[1] > k.plateau[0], "sustained_to": k.sustained_end},
             "itl_mean": knee.itl_mean_s,
             "itl_p95": knee.itl_p95_s,
             "ttft_p95": knee.ttft_p95_s,

@@ -30,6 +30,7 @@ from kvpressure.stages.results import (
     KneeResult,
     RecomputeResult,
     StageResult,
+    StepThresholds,
 )
 
 CURVE_COLUMNS = ("concurrency", "output_throughput", "itl_mean_s", "itl_p95_s", "ttft_p95_s",
@@ -282,7 +283,7 @@ def knee_stage(tables: Tables) -> StageOutput:
         "available": enough,
         "why_not": why,
         "levels": levels,
-        "knee": knee.to_dict() if knee is not None else None,
+        "knee": knee,
         "curve": points.drop(columns=["variant"], errors="ignore").to_dict(orient="records"),
         "focus_concurrency": focus.concurrency,
         **({"focus_request_rate": focus.request_rate, "x": x} if rates else {}),
@@ -333,33 +334,32 @@ def compare_stage(tables: Tables, seed: int = 0) -> StageOutput:
                 "curve of each of two configurations" if levels <= 1 else
                 "one engine configuration measured (one variant): no single-variable comparison "
                 "in the data")
-        result = {"available": False, "parameter": param, "summary": what}
+        result: dict[str, Any] = {"available": False, "parameter": param, "summary": what}
         return StageOutput(as_result(ComparisonResult, result), {"curves": curve(runs, x)})
     cmp = compare_variants(runs, settings, parameter=param,
                            baseline=tables.info.baseline_variant, x=x, seed=seed)
-    d = cmp.to_dict()
-    last = max(float(p["x"]) for v in cmp.variants for p in v.points)
+    last = max(p.x for v in cmp.variants for p in v.points)
     phrases = []
     for s in cmp.shifts:
-        knee = (f"knee {_at(s['baseline_knee_x'])} -> {_at(s['knee_x'])}, "
-                f"{_noise_word(s['knee_beyond_noise'])}")
+        knee = (f"knee {_at(s.baseline_knee_x)} -> {_at(s.knee_x)}, "
+                f"{_noise_word(s.knee_beyond_noise)}")
         turn = (f"end of the sustained range "
-                f"{_held(s['baseline_decline_onset'], s['baseline_sustained_end'], last)} -> "
-                f"{_held(s['decline_onset'], s['sustained_end'], last)}, "
-                f"{_noise_word(s['sustained_beyond_noise'])}")
-        gain = s.get("peak_gain_pct")
-        gain_txt = "" if gain is None or (isinstance(gain, float) and math.isnan(gain)) else (
-            f"; peak throughput {gain:+.0f}%")
-        phrases.append(f"{param} {s['baseline_value']} -> {s['value']}: {knee}; {turn}{gain_txt}")
+                f"{_held(s.baseline_decline_onset, s.baseline_sustained_end, last)} -> "
+                f"{_held(s.decline_onset, s.sustained_end, last)}, "
+                f"{_noise_word(s.sustained_beyond_noise)}")
+        gain = s.peak_gain_pct
+        gain_txt = "" if gain is None or math.isnan(gain) else f"; peak throughput {gain:+.0f}%"
+        phrases.append(f"{param} {s.baseline_value} -> {s.value}: {knee}; {turn}{gain_txt}")
     moved = cmp.knee_moves_right and cmp.beyond_noise
     by = moved_right_by(cmp.shifts)
     summary = "; ".join(phrases) + (
         f". {moved_right_words(by).capitalize()} when {param} changes: the curve was bound by "
         "KV blocks." if moved else
         f". The knee does not move right beyond noise when {param} changes.")
-    d.update(available=True, summary=summary, moved_right_beyond_noise=moved,
-             variant_names=[v.variant for v in cmp.variants if v.variant != cmp.baseline])
-    return StageOutput(as_result(ComparisonResult, d), {"curves": curve(runs, x)})
+    result = {**dict(cmp), "available": True, "summary": summary,
+              "moved_right_beyond_noise": moved,
+              "variant_names": [v.variant for v in cmp.variants if v.variant != cmp.baseline]}
+    return StageOutput(as_result(ComparisonResult, result), {"curves": curve(runs, x)})
 
 
 def variant_table(result: ComparisonResult, x: str = "concurrency") -> pd.DataFrame:
@@ -383,17 +383,17 @@ def variant_table(result: ComparisonResult, x: str = "concurrency") -> pd.DataFr
     unit = "clients" if x == "concurrency" else "req/s"
     rows = []
     for v in result.variants:
-        last = max((p["x"] for p in v.get("points") or []), default=math.inf)
+        last = max((p.x for p in v.points), default=math.inf)
         rows.append({
-            "variant": v["variant"], f"knee ({unit})": at(v["knee_x"], last),
-            "knee range": span(v["knee_range"], last),
-            f"holds to ({unit})": at(v["sustained_end"], last),
+            "variant": v.variant, f"knee ({unit})": at(v.knee_x, last),
+            "knee range": span(v.knee_range, last),
+            f"holds to ({unit})": at(v.sustained_end, last),
             # No decline inside the sweep: the turn, if any, lies past its largest level.
-            "declines from": (at(v["decline_onset"], last) if v["decline_onset"] is not None
+            "declines from": (at(v.decline_onset, last) if v.decline_onset is not None
                               else f"past {num(last)}"),
-            "holds-to range": span(v["sustained_range"], last),
-            "peak (tok/s)": v["peak_y"], "noise (tok/s per run)": v["noise_sd"],
-            "runs averaged": v["repeats"]})
+            "holds-to range": span(v.sustained_range, last),
+            "peak (tok/s)": v.peak_y, "noise (tok/s per run)": v.noise_sd,
+            "runs averaged": v.repeats})
     return pd.DataFrame(rows)
 
 
@@ -413,7 +413,7 @@ def shift_table(result: ComparisonResult, x: str = "concurrency") -> pd.DataFram
         k: v.replace("(clients)", "(req/s)") for k, v in SHIFT_NAMES.items()}
     if not result.available:
         return pd.DataFrame(columns=[names.get(c, c) for c in SHIFT_COLUMNS])
-    table = pd.DataFrame(result.shifts)[list(SHIFT_COLUMNS)]
+    table = pd.DataFrame([sh.model_dump() for sh in result.shifts])[list(SHIFT_COLUMNS)]
     for col in ("knee_beyond_noise", "sustained_beyond_noise", "beyond_noise"):
         table[col] = table[col].map({True: "yes", False: "no"})
     return table.rename(columns=names)
@@ -431,23 +431,6 @@ def _held(onset: float | None, end: float | None, last: float) -> str:
 
 def _noise_word(beyond: bool) -> str:
     return "beyond noise" if beyond else "within noise"
-
-
-def comparison_of(result: ComparisonResult) -> Any:
-    """The analysis' Comparison back from stage 04's result (None when there was none)."""
-    from kvpressure.analysis.compare import Comparison, VariantCurve
-
-    if not result.available:
-        return None
-    d = result.model_dump()
-    fields = set(Comparison.__dataclass_fields__)
-    kw = {k: v for k, v in d.items() if k in fields}
-    ranges = ("knee_range", "sustained_range")
-    kw["variants"] = [VariantCurve(**{**{k: x for k, x in v.items()
-                                         if k in VariantCurve.__dataclass_fields__},
-                                      **{r: tuple(v[r]) for r in ranges if v.get(r) is not None}})
-                      for v in d["variants"]]
-    return Comparison(**kw)
 
 
 # --------------------------------------------------------------------------- 05 interference
@@ -471,7 +454,9 @@ def interference_stage(tables: Tables) -> StageOutput:
             "kv_usage": st["kv_usage"].to_numpy(float),
         })
         view = view[view["decode_tokens"] > 0]
-        long = rep.thresholds.get("long_prefill_tokens") or view["prefill_tokens"].max()
+        thr = rep.thresholds
+        long = ((thr.long_prefill_tokens if isinstance(thr, StepThresholds) else None)
+                or view["prefill_tokens"].max())
         view["kind"] = np.where(view["preempting"], "preemption / recompute",
                                 np.where(view["prefill_tokens"] >= long, "long prefill",
                                          "other"))
@@ -485,13 +470,12 @@ def interference_stage(tables: Tables) -> StageOutput:
     else:
         rep = interference_from_series(tables.series, t0, t1, run=tables.info.focus.run)
         view = pd.DataFrame(columns=["t", "step_ms", "prefill_tokens", "kind"])
-    d = rep.to_dict()
     pi, pre = rep.prefill_interference, rep.preemption
     words = {True: "present", False: "absent", None: "not measurable"}
-    d["summary"] = (f"prefill interference {words[pi]}; preemption-driven slow steps "
-                    f"{words[pre]} (from {rep.source})")
-    return StageOutput(as_result(InterferenceResult, d), {"steps": view,
-                                                          "by_kind": steps_by_kind(view)})
+    summary = (f"prefill interference {words[pi]}; preemption-driven slow steps "
+               f"{words[pre]} (from {rep.source})")
+    return StageOutput(as_result(InterferenceResult, {**dict(rep), "summary": summary}),
+                       {"steps": view, "by_kind": steps_by_kind(view)})
 
 
 def steps_by_kind(view: pd.DataFrame) -> pd.DataFrame:
@@ -502,11 +486,3 @@ def steps_by_kind(view: pd.DataFrame) -> pd.DataFrame:
     g = view.groupby("kind")["step_ms"]
     return pd.DataFrame({"steps": g.size(), "mean (ms)": g.mean(), "p50 (ms)": g.median(),
                          "p95 (ms)": g.quantile(0.95), "max (ms)": g.max()}).reset_index()
-
-
-def interference_of(result: InterferenceResult) -> Any:
-    """The analysis' InterferenceReport back from stage 05's result."""
-    from kvpressure.analysis.interference import InterferenceReport
-
-    fields = set(InterferenceReport.__dataclass_fields__)
-    return InterferenceReport(**{k: v for k, v in result.model_dump().items() if k in fields})

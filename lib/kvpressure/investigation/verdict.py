@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.investigation.collect import Tables
-from kvpressure.investigation.stages import StageOutput, comparison_of, interference_of
+from kvpressure.investigation.stages import StageOutput
 from kvpressure.report.sentences import (
     knee_sentence,
     record_axis,
@@ -306,8 +306,9 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         assumed = assumed_max_num_seqs(checklist, settings, top)
     if assumed is not None:
         checklist = checklist_for(assumed)
-    comparison = comparison_of(read_stage(run_dir, ComparisonResult))
-    interference = interference_of(read_stage(run_dir, InterferenceResult))
+    compared = read_stage(run_dir, ComparisonResult)
+    comparison = compared if compared.available else None
+    interference = read_stage(run_dir, InterferenceResult)
     max_seq = None
     if tables.requests is not None:
         max_seq = int((tables.requests["prompt_len"] + tables.requests["output_len"]).max())

@@ -218,6 +218,12 @@ class LatencyFidelity(_Strict):
         description="mean absolute percentage error per latency on this card's held-out stages")
     checked_cards: dict[NonEmptyStr, dict[NonEmptyStr, NonNegative]] = Field(
         description="the same per card for every card real servers were checked on")
+    tail_stages: Count = Field(
+        default=0, description="held-out stages the tails' side is counted over: this card's, "
+                               "or every checked card's when this one was not checked")
+    tail_below_real: dict[NonEmptyStr, Count] = Field(
+        default_factory=dict, description="per tail (ttft_p99, e2e_p99): of tail_stages, how "
+                                          "many the simulated value was below the real one")
     source: str
     statement: NonEmptyStr = Field(description="the sentence the report prints")
 

@@ -10,12 +10,13 @@ from typing import Any
 
 from kvpressure.report.display import legend_outside, plot_band
 from kvpressure.report.sentences import level_words, num
+from kvpressure.stages.results import ThroughputKnee
 
 # Readable names for the latency lines of the curve's table.
 LATENCY_LABELS = {"itl_mean_s": "ITL mean", "itl_p95_s": "ITL p95", "ttft_p95_s": "TTFT p95"}
 
 
-def knee_figure(points: Any, knee: dict[str, Any], repeats: int, repeats_word: str,
+def knee_figure(points: Any, knee: ThroughputKnee, repeats: int, repeats_word: str,
                 x: str = "concurrency") -> Any:
     """Throughput against concurrency with the knee, the peak, the sustained range (when it
     spans more than the peak), where the curve turns down and how far it falls."""
@@ -25,24 +26,24 @@ def knee_figure(points: Any, knee: dict[str, Any], repeats: int, repeats_word: s
     words = level_words(x)
     plot_band(ax, points, x=x, label="output throughput", color="tab:blue",
               repeats_word=repeats_word)
-    if knee["knee_x"] is not None:
-        ax.axvline(knee["knee_x"], color="tab:orange", ls="--",
-                   label=f"knee ({num(knee['knee_x'])})")
-    ax.plot([knee["peak_x"]], [knee["peak_y"]], "*", ms=16, color="tab:red", clip_on=False,
-            label=f"peak ({num(knee['peak_y'])} tok/s)")
-    lo, hi = knee["plateau"]
+    if knee.knee_x is not None:
+        ax.axvline(knee.knee_x, color="tab:orange", ls="--",
+                   label=f"knee ({num(knee.knee_x)})")
+    ax.plot([knee.peak_x], [knee.peak_y], "*", ms=16, color="tab:red", clip_on=False,
+            label=f"peak ({num(knee.peak_y)} tok/s)")
+    lo, hi = knee.plateau
     if hi > lo:
         ax.axvspan(lo, hi, color="tab:orange", alpha=0.08,
                    label=f"plateau ({num(lo)}–{num(hi)})")
-    if knee["decline_onset"] is not None:
-        ax.axvline(knee["decline_onset"], color="tab:red", ls=":",
-                   label=f"decline from {num(knee['decline_onset'])}")
-    if knee["declines"]:
+    if knee.decline_onset is not None:
+        ax.axvline(knee.decline_onset, color="tab:red", ls=":",
+                   label=f"decline from {num(knee.decline_onset)}")
+    if knee.declines:
         end = points["output_throughput"].iloc[-1]
-        ax.annotate(f"-{knee['decline_pct']:.0f}%", (points[x].iloc[-1], end),
+        ax.annotate(f"-{knee.decline_pct:.0f}%", (points[x].iloc[-1], end),
                     textcoords="offset points", xytext=(-10, 12), ha="right", color="tab:red")
     top = max(float(points.get("output_throughput_max", points["output_throughput"]).max()),
-              float(knee["peak_y"]))
+              float(knee.peak_y))
     ax.set(xlabel=words.label, ylabel="output tokens/s", ylim=(0, top * 1.12),
            title=f"Throughput vs {words.singular}"
            + (f" (mean of {repeats} {repeats_word})" if repeats > 1 else ""))

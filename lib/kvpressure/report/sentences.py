@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpressure.jsonable import finite_or_none as finite
+from kvpressure.stages.results import LatencyKnee
 from kvpressure.words import NO_DATA, LevelWords, level_words, num
 
 
@@ -336,37 +337,37 @@ def knee_stage_sentences(res: Any) -> list[str]:
                else "(e.g. `vllm bench serve --max-concurrency C` for each C)")
         return [f"**No curve, no knee**: {res.why_not}. Measure the same workload at several "
                 f"{w.plural} {how} to locate it. " + latency]
-    levels = [p[res.x] for p in res.curve]
-    last = max(levels) if levels else k["peak_x"]
+    levels = [p.level(res.x) for p in res.curve]
+    last = max(levels) if levels else k.peak_x
     knee_txt = ("still rising at the largest level: no knee inside the range"
-                if k["knee_x"] is None else f"the knee is at {w.at(k['knee_x'], bold=True)}")
-    if k["decline_onset"] is not None:
-        held = (f"it holds within {k['plateau_band']:.0f} tok/s of the peak up to "
-                f"{w.at(k['sustained_end'])} and has turned down from {num(k['decline_onset'])}")
+                if k.knee_x is None else f"the knee is at {w.at(k.knee_x, bold=True)}")
+    if k.decline_onset is not None:
+        held = (f"it holds within {k.plateau_band:.0f} tok/s of the peak up to "
+                f"{w.at(k.sustained_end)} and has turned down from {num(k.decline_onset)}")
     else:
-        held = (f"it holds within {k['plateau_band']:.0f} tok/s of the peak up to the largest "
+        held = (f"it holds within {k.plateau_band:.0f} tok/s of the peak up to the largest "
                 f"level, {num(last)}: no turn inside the range")
-    same_from = k.get("same_schedule_from")
-    if k["declines"]:
-        fall = f"past the peak it **falls {k['decline_pct']:.0f}%**"
+    same_from = k.same_schedule_from
+    if k.declines:
+        fall = f"past the peak it **falls {k.decline_pct:.0f}%**"
     else:
-        fall = f"past the peak it changes by {-k['decline_pct']:.0f}%, within the noise"
-    noise = (f"Noise: {k['noise_sd']:.1f} tok/s per run ({k['noise_source']})."
-             if k["noise_sd"] is not None else f"Noise: {k['noise_source']}.")
-    out = [f"Throughput peaks at **{num(k['peak_y'])} tok/s** at {w.at(k['peak_x'])}; "
+        fall = f"past the peak it changes by {-k.decline_pct:.0f}%, within the noise"
+    noise = (f"Noise: {k.noise_sd:.1f} tok/s per run ({k.noise_source})."
+             if k.noise_sd is not None else f"Noise: {k.noise_source}.")
+    out = [f"Throughput peaks at **{num(k.peak_y)} tok/s** at {w.at(k.peak_x)}; "
            f"{knee_txt}; {held}; {fall}. {latency} {noise}"]
     if same_from is not None and res.x != "request_rate":
         out.append(same_schedule_sentence(levels, same_from))
     if res.latency_knees:
         out.append(latency_knee_sentence(res.latency_knees, last))
-    out += [f"Note: {note}." for note in k["notes"]]
+    out += [f"Note: {note}." for note in k.notes]
     return out
 
 
 _LATENCY_NAMES = {"ttft_p95_s": "TTFT p95", "itl_p95_s": "ITL p95"}
 
 
-def latency_knee_sentence(knees: Mapping[str, Any], last: Any) -> str:
+def latency_knee_sentence(knees: Mapping[str, LatencyKnee | None], last: Any) -> str:
     """Where each latency turns up against offered load (``analysis.knee.latency_knee``)."""
     words = level_words("request_rate")
     parts = []
@@ -374,14 +375,14 @@ def latency_knee_sentence(knees: Mapping[str, Any], last: Any) -> str:
         if not k:
             continue
         name = _LATENCY_NAMES.get(col, col)
-        band = f"{num(k['factor'])}x its {ms(k['base'])} at the lightest load"
-        if k.get("turn_x") is None:
+        band = f"{num(k.factor)}x its {ms(k.base)} at the lightest load"
+        if k.turn_x is None:
             parts.append(f"{name} stays within {band} up to {words.at(last)}")
-        elif k.get("knee_x") is None:
+        elif k.knee_x is None:
             parts.append(f"{name} is past {band} from the second level on")
         else:
-            parts.append(f"{name} holds within {band} up to {words.at(k['knee_x'], bold=True)} "
-                         f"and is past it from {words.at(k['turn_x'])}")
+            parts.append(f"{name} holds within {band} up to {words.at(k.knee_x, bold=True)} "
+                         f"and is past it from {words.at(k.turn_x)}")
     if not parts:
         return ""
     return ("**Latency against offered load**: " + "; ".join(parts) + ". Past the latency "
@@ -497,7 +498,8 @@ def version_warning(served: str | None, rules: str) -> str:
             f"an environment with vLLM {served}).")
 
 
-_LATENCY_NAMES = {"ttft_mean": "TTFT mean", "ttft_p99": "TTFT p99", "itl_mean": "ITL",
+# The benchmark's metric names (``profiles.fidelity.METRICS``); not the knee columns above.
+_FIDELITY_NAMES = {"ttft_mean": "TTFT mean", "ttft_p99": "TTFT p99", "itl_mean": "ITL",
                   "e2e_mean": "E2E mean", "e2e_p99": "E2E p99"}
 
 
@@ -507,7 +509,7 @@ def latency_fidelity_sentence(f: Mapping[str, Any]) -> str:
     gave."""
     where = "benchmarks/bench_sim_to_real.py"
     if f["checked"]:
-        errors = ", ".join(f"{name} {f['mape_pct'][m]:.1f}%" for m, name in _LATENCY_NAMES.items()
+        errors = ", ".join(f"{name} {f['mape_pct'][m]:.1f}%" for m, name in _FIDELITY_NAMES.items()
                            if m in f["mape_pct"])
         text = (f"Latencies are simulated on the {f['hardware']} profile. Against real vLLM "
                 f"servers on that card, over {f['held_out_stages']} load stages of "
@@ -516,20 +518,42 @@ def latency_fidelity_sentence(f: Mapping[str, Any]) -> str:
         if not f["calibrated"]:
             text += (" No run on this card was used to fit its step costs; they are the "
                      "profile's published starting values.")
-        return text
+        return text + _tails_side(f, "those")
     cards = f["checked_cards"]
     if not cards:
         return (f"Latencies are simulated on the {f['hardware']} profile. They are roofline "
                 "estimates: no real vLLM server was checked against the simulation.")
     spans = []
-    for m, name in _LATENCY_NAMES.items():
+    for m, name in _FIDELITY_NAMES.items():
         vals = [c[m] for c in cards.values() if m in c]
         if vals:
             spans.append(f"{name} {min(vals):.1f}% to {max(vals):.1f}%")
     return (f"Latencies are simulated on the {f['hardware']} profile. They are roofline "
             "estimates: no real vLLM server on this card was checked against the simulation. "
             f"On the cards that were ({', '.join(sorted(cards))}), over the stages no value was "
-            f"fitted on ({where}), the mean error per card was {', '.join(spans)}.")
+            f"fitted on ({where}), the mean error per card was {', '.join(spans)}."
+            + _tails_side(f, "their"))
+
+
+# A tail is said to read low when the simulation fell below the real servers in at least this
+# share of the stages counted: a mean absolute error alone reads as a band on both sides.
+_MOSTLY_BELOW = 2 / 3
+
+
+def _tails_side(f: Mapping[str, Any], whose: str) -> str:
+    """The tails that came out below the real servers' in most stages (``tail_below_real`` of
+    ``tail_stages``), or nothing when none did."""
+    n, below = f.get("tail_stages", 0), f.get("tail_below_real", {})
+    low = [(name, below[m]) for m, name in _FIDELITY_NAMES.items()
+           if m in below and n and below[m] >= _MOSTLY_BELOW * n]
+    if not low:
+        return ""
+    (first, k), rest = low[0], low[1:]
+    counts = f"the simulated {first} was below the real servers' in {k} of {whose} {n} stages"
+    counts += "".join(f" and the {name} in {k2}" for name, k2 in rest)
+    return (f" The tails read low: {counts} (the simulation has no step-to-step variation of "
+            "a real server's steps and no warm-up of a fresh server), so take a simulated p99 "
+            "as an optimistic one.")
 
 
 # --------------------------------------------------------------------------- two run folders

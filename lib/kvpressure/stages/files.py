@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from kvpressure.errors import InputError
 from kvpressure.stages.results import (
@@ -50,7 +50,10 @@ def has_stage(run_dir: str | os.PathLike[str], kind: type[StageResult]) -> bool:
 
 def plain(value: Any, where: str) -> Any:
     """numpy/pandas scalars and arrays as Python values, tuples as lists, non-finite floats as
-    None; TypeError naming ``where`` for anything JSON cannot hold."""
+    None; TypeError naming ``where`` for anything JSON cannot hold. A typed part (a model the
+    analysis returned) is kept as it is: it is made plain when its file is written."""
+    if isinstance(value, BaseModel):
+        return value
     if isinstance(value, Mapping):
         return {str(k): plain(v, f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -10,7 +10,9 @@ A file holds only the fields its producer set (``exclude_unset``), so the JSON o
 run keeps no ingestion-only keys and the files stay byte for byte what they were before the
 types existed. Measured values are ``Number`` (``float | int``): an integer count stays an
 integer in the file instead of gaining a ``.0``. Detail a stage only passes through for people
-to read (an analysis' evidence, its bootstrap report) stays a mapping.
+to read (an analysis' evidence, its bootstrap report) stays a mapping. A part the analysis
+and a stage share (the knee of a curve) is defined here once: the analysis returns it and the
+stage holds it as it is.
 """
 
 from __future__ import annotations
@@ -230,6 +232,90 @@ class RecomputeResult(StageResult):
 
 
 # --------------------------------------------------------------------------- 03 knee
+class CurvePoint(_Part):
+    """One level of a curve as the knee reads it: the mean of its measurements (``y``), how
+    many there were (``n``) and their standard deviation (``sd``, None for one)."""
+
+    x: float
+    y: float
+    n: int
+    sd: float | None
+
+
+class ThroughputKnee(_Part):
+    """Knee, peak, plateau, sustained range and decline of a throughput curve
+    (``analysis.knee.find_knee``; the method is in its module). Every field is given by the
+    analysis, so a file holds each one, known or None."""
+
+    knee_x: float | None
+    """Where added load stops paying; None on a curve still rising or too short for a knee."""
+    peak_x: float
+    peak_y: float
+    plateau: tuple[float, float]
+    declines: bool
+    decline_pct: float
+    points: list[CurvePoint]
+    method: str
+    knee_kneedle: float | None
+    knee_broken_stick: float | None
+    noise_sd: float | None
+    noise_source: str
+    still_rising: bool
+    sustained_end: float | None
+    decline_onset: float | None
+    plateau_band: float | None
+    notes: list[str]
+    same_schedule_from: float | None
+    """The smallest level from which every larger level ran the same schedule
+    (``analysis.knee.same_schedule_from``); None when the levels all differ."""
+
+
+class LatencyPoint(_Part):
+    x: float
+    y: float
+
+
+class LatencyKnee(_Part):
+    """Where a latency curve against offered load turns up (``analysis.knee.latency_knee``):
+    ``knee_x`` the last level within ``factor`` times the latency at the lightest load
+    (``base``; ``limit`` the product), ``turn_x`` the next one."""
+
+    knee_x: float | None
+    turn_x: float | None
+    base: float
+    factor: float
+    limit: float
+    points: list[LatencyPoint]
+
+
+class CurveLevel(_Part):
+    """One level of stage 03's curve: the mean over the repeats of each curve column
+    (``investigation.stages.CURVE_COLUMNS``) the data has, the repeats and the throughput's
+    spread. A column the data lacks is absent from the file (None here)."""
+
+    concurrency: Number | None = None
+    request_rate: Number | None = None
+    output_throughput: Number | None = None
+    itl_mean_s: Number | None = None
+    itl_p95_s: Number | None = None
+    itl_p99_s: Number | None = None
+    ttft_p95_s: Number | None = None
+    preemptions: Number | None = None
+    recompute_ratio: Number | None = None
+    recompute_ratio_low: Number | None = None
+    recompute_ratio_high: Number | None = None
+    mean_running: Number | None = None
+    mean_kv_usage: Number | None = None
+    repeats: int | None = None
+    output_throughput_sd: Number | None = None
+    output_throughput_min: Number | None = None
+    output_throughput_max: Number | None = None
+
+    def level(self, x: LevelAxis) -> Number | None:
+        """The level on the sweep's axis ``x``."""
+        return self.request_rate if x == "request_rate" else self.concurrency
+
+
 class KneeResult(StageResult):
     """Stage 03: the baseline curve (level means over repeats), its knee and the latencies at
     the focus level."""
@@ -242,18 +328,15 @@ class KneeResult(StageResult):
     available: bool
     why_not: str | None
     levels: int
-    knee: dict[str, Any] | None
-    """``analysis.knee.Knee`` as a mapping (knee_x, peak_x, peak_y, plateau, ...)."""
-    curve: list[dict[str, Any]]
-    """One mapping a level: the curve columns (``investigation.stages.CURVE_COLUMNS``), repeats and
-    the throughput's spread."""
+    knee: ThroughputKnee | None
+    curve: list[CurveLevel]
     focus_concurrency: int | None
     focus_request_rate: Number | None = None
     x: LevelAxis = "concurrency"
     """The curve's level column (``request_rate`` on a request-rate sweep)."""
-    latency_knees: dict[str, Any] | None = None
+    latency_knees: dict[str, LatencyKnee | None] | None = None
     """On a request-rate sweep, per latency column (TTFT p95, ITL p95) where it turns up
-    against offered load (``analysis.knee.latency_knee``)."""
+    against offered load (None with too few levels)."""
     itl_mean_s: Number | None
     itl_p95_s: Number | None
     ttft_p95_s: Number | None
@@ -263,9 +346,83 @@ class KneeResult(StageResult):
 
 
 # --------------------------------------------------------------------------- 04 compare
+SettingValue = bool | int | float | str | None
+"""One engine argument's value as a comparison names it (``max_num_seqs`` 64, ``policy``
+"fcfs", ``scheduler_reserve_full_isl`` True)."""
+
+
+class VariantKnee(_Part):
+    """One variant's curve in a comparison: its knee and sustained range, each with its
+    bootstrap range (5th-95th percentile; past the range = one level step past the largest
+    level), its peak and its noise (``analysis.compare``)."""
+
+    variant: str
+    settings: dict[str, SettingValue]
+    knee_x: float | None
+    peak_x: float
+    peak_y: float
+    declines: bool
+    decline_pct: float
+    knee_range: tuple[float, float]
+    levels: int
+    points: list[CurvePoint]
+    sustained_end: float | None
+    """Last level held within the plateau band of the peak."""
+    decline_onset: float | None
+    """First level of the decline after ``sustained_end``; None when the curve holds to its
+    largest level."""
+    sustained_range: tuple[float, float] | None
+    repeats: int
+    noise_sd: float | None
+    noise_source: str
+
+
+class KneeShift(_Part):
+    """How far one variant's knee and sustained range moved from the baseline's, and whether
+    beyond noise."""
+
+    variant: str
+    value: SettingValue
+    baseline_value: SettingValue
+    change: str | None
+    """"lower" / "higher" for a number, "A -> B" otherwise."""
+    knee_x: float | None
+    baseline_knee_x: float | None
+    shift: float
+    knee_beyond_noise: bool
+    sustained_end: float | None
+    baseline_sustained_end: float | None
+    decline_onset: float | None
+    baseline_decline_onset: float | None
+    sustained_shift: float
+    sustained_beyond_noise: bool
+    moves_right: bool
+    moved_right_by: list[str]
+    """What moved right beyond noise: "knee", "sustained range"."""
+    beyond_noise: bool
+    peak_gain_pct: float | None
+    """The peak's change in percent (None when the baseline's peak is 0)."""
+
+
+class KneeComparison(_Part):
+    """A single-variable comparison (``analysis.compare.compare_variants``): each variant's
+    knee, the baseline first, and how each moved."""
+
+    parameter: str
+    baseline: str
+    baseline_value: SettingValue
+    variants: list[VariantKnee]
+    shifts: list[KneeShift]
+    knee_moves_right: bool
+    beyond_noise: bool
+    noise_method: str
+    notes: list[str]
+
+
 class ComparisonResult(StageResult):
-    """Stage 04: the single-variable comparison; only ``available``, ``parameter`` and
-    ``summary`` when the data holds none."""
+    """Stage 04: the single-variable comparison (a :class:`KneeComparison`'s fields, its
+    summary and verdict); only ``available``, ``parameter`` and ``summary`` when the data holds
+    none."""
 
     STAGE: ClassVar[str] = "compare"
     NOTEBOOK: ClassVar[str] = "04_compare"
@@ -274,10 +431,10 @@ class ComparisonResult(StageResult):
     parameter: str | None
     summary: str
     baseline: str | None = None
-    baseline_value: Any = None
-    variants: list[dict[str, Any]] = Field(default_factory=list)
-    """``analysis.compare.VariantCurve`` mappings, the baseline first."""
-    shifts: list[dict[str, Any]] = Field(default_factory=list)
+    baseline_value: SettingValue = None
+    variants: list[VariantKnee] = Field(default_factory=list)
+    """The baseline first."""
+    shifts: list[KneeShift] = Field(default_factory=list)
     knee_moves_right: bool = False
     beyond_noise: bool = False
     moved_right_beyond_noise: bool = False
@@ -287,8 +444,101 @@ class ComparisonResult(StageResult):
 
 
 # --------------------------------------------------------------------------- 05 interference
+class NoEvidence(_Part):
+    """Nothing measured for this part (``{}`` in the file): no steps or intervals in the
+    window, or no metric to judge it on."""
+
+
+class StepThresholds(_Part):
+    """The thresholds of the judgement from simulated steps (``analysis.interference``)."""
+
+    spike_factor: float
+    kv_full: float
+    min_spike_share: float
+    min_itl_share: float
+    recompute_ratio: float
+    long_prefill_tokens: int | None = None
+    """Absent when the window holds no step (no largest step to take half of)."""
+
+
+class SeriesThresholds(_Part):
+    """The thresholds of the judgement from scrape intervals."""
+
+    spike_factor: float
+    burst_factor: float
+    kv_full: float
+    min_spike_share: float
+
+
+class StepPrefillEvidence(_Part):
+    """Prefill interference from steps: the decode-only step, the ITL tail with and without
+    the long-prefill spikes and their share of it, the spike steps."""
+
+    decode_step_s: float | None
+    itl_mean_s: float | None
+    itl_p95_s: float | None
+    itl_p99_s: float | None
+    itl_p99_without_prefill_spikes_s: float | None
+    share_of_itl_p95_excess: float | None
+    share_of_itl_p99_excess: float | None
+    spike_steps: int
+    prefill_spike_steps: int
+    prefill_spike_magnitude: float | None
+    share_of_slow_itl: float | None
+    share_of_all_itl: float | None
+    kv_usage_in_prefill_spikes: float | None
+    arrivals_in_prefill_spikes: int | None
+
+
+class SeriesPrefillEvidence(_Part):
+    """Prefill interference from scrape intervals: ITL p99 spikes against prompt-token bursts."""
+
+    intervals: int
+    itl_p99_median_s: float | None
+    spike_intervals: int
+    prefill_spike_intervals: int
+    share_of_spikes: float | None
+    prompt_rate_median: float | None
+    itl_p99_in_prefill_spikes_s: float | None
+
+
+class StepPreemptionEvidence(_Part):
+    preemptions: int
+    recompute_ratio: float | None
+    kv_usage_at_preemption: float | None
+    preempt_spike_steps: int
+    share_of_slow_itl: float | None
+
+
+class SeriesPreemptionEvidence(_Part):
+    preemptions: float | None
+    kv_usage_at_preemption: float | None
+    intervals_with_preemptions: int
+
+
+PrefillEvidence = StepPrefillEvidence | SeriesPrefillEvidence | NoEvidence
+PreemptionEvidence = StepPreemptionEvidence | SeriesPreemptionEvidence | NoEvidence
+Thresholds = StepThresholds | SeriesThresholds | NoEvidence
+
+
+class Interference(_Part):
+    """Prefill interference and preemption-driven slow steps, judged apart
+    (``analysis.interference``): what was found, on what evidence, against which thresholds.
+    Every field is given by the analysis, so a file holds each one."""
+
+    source: str
+    """"steps" (simulated) or "series" (scrapes)."""
+    prefill_interference: bool | None
+    preemption: bool | None
+    prefill_evidence: PrefillEvidence
+    preemption_evidence: PreemptionEvidence
+    thresholds: Thresholds
+    notes: list[str]
+
+
 class InterferenceResult(StageResult):
-    """Stage 05: prefill interference vs preemption-driven slow steps at the focus point."""
+    """Stage 05: an :class:`Interference`'s fields at the focus point and its summary; only
+    ``source`` "none", the two verdicts None, notes and summary without engine metrics."""
 
     STAGE: ClassVar[str] = "interference"
     NOTEBOOK: ClassVar[str] = "05_interference"
@@ -297,9 +547,9 @@ class InterferenceResult(StageResult):
     """"steps" (simulated), "series" (scrapes) or "none" (no engine metrics)."""
     prefill_interference: bool | None
     preemption: bool | None
-    prefill_evidence: dict[str, Any] = Field(default_factory=dict)
-    preemption_evidence: dict[str, Any] = Field(default_factory=dict)
-    thresholds: dict[str, Any] = Field(default_factory=dict)
+    prefill_evidence: PrefillEvidence = Field(default_factory=NoEvidence)
+    preemption_evidence: PreemptionEvidence = Field(default_factory=NoEvidence)
+    thresholds: Thresholds = Field(default_factory=NoEvidence)
     notes: list[str] = Field(default_factory=list)
     summary: str
 
@@ -327,7 +577,8 @@ class StatusResult(_Part):
     confirmed: bool
     evidence: dict[str, Any] = Field(default_factory=dict)
     prefill_interference: bool | None = None
-    prefill_evidence: dict[str, Any] = Field(default_factory=dict)
+    prefill_evidence: PrefillEvidence = Field(default_factory=NoEvidence)
+    """Stage 05's, by which ``prefill_interference`` was judged."""
     findings: list[str] = Field(default_factory=list)
 
 
