@@ -1,8 +1,8 @@
 """Two run folders side by side (``kvpressure compare RUN_A RUN_B``): before and after a
 change, two servers, two vLLM versions.
 
-Each folder's baseline curve (``runs.csv``: a report, sweep, ingest or collect folder) is read
-as one variant of a comparison whose changed "setting" is the folder, so its knee, its
+Each folder's baseline curve (``runs.csv``: a report, sweep, ingest or collect folder, read by
+:mod:`kvpressure.folders.run_view`) is taken as one variant of a comparison whose changed "setting" is the folder, so its knee, its
 sustained range and whether either moved beyond the run-to-run noise come from the same rule
 as the single-variable comparison (``analysis/compare.py``: repeats bootstrapped, else the
 curves' own roughness). Beside the curves: throughput and preemptions per level, and what
@@ -11,10 +11,8 @@ differs between the two in engine settings and versions, as far as each folder s
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -22,7 +20,6 @@ import pandas as pd
 from kvpressure.errors import InputError
 from kvpressure.jsonable import to_jsonable
 
-RUNS_CSV = "runs.csv"
 _PER_LEVEL = ("output_throughput", "preemptions", "ttft_p95_s", "itl_p95_s")
 
 
@@ -54,68 +51,6 @@ class TwoRuns:
         return to_jsonable(self)
 
 
-def runs_dir_of(path: Path) -> Path:
-    for candidate in (path, path / "report"):
-        if (candidate / RUNS_CSV).is_file():
-            return candidate
-    raise InputError(f"{path}: no {RUNS_CSV} here or in its report/ (give a report, sweep, "
-                     "ingest or collect folder)")
-
-
-def read_run_folder(path: str | Path, label: str) -> RunFolderView:
-    from kvpressure.stages.files import has_stage, read_stage
-    from kvpressure.stages.results import CollectInfo
-
-    path = Path(path)
-    if not path.is_dir():
-        raise InputError(f"{path}: not a folder")
-    run_dir = runs_dir_of(path)
-    runs = pd.read_csv(run_dir / RUNS_CSV)
-    if "concurrency" not in runs or "output_throughput" not in runs:
-        raise InputError(f"{run_dir / RUNS_CSV}: needs the columns concurrency and "
-                         "output_throughput")
-    runs = runs.dropna(subset=["concurrency", "output_throughput"])
-    if "variant" in runs:
-        base = "baseline" if (runs["variant"] == "baseline").any() else runs["variant"].iloc[0]
-        runs = runs[runs["variant"] == base]
-    if runs.empty:
-        raise InputError(f"{run_dir / RUNS_CSV}: no level with a concurrency and a throughput")
-    settings: dict[str, Any] = {}
-    versions: dict[str, str] = {}
-    status = None
-    if has_stage(run_dir, CollectInfo):
-        info = read_stage(run_dir, CollectInfo)
-        settings = dict(info.settings)
-        if info.server_version:
-            versions["vLLM served"] = info.server_version
-    engine = next((p / "engine.json" for p in (path, run_dir) if (p / "engine.json").is_file()),
-                  None)
-    if engine is not None:
-        data = json.loads(engine.read_text(encoding="utf-8"))
-        settings = {**(data.get("engine_args") or {}), **settings}
-        version = (data.get("server") or {}).get("version")
-        if version:
-            versions.setdefault("vLLM served", str(version))
-    if not settings:
-        # A sweep's runs.csv carries each run's engine settings as columns.
-        from kvpressure.analysis.compare import SETTING_COLUMNS
-
-        for col in (*SETTING_COLUMNS, "scheduling_policy", "async_scheduling"):
-            values = runs[col].dropna().unique() if col in runs else []
-            if len(values) == 1:
-                settings[col] = values[0].item() if hasattr(values[0], "item") else values[0]
-    record = run_dir / "record.yaml"
-    if record.is_file():
-        from kvpressure.record.io import load_record
-
-        rec = load_record(record)
-        status = rec.status
-        versions["kvpressure"] = rec.provenance.kit_version
-        if rec.provenance.vllm_version_served:
-            versions["vLLM served"] = rec.provenance.vllm_version_served
-    return RunFolderView(label, str(path), runs, settings, versions, status)
-
-
 def _changed(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[Any]]:
     """Keys whose values differ where both folders say (a key one of them lacks is unknown
     there, not a change)."""
@@ -139,11 +74,11 @@ def _level_means(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.groupby("concurrency")[cols].mean()
 
 
-def compare_run_folders(a: str | Path, b: str | Path) -> TwoRuns:
-    """The two folders' curves, knees with their noise, per-level figures and what differs."""
+def compare_run_folders(va: RunFolderView, vb: RunFolderView) -> TwoRuns:
+    """The two folders' curves, knees with their noise, per-level figures and what differs
+    (each folder as :func:`kvpressure.folders.run_view.read_run_view` read it)."""
     from kvpressure.analysis.compare import compare_variants
 
-    va, vb = read_run_folder(a, "A"), read_run_folder(b, "B")
     # The knees are compared on the levels both measured: a curve cut short has no knee "past
     # its range" that the other's range would place.
     shared = sorted(set(va.runs["concurrency"]) & set(vb.runs["concurrency"]))

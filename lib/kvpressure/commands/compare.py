@@ -24,21 +24,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpressure.analysis.two_runs import compare_run_folders
+    from kvpressure.folders.run_view import read_run_view, tables_folder
     from kvpressure.report.sentences import two_runs_markdown
 
     if args.out is not None:
         from kvpressure.folders.output_folder import check_replaceable
 
         check_replaceable(args.out, args.force, "compare")
-    result = compare_run_folders(args.run_a, args.run_b)
+    result = compare_run_folders(read_run_view(args.run_a, "A"), read_run_view(args.run_b, "B"))
     doc = result.to_dict()
     text = two_runs_markdown(doc)
     if args.out is not None:
-        from kvpressure.analysis.two_runs import RUNS_CSV, runs_dir_of
         from kvpressure.folders.output_folder import output_folder
         from kvpressure.report.figures import two_runs_figure
 
-        inputs = [runs_dir_of(p) / RUNS_CSV for p in (args.run_a, args.run_b)]
+        inputs = [tables_folder(p).runs_path for p in (args.run_a, args.run_b)]
         with output_folder(args.out, "compare", inputs=inputs, force=args.force) as work:
             (work / "compare.json").write_text(json.dumps(doc, indent=1) + "\n")
             (work / "compare.md").write_text(text)

@@ -67,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
         runs = run_sweep(exp, work, variants=args.variants, concurrencies=levels,
                          progress=stderr_progress, jobs=args.jobs,
                          include_remedies=args.remedies, compare=not args.no_compare)
-    print(f"{len(runs)} points in {time.perf_counter() - started:.1f} s -> {out / 'runs.csv'}",
-          file=sys.stderr)
+    from kvpressure.folders.run_folder import RunFolder
+
+    print(f"{len(runs)} points in {time.perf_counter() - started:.1f} s -> "
+          f"{RunFolder(out).runs_path}", file=sys.stderr)
     from kvpressure.analysis.levels import level_means
 
     level_col = "concurrency" if exp.mode == "closed" else "request_rate"

@@ -87,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
 
         cost_model = StepCostModel.from_profiles(load_hardware(args.hardware),
                                                  load_model(args.model), args.tp)
-    inputs = [p for p in (args.run_dir / "runs.csv", args.server_log) if p is not None]
+    from kvpressure.folders.run_folder import RunFolder
+
+    inputs = [p for p in (RunFolder(args.run_dir).runs_path, args.server_log) if p is not None]
     with output_folder(args.out, "twin", inputs=inputs, force=args.force, rerun_ok=True) as work:
         summary = make_twin_folder(args.run_dir, work, limits=limits, focus=args.focus,
                                    overrides=parse_set(args.overrides), cost_model=cost_model,

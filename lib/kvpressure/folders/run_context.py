@@ -24,6 +24,8 @@ from typing import Any
 from kvpressure.errors import InputError
 from kvpressure.folders.run_folder import (
     DEFAULT_EXPERIMENT,
+    RunFolder,
+    as_run_folder,
     as_sources,
     default_experiment,
     default_run_dir,
@@ -185,9 +187,9 @@ def _repo_path(path: str) -> str:
     return str(stored_path(path))
 
 
-def changed_inputs(run_dir: str | os.PathLike[str]) -> list[str]:
+def changed_inputs(run_dir: RunFolder | str | os.PathLike[str]) -> list[str]:
     """The inputs of stage 01 whose bytes differ now (or that are gone), as text."""
-    info = read_stage(run_dir, CollectInfo)
+    info = as_run_folder(run_dir).stage(CollectInfo)
     out = []
     for item in info.inputs:
         path = Path(_repo_path(item.path))
@@ -198,12 +200,13 @@ def changed_inputs(run_dir: str | os.PathLike[str]) -> list[str]:
     return out
 
 
-def check_fresh(run_dir: str | os.PathLike[str]) -> None:
+def check_fresh(run_dir: RunFolder | str | os.PathLike[str]) -> None:
     """Refuse a run folder whose inputs changed since 01 collected them."""
-    changed = changed_inputs(run_dir)
+    folder = as_run_folder(run_dir)
+    changed = changed_inputs(folder)
     if changed:
         raise InputError(
-            f"{display_path(run_dir)}: its inputs changed since 01_collect read them: "
+            f"{display_path(folder.path)}: its inputs changed since 01_collect read them: "
             f"{', '.join(changed)}; rerun notebooks/01_collect.ipynb (or `kvpressure report`) "
             "so the run folder describes them")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
+from kvpressure.folders.layout import RECORD_YAML
 from kvpressure.folders.run_folder import write_stage
 from kvpressure.investigation.collect import collect, load_tables
 from kvpressure.stages.files import has_stage, read_stages
@@ -61,5 +62,5 @@ def analyse(
     write_stage(run_dir, compare_stage(tables).result)
     write_stage(run_dir, interference_stage(tables).result)
     write_stage(run_dir, record_stage(tables, run_dir, simulate_remedies=simulate_remedies).result)
-    path = f"{os.fspath(run_dir)}/record.yaml"
+    path = f"{os.fspath(run_dir)}/{RECORD_YAML}"
     return write_record(build_record(read_stages(run_dir), where=path), path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,8 @@ import pandas as pd
 
 from kvpressure.analysis.levels import REPEAT, repeats_of
 from kvpressure.errors import InputError
-from kvpressure.folders.layout import RUNS_CSV, SERIES_CSV
-from kvpressure.folders.run_folder import as_sources, write_stage
-from kvpressure.stages.files import has_stage, read_stage
+from kvpressure.folders.run_folder import RunFolder, as_run_folder, as_sources, write_stage
+from kvpressure.stages.files import read_stage
 from kvpressure.stages.results import CollectInfo
 
 
@@ -35,6 +34,8 @@ class Tables:
     series: pd.DataFrame
     steps: pd.DataFrame | None
     requests: pd.DataFrame | None
+    folder: RunFolder | None = field(default=None, repr=False)
+    """The folder they were read from, holding what it read (the twin reads on from it)."""
 
     @property
     def baseline_runs(self) -> pd.DataFrame:
@@ -109,28 +110,27 @@ def collect(
 
 
 def ensure_collected(
-    run_dir: str | os.PathLike[str], experiment: str | os.PathLike[str] = "", source: Any = ""
+    run_dir: RunFolder | str | os.PathLike[str], experiment: str | os.PathLike[str] = "",
+    source: Any = ""
 ) -> CollectInfo:
     """Stage 01's results; runs stage 01 first when the run folder does not have them yet,
     so any notebook can be opened and run on its own."""
-    if not has_stage(run_dir, CollectInfo) or not (Path(run_dir) / RUNS_CSV).is_file():
-        return collect(run_dir, experiment, source)
-    return read_stage(run_dir, CollectInfo)
+    folder = as_run_folder(run_dir)
+    if not folder.has_stage(CollectInfo) or not folder.has_runs():
+        return collect(folder.path, experiment, source)
+    return folder.stage(CollectInfo)
 
 
-def load_tables(run_dir: str | os.PathLike[str]) -> Tables:
+def load_tables(run_dir: RunFolder | str | os.PathLike[str]) -> Tables:
     """Stage 01's tables: runs, the focus point's series (and steps, requests when simulated)."""
-    run_dir = Path(run_dir)
-    info = read_stage(run_dir, CollectInfo)
-    runs = pd.read_csv(run_dir / RUNS_CSV)
-    series = pd.read_csv(run_dir / SERIES_CSV, dtype={"labels": str, "run": str, "metric": str})
-    series["labels"] = series["labels"].fillna("")
+    folder = as_run_folder(run_dir)
+    info = folder.stage(CollectInfo)
     steps = requests = None
     point_dir = info.focus.point_dir
     if point_dir:
-        steps = pd.read_csv(run_dir / point_dir / "steps.csv")
-        requests = pd.read_csv(run_dir / point_dir / "requests.csv")
-    return Tables(info, runs, series, steps, requests)
+        steps = pd.read_csv(folder.path / point_dir / "steps.csv")
+        requests = pd.read_csv(folder.path / point_dir / "requests.csv")
+    return Tables(info, folder.runs(), folder.series(), steps, requests, folder)
 
 
 def open_run(run_dir: Any = "", experiment: Any = "", source: Any = "") -> Tables:
@@ -143,8 +143,10 @@ def open_run(run_dir: Any = "", experiment: Any = "", source: Any = "") -> Table
 
     ctx = run_dir if isinstance(run_dir, RunContext) else current_run(experiment, source, run_dir)
     setup_plots()
-    check = has_stage(ctx.run_dir, CollectInfo)
-    ensure_collected(ctx.run_dir, ctx.experiment, ctx.source)
+    # One folder for the whole opening: stage 01's result is read once, the tables once.
+    folder = RunFolder(ctx.run_dir)
+    check = folder.has_stage(CollectInfo)
+    ensure_collected(folder, ctx.experiment, ctx.source)
     if check:
-        check_fresh(ctx.run_dir)
-    return load_tables(ctx.run_dir)
+        check_fresh(folder)
+    return load_tables(folder)

@@ -4,7 +4,6 @@ one run per point, with its variant and concurrency taken from the path."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,15 +14,8 @@ import pandas as pd
 
 from kvpressure.analysis.focus import focus_level
 from kvpressure.errors import InputError
-from kvpressure.folders.layout import (
-    BASELINE,
-    INGEST_JSON,
-    RUNS_CSV,
-    SCRAPE_FILES,
-    SERIES_CSV,
-    SOURCES_FILE,
-)
-from kvpressure.folders.run_folder import display_path, sha256_file
+from kvpressure.folders.layout import BASELINE, SCRAPE_FILES
+from kvpressure.folders.run_folder import RunFolder, display_path, sha256_file
 from kvpressure.ingestion.cache_config import cache_config
 from kvpressure.ingestion.collect_folder import CollectFolder
 from kvpressure.ingestion.collect_folder import expand as expand_collect_folders
@@ -43,7 +35,6 @@ from kvpressure.investigation.windows import ingested_window
 from kvpressure.jsonable import to_jsonable
 from kvpressure.stages.files import as_result
 from kvpressure.stages.results import CollectInfo
-from kvpressure.table_files import write_table
 
 _LEVEL = re.compile(r"^(?:c|concurrency[-_=]?)(\d+)$")
 # What the stages read from a point's scrapes: the analysis' families and the length histograms.
@@ -141,8 +132,8 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
             files.extend((p, *_point_of(p)) for p in scrapes)
         else:
             others.append(s)
-    (run_dir / SOURCES_FILE).write_text(json.dumps({"sources": given_sources}, indent=2)
-                                        + "\n")
+    folder = RunFolder(run_dir)
+    folder.write_sources(given_sources)
     inputs = []
     rows = []
     focus_series: dict[str, pd.DataFrame] = {}
@@ -204,7 +195,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
     runs = runs.sort_values(["variant", axis], kind="stable").reset_index(drop=True)
     source_run = runs["run"].astype(str).tolist()
     runs["run"] = _run_names(runs)
-    write_table(runs, run_dir / RUNS_CSV)
+    folder.write_runs(runs)
     variants = [str(v) for v in pd.unique(runs["variant"])]
     base = BASELINE if BASELINE in variants else variants[0]
     base_runs = runs[runs["variant"] == base]
@@ -244,9 +235,8 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
                           bench_timezone=bench_timezone)
     series, (t0, t1), (g0, g1), origin = win.series, win.counters, win.gauges, win.origin
     load.update(idle=win.idle, snapshot=win.snapshot, notes=[*load["notes"], *win.notes])
-    write_table(series, run_dir / SERIES_CSV)
-    (run_dir / INGEST_JSON).write_text(
-        json.dumps(to_jsonable({"runs": reports}), indent=2, sort_keys=True) + "\n")
+    folder.write_series(series)
+    folder.write_ingest(to_jsonable({"runs": reports}))
     engine_metrics = bool(len(series))
     geometry = cache_config(series) if engine_metrics else {}
     # A server log shows some engine arguments (max_num_seqs...); what the user gives wins.

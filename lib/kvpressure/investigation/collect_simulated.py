@@ -6,8 +6,6 @@ run-to-run noise); the focus point's Prometheus view (``metrics.prom.jsonl``) is
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,20 +14,12 @@ import pandas as pd
 
 from kvpressure.analysis.focus import focus_level
 from kvpressure.errors import InputError
-from kvpressure.folders.layout import (
-    BASELINE,
-    EXPERIMENT_COPY,
-    INGEST_JSON,
-    RUNS_CSV,
-    SCRAPE_FILES,
-    SERIES_CSV,
-)
-from kvpressure.folders.run_folder import display_path, sha256_file
+from kvpressure.folders.layout import BASELINE, SCRAPE_FILES
+from kvpressure.folders.run_folder import RunFolder, display_path, sha256_file
 from kvpressure.investigation.lengths import length_stats
 from kvpressure.investigation.windows import steady_window
 from kvpressure.stages.files import as_result
 from kvpressure.stages.results import CollectInfo
-from kvpressure.table_files import write_table
 
 
 def _run_sweep(experiment: Any, run_dir: Path, jobs: int, progress: Callable[[str], None]
@@ -70,11 +60,12 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
                          "(stages, or a trace's own arrival times): give workload.request_rates")
     x = "request_rate" if rates else "concurrency"
     src = Path(exp.path) if exp.path else Path(experiment_path)
-    shutil.copyfile(src, run_dir / EXPERIMENT_COPY)
+    folder = RunFolder(run_dir)
+    folder.copy_experiment(src)
     runs = _run_sweep(exp, run_dir, jobs, progress)
-    if not (run_dir / RUNS_CSV).is_file():
-        write_table(runs, run_dir / RUNS_CSV)
-    runs = pd.read_csv(run_dir / RUNS_CSV)
+    if not folder.has_runs():
+        folder.write_runs(runs)
+    runs = folder.runs()
     variants = [str(v) for v in pd.unique(runs["variant"])]
     base = BASELINE if BASELINE in variants else variants[0]
     focus_variant = exp.config.focus.variant if exp.config.focus.variant in variants else base
@@ -92,9 +83,8 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
         raise InputError(f"{point}: the sweep wrote no metrics.prom.jsonl for the focus point")
     run_name = f"{focus_variant}/{point.name}"
     ingested = ingest([scrape], run=run_name)
-    write_table(ingested.series, run_dir / SERIES_CSV)
-    (run_dir / INGEST_JSON).write_text(
-        json.dumps(ingested.report.to_dict(), indent=2, sort_keys=True) + "\n")
+    folder.write_series(ingested.series)
+    folder.write_ingest(ingested.report.to_dict())
     requests = pd.read_csv(point / "requests.csv")
     t0, t1 = steady_window(requests, ingested.series)
     settings = exp.settings()

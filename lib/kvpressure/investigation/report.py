@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvpressure.errors import InputError
-from kvpressure.folders.layout import INDEX_HTML, NOTEBOOKS_DIR, RECORD_YAML
+from kvpressure.folders.layout import NOTEBOOKS_DIR
 from kvpressure.folders.output_folder import check_replaceable, output_folder, point_paths_at
-from kvpressure.folders.run_folder import display_path
+from kvpressure.folders.run_folder import RunFolder, display_path
 from kvpressure.notebooks.batch import (
     NOTEBOOK_SOURCE_DIR,
     NOTEBOOKS,
@@ -117,7 +117,7 @@ def notebook_record(run_dir: str | os.PathLike[str]) -> Path:
     file when it is missing or invalid). The record is built once, by the notebook."""
     from kvpressure.record.io import load_record
 
-    path = Path(run_dir) / RECORD_YAML
+    path = RunFolder(run_dir).record_path
     if not path.is_file():
         raise InputError(f"{path}: not written; notebook 06_record builds and writes the record "
                          f"(see {Path(run_dir) / NOTEBOOKS_DIR / '06_record.ipynb'})")
@@ -190,7 +190,8 @@ def make_report(
             say(f"note: {note}")
         # Named as it will be: the page is drawn in the hidden sibling that replaces run_dir.
         render_report(work, run_folder=display_path(run_dir))
-    record_path, index_path = run_dir / RECORD_YAML, run_dir / INDEX_HTML
+    folder = RunFolder(run_dir)
+    record_path, index_path = folder.record_path, folder.index_path
     runs = [NotebookRun(r.notebook, run_dir / r.output_path.relative_to(work), r.seconds)
             for r in runs]
     seconds = time.perf_counter() - started

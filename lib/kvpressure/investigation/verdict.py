@@ -324,7 +324,7 @@ def record_stage(tables: Tables, run_dir: str | os.PathLike[str],
         # Measured data: its fitted twin predicts the remedies (twin/in_report.py).
         from kvpressure.twin.in_report import build_report_twin
 
-        build_report_twin(run_dir, focus_c, list(info.levels), limits, axis=x)
+        build_report_twin(run_dir, focus_c, list(info.levels), limits, axis=x, read=tables.folder)
     remedies: dict[str, Any]
     if info.simulated and simulate_remedies and status.status == KV_BOUND:
         # Refused before the remedies' sweep: a limit they do not price is never dropped.

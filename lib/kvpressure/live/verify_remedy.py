@@ -42,6 +42,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from kvpressure.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, InputError
+from kvpressure.folders.layout import SCRAPE_FILES
+from kvpressure.folders.run_folder import RunFolder
 from kvpressure.live import paired
 from kvpressure.live.serve import (
     Server,
@@ -153,17 +155,17 @@ def measured_load(run_dir: Path, opts: VerifyOptions) -> dict[str, Any]:
 def _tables_dir(run_dir: Path, out: Path) -> Path:
     """Where the twin reads the run: the run folder, or, for a collect folder collected with
     ``--no-report``, its bench results and scrape log ingested into ``out/measured``."""
-    if (run_dir / "runs.csv").is_file() or (run_dir / "report" / "runs.csv").is_file():
+    if RunFolder(run_dir).has_runs() or RunFolder(run_dir / "report").has_runs():
         return run_dir
     bench = run_dir / "bench"
-    log = next((p for p in (run_dir / "metrics.prom.jsonl", run_dir / "metrics.prom.jsonl.gz")
-                if p.is_file()), run_dir / "metrics.prom.jsonl")
+    log = next((p for p in (run_dir / n for n in SCRAPE_FILES) if p.is_file()),
+               run_dir / SCRAPE_FILES[0])
     if not (bench.is_dir() and log.is_file()):
         raise InputError(f"{run_dir}: no runs.csv (nor report/runs.csv), and no bench/ with a "
                          "metrics.prom.jsonl to ingest: give a folder of `kvpressure collect`, "
                          "`ingest` or `report --source`")
     target = out / "measured"
-    if not (target / "runs.csv").is_file():
+    if not RunFolder(target).has_runs():
         from kvpressure.ingestion.api import ingest
         from kvpressure.ingestion.engine_facts import EngineFacts
 

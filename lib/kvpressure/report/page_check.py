@@ -94,7 +94,9 @@ def _source_numbers(run_dir: Path) -> list[float]:
             for v in node:
                 walk(v)
 
-    record = run_dir / "record.yaml"
+    from kvpressure.folders.run_folder import RunFolder
+
+    record = RunFolder(run_dir).record_path
     if record.is_file():
         doc = yaml.safe_load(record.read_text(encoding="utf-8"))
         walk(doc)
@@ -181,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m kvpressure.report.page_check RUN_DIR...``: exit 1 naming each defect."""
     import sys
 
+    from kvpressure.folders.run_folder import RunFolder
+
     bad = 0
     for run_dir in argv if argv is not None else sys.argv[1:]:
-        problems = page_problems((Path(run_dir) / "index.html").read_text(encoding="utf-8"),
+        problems = page_problems(RunFolder(run_dir).index_path.read_text(encoding="utf-8"),
                                  run_dir)
         for p in problems:
             print(f"{run_dir}/index.html: {p}", file=sys.stderr)

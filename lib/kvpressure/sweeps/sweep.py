@@ -295,8 +295,10 @@ def _keep_complete_points(jobs: list[_PointJob], out: Path, rows: list[dict[str,
     every file whole), drop every other point folder, and return the jobs left to run."""
     import shutil
 
+    from kvpressure.folders.run_folder import RunFolder
+
     wanted = {job.folder for job in jobs if job.folder is not None}
-    points = out / "points"
+    points = RunFolder(out).points_dir
     if points.is_dir():
         for kept in sorted(p for p in points.glob("*/*") if p.is_dir()):
             if kept.relative_to(out).as_posix() not in wanted:
@@ -321,9 +323,9 @@ def _keep_complete_points(jobs: list[_PointJob], out: Path, rows: list[dict[str,
 
 def write_runs(frame: Any, out_dir: str | os.PathLike[str]) -> Path:
     """``runs.csv`` (and ``runs.parquet`` when pyarrow is installed)."""
-    from kvpressure.table_files import write_table
+    from kvpressure.folders.run_folder import RunFolder
 
-    return write_table(frame, Path(out_dir) / "runs.csv")[0]
+    return RunFolder(out_dir).write_runs(frame)[0]
 
 
 def stderr_progress(line: str) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.folders.run_folder import RunFolder, as_run_folder
 from kvpressure.ingestion.source_kind import SourceKind
 from kvpressure.simulation.engine import simulate
 from kvpressure.twin.basis import LevelBasis, build_scenario, simulate_basis
@@ -380,7 +381,7 @@ def _band(values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def build_twin(run_dir: str | os.PathLike[str], *, overrides: Mapping[str, Any] | None = None,
+def build_twin(run_dir: RunFolder | str | os.PathLike[str], *, overrides: Mapping[str, Any] | None = None,
                variant: str | None = None, cost_model: Any = None,
                workloads: Mapping[int, LevelWorkload] | None = None,
                server_log: str | Path | None = None,
@@ -394,18 +395,21 @@ def build_twin(run_dir: str | os.PathLike[str], *, overrides: Mapping[str, Any] 
     step time from the server's own steps (``step_trace.py``). ``return_steps``: the
     clients' return lag in engine steps at every level (docs/scheduler.md#loop-closed-return);
     by default estimated from the step trace, else from the client turnaround once the step
-    time is fitted (``return_lag.py``).
+    time is fitted (``return_lag.py``). A :class:`RunFolder` given is read through: what a
+    stage already read of it is not read again.
     """
     from kvpressure.twin.step_time import profile_priors
 
-    measured = load_measured(run_dir, variant=variant)
+    folder = as_run_folder(run_dir)
+    run_dir = folder.path
+    measured = load_measured(folder, variant=variant)
     if measured.levels.empty:
         raise InputError(
             f"{run_dir}: runs.csv has no run with a concurrency level or a request rate: the "
             "twin replays closed loops (vllm bench serve --max-concurrency C) or open loops "
             "(--request-rate R), one level a run")
-    logged = ingested_sources(Path(run_dir), measured.ingest, SourceKind.SERVER_LOG)
-    settings, source = twin_settings(Path(run_dir), measured.runs, measured.series,
+    logged = ingested_sources(folder, measured.ingest, SourceKind.SERVER_LOG)
+    settings, source = twin_settings(folder, measured.runs, measured.series,
                                      measured.ingest, overrides,
                                      [Path(server_log)] if server_log is not None else logged,
                                      measured.bench_settings)

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.folders.run_folder import RunFolder
 from kvpressure.twin.output import (
     FIGURE,
     SUMMARY_MD,
@@ -74,13 +75,16 @@ def _write_refusal(out: Path, reason: str) -> None:
 
 def build_report_twin(run_dir: str | os.PathLike[str], focus: float | None,
                       levels: list[float], limits: Mapping[str, float] | None = None,
-                      axis: str = "concurrency") -> dict[str, Any]:
+                      axis: str = "concurrency", read: RunFolder | None = None
+                      ) -> dict[str, Any]:
     """Build, fit and check the twin of the measured run in ``run_dir`` into its ``twin/``,
     and predict the remedies at ``focus`` (when it is one of ``levels``, else the highest).
 
     ``limits`` are the report's latency limits (``analysis.limits`` names); those the twin does not
     price (means, p99) are left out and named. Without limits, the report's rule holds: TTFT
-    and ITL p95 no more than 10% worse than the twin's own at the focus level.
+    and ITL p95 no more than 10% worse than the twin's own at the focus level. ``read`` is the
+    run folder as the stage has read it (its tables, stage 01's result): the twin reads on
+    from it rather than reading those files again.
     """
     from kvpressure.twin.remedies import PRICED_LATENCIES
 
@@ -94,8 +98,9 @@ def build_report_twin(run_dir: str | os.PathLike[str], focus: float | None,
     else:
         chosen = int(focus) if focus is not None and int(focus) in set(levels) else None
     try:
+        held = read is not None and read.path.resolve() == Path(run_dir).resolve()
         summary = make_twin_folder(
-            run_dir, out, limits=kept, focus=chosen, refusal_ok=True, label=LABEL,
+            read if read is not None and held else run_dir, out, limits=kept, focus=chosen, refusal_ok=True, label=LABEL,
             latency_tolerance_pct=None if given else LATENCY_TOLERANCE_PCT)
     except InputError as exc:  # the fit held but a prediction was refused: say so, keep going
         _write_refusal(out, str(exc))

@@ -35,6 +35,8 @@ import numpy as np
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.folders.layout import RUNS_CSV, SCRAPE_FILES
+from kvpressure.folders.run_folder import RunFolder, as_run_folder
 from kvpressure.ingestion.ingest_options import IngestOptions
 from kvpressure.ingestion.source_kind import SourceKind
 from kvpressure.twin.lengths import LevelLengths, from_dataset_args, from_histograms
@@ -83,6 +85,9 @@ class Measured:
     """Per level without per-request lengths, the lengths made from what the data has
     (``lengths.py``: dataset arguments, length histograms); a level in neither dict gets its
     mean lengths."""
+    folder: RunFolder | None = field(default=None, repr=False)
+    """The folder the tables were read from (``run_dir`` or its ``report/``), with what it
+    read."""
 
     @property
     def open_loop(self) -> bool:
@@ -119,14 +124,15 @@ def _num(value: Any) -> float:
     return out
 
 
-def read_runs(run_dir: Path) -> pd.DataFrame:
-    path = run_dir / "runs.csv"
+def read_runs(run_dir: RunFolder | Path) -> pd.DataFrame:
+    folder = as_run_folder(run_dir)
+    path = folder.runs_path
     if not path.is_file():
-        raise InputError(f"{run_dir}: no runs.csv (a folder written by 'kvpressure ingest', "
-                         "'kvpressure report --source', 'kvpressure sweep' or 'kvpressure "
-                         "collect')")
+        raise InputError(f"{folder.path}: no {RUNS_CSV} (a folder written by 'kvpressure "
+                         "ingest', 'kvpressure report --source', 'kvpressure sweep' or "
+                         "'kvpressure collect')")
     try:
-        runs = pd.read_csv(path)
+        runs = folder.runs()
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not a readable CSV: {exc}") from None
     for col in ("concurrency", "output_throughput"):
@@ -135,13 +141,14 @@ def read_runs(run_dir: Path) -> pd.DataFrame:
     return runs
 
 
-def read_series(run_dir: Path) -> pd.DataFrame | None:
-    path = run_dir / "series.csv"
+def read_series(run_dir: RunFolder | Path) -> pd.DataFrame | None:
+    folder = as_run_folder(run_dir)
+    path = folder.series_path
     if not path.is_file():
         return None
     try:
-        series = pd.read_csv(path, dtype={"labels": "string"}, keep_default_na=False,
-                             na_values={"value": ["NaN", "nan"], "t": ["NaN", "nan"]})
+        series = folder.series_as(dtype={"labels": "string"}, keep_default_na=False,
+                                  na_values={"value": ["NaN", "nan"], "t": ["NaN", "nan"]})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not a readable CSV: {exc}") from None
     missing = [c for c in ("t", "metric", "labels", "value") if c not in series.columns]
@@ -205,8 +212,9 @@ def _lens(res: dict[str, Any]) -> tuple[list[int], list[int], list[float] | None
     return [int(ins[k]) for k in kept], [int(outs[k]) for k in kept], sent
 
 
-def _point_lengths(run_dir: Path, variant: str, c: int) -> tuple[list[int], list[int]] | None:
-    path = run_dir / "points" / variant / f"c{c}" / "requests.csv"
+def _point_lengths(folder: RunFolder, variant: str, c: int
+                   ) -> tuple[list[int], list[int]] | None:
+    path = folder.point_dir(f"{variant}/c{c}") / "requests.csv"
     if not path.is_file():
         return None
     req = pd.read_csv(path, usecols=["prompt_len", "output_len"])
@@ -216,7 +224,7 @@ def _point_lengths(run_dir: Path, variant: str, c: int) -> tuple[list[int], list
 def data_folder(run_dir: Path) -> Path:
     """Where the tables are: ``run_dir`` itself, or its ``report/`` (a ``kvpressure collect``
     folder keeps engine.json, the scrape log and bench/ on top, the report below)."""
-    if not (run_dir / "runs.csv").is_file() and (run_dir / "report" / "runs.csv").is_file():
+    if not RunFolder(run_dir).has_runs() and RunFolder(run_dir / "report").has_runs():
         return run_dir / "report"
     return run_dir
 
@@ -234,7 +242,7 @@ def scrape_log_series(run_dir: Path) -> pd.DataFrame | None:
     report keeps only the focus level's window, the twin compares every level."""
     from kvpressure.ingestion.api import ingest
 
-    for name in ("metrics.prom.jsonl", "metrics.prom.jsonl.gz"):
+    for name in SCRAPE_FILES:
         path = run_dir / name
         if path.is_file():
             return ingest([path], run="log",
@@ -253,28 +261,22 @@ def _covers(series: pd.DataFrame | None, runs: pd.DataFrame) -> bool:
     return bool(np.nanmin(t) <= lo.min() + 1e-9 and np.nanmax(t) >= hi.max() - 1e-9)
 
 
-def _report_sources(run_dir: Path) -> list[Path]:
+def _report_sources(folder: RunFolder) -> list[Path]:
     """The files a report folder was collected from (``sources.json``), as they resolve
     from here or from the repository (the report names them relative to it)."""
-    import json
-
     from kvpressure.paths import stored_path
 
-    path = run_dir / "sources.json"
-    try:
-        listed = json.loads(path.read_text(encoding="utf-8")).get("sources") or []
-    except (OSError, ValueError, AttributeError):
-        return []
     out = []
-    for item in listed if isinstance(listed, list) else []:
-        p = Path(str(item))
+    for item in folder.sources():
+        p = Path(item)
         found = next((c for c in (p, stored_path(p)) if c.is_file()), None)
         if found is not None:
             out.append(found)
     return out
 
 
-def ingested_sources(run_dir: Path, ingest: dict[str, Any], kind: SourceKind) -> list[Path]:
+def ingested_sources(run_dir: RunFolder | Path, ingest: dict[str, Any], kind: SourceKind
+                     ) -> list[Path]:
     """The files of one ``kind`` (``prom_jsonl``, ``server_log``, ...) the run folder was made
     from: the sources ``ingest.json`` names, else a report's ``sources.json`` read by content."""
     from kvpressure.ingestion.sources import sniff_file
@@ -284,16 +286,23 @@ def ingested_sources(run_dir: Path, ingest: dict[str, Any], kind: SourceKind) ->
              and isinstance(s.get("location"), str)]
     if found:
         return found
-    for p in _report_sources(run_dir):
-        try:
-            if sniff_file(p) == kind:
-                found.append(p)
-        except InputError:
-            continue
-    return found
+
+    def kinds() -> list[tuple[Path, Any]]:
+        out: list[tuple[Path, Any]] = []
+        for p in _report_sources(folder):
+            try:
+                out.append((p, sniff_file(p)))
+            except InputError:
+                continue
+        return out
+
+    # Each source is sniffed once, whichever kinds are asked for (a scrape log, a server log).
+    folder = as_run_folder(run_dir)
+    return [p for p, got in folder.derived("sources by kind", kinds) if got == kind]
 
 
-def ingested_scrape_log(run_dir: Path, ingest: dict[str, Any]) -> pd.DataFrame | None:
+def ingested_scrape_log(run_dir: RunFolder | Path, ingest: dict[str, Any]
+                        ) -> pd.DataFrame | None:
     """The scrape log the run folder was made from, read again whole for the levels'
     windows; None when there is not exactly one or it is gone."""
     from kvpressure.ingestion.api import ingest as read
@@ -372,24 +381,26 @@ def _window_stats(series: pd.DataFrame, t0: float, t1: float,
     return out
 
 
-def load_measured(run_dir: str | os.PathLike[str], variant: str | None = None) -> Measured:
+def load_measured(run_dir: RunFolder | str | os.PathLike[str], variant: str | None = None
+                  ) -> Measured:
     """The baseline curve of ``run_dir`` (or of ``variant``), one row per concurrency level;
-    several rows of one level (repeats) are averaged."""
-    import json
-
+    several rows of one level (repeats) are averaged. A :class:`RunFolder` given is read
+    through, so what it already read is not read again."""
     from kvpressure.analysis.levels import base_repeat
 
-    top = Path(run_dir)
+    given = as_run_folder(run_dir)
+    top = given.path
     if not top.is_dir():
         raise InputError(f"{top}: not a folder")
     run_dir = data_folder(top)
-    runs = read_runs(run_dir)
+    folder = given if run_dir == top else RunFolder(run_dir)
+    runs = read_runs(folder)
     notes: list[str] = []
     if "variant" in runs.columns:
         variants = [str(v) for v in pd.unique(runs["variant"].fillna("baseline"))]
         chosen = variant or ("baseline" if "baseline" in variants else variants[0])
         if chosen not in variants:
-            raise InputError(f"{run_dir / 'runs.csv'}: no variant {chosen!r} "
+            raise InputError(f"{folder.runs_path}: no variant {chosen!r} "
                              f"(present: {', '.join(variants)})")
         runs = runs[runs["variant"].fillna("baseline").astype(str) == chosen]
         if len(variants) > 1:
@@ -419,23 +430,17 @@ def load_measured(run_dir: str | os.PathLike[str], variant: str | None = None) -
     if len(capped):
         first = capped.iloc[0]
         raise InputError(
-            f"{run_dir / 'runs.csv'}: {len(capped)} run(s) both capped at a concurrency and sent "
+            f"{folder.runs_path}: {len(capped)} run(s) both capped at a concurrency and sent "
             f"at a finite request rate (e.g. concurrency {first['concurrency']:g} at "
             f"{first[OPEN_KEY]:g} req/s, {first.get('source', first.get('run'))}): the twin "
             "replays closed loops (vllm bench serve --max-concurrency C --request-rate inf) or "
             "open loops (--request-rate R without --max-concurrency), not a mix, whose sends "
             "wait on the real server's finishes; measure one of those")
-    series = read_series(run_dir)
-    ingest_path = run_dir / "ingest.json"
-    ingest: dict[str, Any] = {}
-    if ingest_path.is_file():
-        try:
-            ingest = json.loads(ingest_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{ingest_path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+    series = read_series(folder)
+    ingest = folder.ingest()
     full_log = scrape_log_series(top) if top != run_dir else None
     if full_log is None and not _covers(series, runs):
-        full_log = ingested_scrape_log(run_dir, ingest)
+        full_log = ingested_scrape_log(folder, ingest)
     rows: list[dict[str, Any]] = []
     lengths: dict[Any, tuple[list[int], list[int]]] = {}
     arrivals: dict[Any, list[float]] = {}
@@ -479,7 +484,7 @@ def load_measured(run_dir: str | os.PathLike[str], variant: str | None = None) -
             if len(gaps):
                 row["client_gap_mean_s"] = float(np.mean(gaps))
         if c_int not in lengths and key == "concurrency":
-            point = _point_lengths(run_dir, chosen, c_int)
+            point = _point_lengths(folder, chosen, c_int)
             if point is not None:
                 lengths[c_int] = point
         t0, t1 = _num(row.get("t_start")), _num(row.get("t_end"))
@@ -515,4 +520,4 @@ def load_measured(run_dir: str | os.PathLike[str], variant: str | None = None) -
         rows.append(row)
     levels = pd.DataFrame(rows, columns=list(LEVEL_COLUMNS))
     return Measured(top, levels, lengths, runs, series, ingest, chosen, notes, key, arrivals,
-                    burstiness, recorded, drawn)
+                    burstiness, recorded, drawn, folder)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvpressure.folders.run_folder import RunFolder
 from kvpressure.jsonable import to_jsonable
 from kvpressure.twin.step_time import UNITS
 
@@ -220,7 +221,7 @@ def write_twin(twin: Any, remedies: dict[str, Any] | None, out_dir: str | Path,
     return paths
 
 
-def make_twin_folder(run_dir: str | os.PathLike[str], out_dir: str | Path, *,
+def make_twin_folder(run_dir: RunFolder | str | os.PathLike[str], out_dir: str | Path, *,
                      limits: dict[str, float] | None = None, focus: float | None = None,
                      overrides: dict[str, Any] | None = None, cost_model: Any = None,
                      variant: str | None = None, bootstrap: int = 200, seed: int = 0,
@@ -232,7 +233,8 @@ def make_twin_folder(run_dir: str | os.PathLike[str], out_dir: str | Path, *,
 
     The one call a report stage needs. With ``refusal_ok``, data the twin cannot be fitted to
     (too few levels, no pool size) writes ``twin.json`` and ``twin.md`` saying why instead of
-    raising. ``latency_tolerance_pct`` applies when ``limits`` is empty
+    raising. ``run_dir`` may be a :class:`RunFolder` holding what a stage already read of it.
+    ``latency_tolerance_pct`` applies when ``limits`` is empty
     (``remedies.predict_remedies``); ``label`` names the measured data in the files instead
     of ``run_dir``'s path; ``server_log`` is the server's log with its iteration details
     (``api.build_twin``); ``return_steps`` the clients' return lag in engine steps, instead
@@ -250,7 +252,7 @@ def make_twin_folder(run_dir: str | os.PathLike[str], out_dir: str | Path, *,
             raise
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"run_dir": label or str(run_dir), "refused": str(exc)}
+        doc = {"run_dir": label or os.fspath(run_dir), "refused": str(exc)}
         (out / TWIN_JSON).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n",
                                      encoding="utf-8")
         (out / SUMMARY_MD).write_text(f"# Twin of {doc['run_dir']}\n\n**No twin: {exc}**\n",

@@ -32,11 +32,13 @@ from typing import Any
 import pandas as pd
 
 from kvpressure.errors import InputError
+from kvpressure.folders.run_folder import RunFolder, as_run_folder
 from kvpressure.simulation.scenario import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     SETTING_NAMES,
 )
+from kvpressure.stages.results import CollectInfo
 from kvpressure.user_files import parse_user_json, read_user_text
 
 ALIASES = {"scheduling_policy": "policy", "num_gpu_blocks_override": "num_gpu_blocks",
@@ -102,7 +104,8 @@ def _known(mapping: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _settings_file(run_dir: Path) -> tuple[dict[str, Any], str] | None:
+def _settings_file(folder: RunFolder) -> tuple[dict[str, Any], str] | None:
+    run_dir = folder.path
     for name in SETTINGS_FILES:
         path = run_dir / name
         if path.is_file():
@@ -113,16 +116,23 @@ def _settings_file(run_dir: Path) -> tuple[dict[str, Any], str] | None:
                         data = data[key]
                         break
                 return _known(data, str(path)), str(path)
-    path = run_dir / "analysis" / "collect.json"
-    if not path.is_file():
-        path = run_dir / "report" / "analysis" / "collect.json"
+    for held in (folder, RunFolder(run_dir / "report")):
+        if held.has_stage(CollectInfo):
+            break
+    path = held.stage_path(CollectInfo.STAGE)
     if path.is_file():
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            return None
-        if isinstance(data, dict) and isinstance(data.get("settings"), dict):
-            return _known(data["settings"], str(path)), str(path)
+            # Stage 01's settings, as the folder has read them already.
+            settings = held.stage(CollectInfo).settings
+        except InputError:  # not a collect result as this version writes it: its JSON then
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:
+                return None
+            if not (isinstance(data, dict) and isinstance(data.get("settings"), dict)):
+                return None
+            settings = data["settings"]
+        return _known(dict(settings), str(path)), str(path)
     return None
 
 
@@ -185,7 +195,7 @@ def _server_log(run_dir: Path, logs: list[Path]) -> tuple[dict[str, Any], str] |
     return None
 
 
-def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None,
+def twin_settings(run_dir: RunFolder | Path, runs: pd.DataFrame, series: pd.DataFrame | None,
                   ingest: dict[str, Any], overrides: Mapping[str, Any] | None = None,
                   logs: list[Path] | None = None, bench: dict[str, Any] | None = None
                   ) -> tuple[dict[str, Any], dict[str, str]]:
@@ -196,7 +206,9 @@ def twin_settings(run_dir: Path, runs: pd.DataFrame, series: pd.DataFrame | None
     layers: list[tuple[dict[str, Any], str]] = []
     if overrides:
         layers.append((_known(dict(overrides), "--set"), "given (--set)"))
-    got = _settings_file(run_dir)
+    folder = as_run_folder(run_dir)
+    run_dir = folder.path
+    got = _settings_file(folder)
     if got:
         layers.append((got[0], got[1]))
     layers.append((_runs_columns(runs, "runs.csv"), "runs.csv"))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvpressure.folders.run_folder import RunFolder
 from kvpressure.twin.simulate import simulate_level
 from kvpressure.twin.workload import LevelWorkload
 
@@ -95,19 +96,20 @@ def write_synthetic_run(out_dir: str | Path, settings: Mapping[str, Any],
         })
         if w.open_loop:
             continue
-        point = out / "points" / "baseline" / f"c{c}"
+        point = RunFolder(out).point_dir(f"baseline/c{c}")
         point.mkdir(parents=True, exist_ok=True)
         pd.DataFrame({"id": [r["id"] for r in w.requests()], "prompt_len": w.prompt_lens,
                       "output_len": w.output_lens}).to_csv(point / "requests.csv", index=False,
                                                            lineterminator="\n")
     runs = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)
-    runs.to_csv(out / "runs.csv", index=False, lineterminator="\n")
+    folder = RunFolder(out)
+    runs.to_csv(folder.runs_path, index=False, lineterminator="\n")
     labels = (f"block_size={settings['block_size']},enable_prefix_caching="
               f"{str(settings.get('enable_prefix_caching', True))},"
               f"num_gpu_blocks={settings['num_gpu_blocks']}")
     pd.DataFrame({"run": ["synthetic"], "t": [0.0], "metric": ["vllm:cache_config_info"],
-                  "labels": [labels], "value": [1.0]}).to_csv(out / "series.csv", index=False,
+                  "labels": [labels], "value": [1.0]}).to_csv(folder.series_path, index=False,
                                                              lineterminator="\n")
     engine = {k: v for k, v in settings.items() if k not in ("num_gpu_blocks", "block_size",
                                                                  "enable_prefix_caching")}

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvpressure.errors import InputError
+from kvpressure.folders.layout import RUNS_CSV
 
 # Other versions of a level the data cannot tell apart (``LevelWorkload.redrawn``), seeds 1..N:
 # what the twin's preemption ranges and a remedy's interval are read over. The lowest and
@@ -149,7 +150,7 @@ def level_workloads(measured: Any) -> dict[Any, LevelWorkload]:
             n, p, o = row["num_requests"], row["input_len_mean"], row["output_len_mean"]
             if any(not isinstance(v, float) or math.isnan(v) for v in (n, p, o)) or n < 1:
                 raise InputError(
-                    f"{measured.run_dir / 'runs.csv'}: {level_name(c, measured.key)}: the "
+                    f"{measured.run_dir / RUNS_CSV}: {level_name(c, measured.key)}: the "
                     "request lengths are not in the data (needs num_requests, duration_s, "
                     "output_throughput and total_token_throughput, or a bench result saved "
                     "with --save-detailed)")
