@@ -1,14 +1,11 @@
-"""The shipped JSON Schemas (``data/schemas/``) and the check of a file against them.
+"""The shipped JSON Schemas of the files a user writes or keeps (the experiment YAML and
+``record.yaml``, in ``data/schemas/``) and the check of a file against them.
 
-Below every layer that writes a checked file (``record.yaml`` is checked as it is written);
-generating the schemas from the models is :mod:`kvpressure.schemas`, above the models.
-
-JSON Schemas of the files a user writes or keeps: the experiment YAML and ``record.yaml``.
-
-The schemas are generated from the models that load those files (``ExperimentFile``,
-``Record``) and shipped in ``data/schemas/`` (``python -m kvpressure.schemas`` writes them; a
-test keeps the shipped ones equal to the models), so an editor or another tool checks a file
-against the same rules the kit loads it with. ``kvpressure schema NAME FILE...`` validates
+This sits below every layer that writes a checked file (``record.yaml`` is checked as it is
+written); the schemas are generated from the models that load those files (``ExperimentFile``,
+``Record``) by :mod:`kvpressure.schemas` (``python -m kvpressure.schemas``), above the models,
+and a test keeps the shipped ones equal to the models, so an editor or another tool checks a
+file against the same rules the kit loads it with. ``kvpressure schema NAME FILE...`` validates
 files against the shipped schema, naming the file and each bad field's path.
 """
 

@@ -7,7 +7,7 @@ Order: first make concurrency or per-sequence size fit the pool
 admission rules the seed's table does not list follow: full-sequence admission
 (``scheduler_reserve_full_isl``, vLLM 0.33.0's default) and a KV ``watermark``.
 
-The simulation is passed in: ``simulate_variant(overrides) -> runs`` (the pipeline gives its
+The simulation is passed in: ``simulate_variant(overrides) -> runs`` (stage 06 gives its
 sweep runner), so this module only compares runs tables.
 
 Gain: throughput at the target concurrency and at the peak, recompute ratio at the target.

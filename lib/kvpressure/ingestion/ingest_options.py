@@ -1,7 +1,7 @@
 """How ``ingest()`` reads its sources: the choices of ``kvpressure ingest``'s options.
 
 One frozen object instead of a dozen keywords threaded through every caller: the command line
-builds it from its options, a pipeline from its parameters, and ``ingest.json`` echoes it.
+builds it from its options, stage 01 from its parameters, and ``ingest.json`` echoes it.
 """
 
 from __future__ import annotations
