@@ -214,6 +214,16 @@ def test_a_readme_style_path_in_01_resolves_from_the_project_root(tmp_path, monk
     assert not (tmp_path / "nope").exists()
 
 
+def test_the_page_check_takes_a_rate_of_one_for_a_rate_and_a_float_count_for_a_defect():
+    from kvpressure.report.page_check import _float_counts
+
+    table = ("<table><tr><th>concurrency (clients)</th><th>requests</th><th>requests/s</th>"
+             "</tr><tr><td>1</td><td>{n}</td><td>1.00</td></tr></table>")
+    assert _float_counts(table.format(n="6")) == []
+    assert _float_counts(table.format(n="6.0")) == ["column 'requests': the count 6.0 printed "
+                                                     "as a float"]
+
+
 # --------------------------------------------------------------------------- real CPU vLLM data
 @pytest.mark.slow
 def test_a_real_servers_report_has_every_number_right(tmp_path):

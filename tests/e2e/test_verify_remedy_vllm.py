@@ -8,7 +8,8 @@ blocks, so the pool holds 5), prompts prefilled in chunks of 128 tokens, admissi
 chunk and no prefix cache, so past 5 clients every preemption recomputes its whole context.
 The remedy is the pool doubled (``--num-gpu-blocks-override 128``): 8 clients then run without
 a preemption, all 8 at once; the measured change must have the twin's sign in every round and
-lie within 10 points of its prediction. (``max_num_seqs`` lowered to 5, the benchmark's
+lie within 10 points of its prediction where both are that fine, else inside the band the twin
+claimed (or hold the prediction in its own interval). (``max_num_seqs`` lowered to 5, the benchmark's
 +47% with 48 requests a level, changes these 16-request runs by a few percent, inside the
 noise of a shared machine.) Raising ``max_num_seqs`` above the concurrency (64 to 128 at 8
 clients) cannot act: its measured change must be no measurable effect (the interval holds 0).
@@ -123,12 +124,14 @@ def test_the_remedy_measures_the_predicted_change(sweep):
     assert p["change_pct"] > 10 and p["effect"] == "raises"
     assert m["mean_pct"] > RESTART_NOISE_PCT  # beyond what a restart alone moves
     assert all(x > 0 for x in m["per_pair_pct"]), m["per_pair_pct"]
-    # within 10 points where three rounds measure that finely; a wider interval (a machine
-    # that moves between rounds: +78, +68, +52 on one CI run) must still hold the prediction,
-    # or the measured change lie inside the band the twin claimed for it
+    # within 10 points where three rounds measure that finely and the twin claims as much (its
+    # 90% band within 10 points: a twin fitted on 4 levels of 16 requests claims +-20 points
+    # or more here, and its point has moved between +34 and +109% across runs); otherwise
+    # the measured interval (a machine that moves between rounds: +78, +68, +52 on one CI run)
+    # must hold the prediction, or the measured change lie inside the band the twin claimed
     lo, hi = m["interval_pct"]
     p_lo, p_hi = p["interval_pct"]
-    if (hi - lo) / 2 < 10.0:
+    if (hi - lo) / 2 < 10.0 and (p_hi - p_lo) / 2 < 10.0:
         assert abs(m["mean_pct"] - p["change_pct"]) <= 10.0, row["why"]
     else:
         assert lo <= p["change_pct"] <= hi or p_lo <= m["mean_pct"] <= p_hi, row["why"]

@@ -174,7 +174,9 @@ def _float_counts(page: str) -> list[str]:
             cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>",
                                                                           row, re.S)]
             for head, cell in zip(heads[-len(cells):] if cells else [], cells, strict=False):
-                if head.startswith(_COUNT_HEADS) and re.fullmatch(r"-?\d[\d,]*\.0+", cell):
+                # A head with a per-unit ("requests/s") is a rate, and 1.00 of one is right.
+                if (head.startswith(_COUNT_HEADS) and "/" not in head
+                        and re.fullmatch(r"-?\d[\d,]*\.0+", cell)):
                     out.append(f"column {head!r}: the count {cell} printed as a float")
     return out
 
