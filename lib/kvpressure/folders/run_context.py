@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpressure.errors import InputError
+from kvpressure.folders.output_folder import file_sha256
 from kvpressure.folders.run_folder import (
     DEFAULT_EXPERIMENT,
     RunFolder,
@@ -30,7 +31,6 @@ from kvpressure.folders.run_folder import (
     default_experiment,
     default_run_dir,
     display_path,
-    sha256_file,
 )
 from kvpressure.paths import data_dir, kit_root, stored_path, work_root
 from kvpressure.stages.files import ANALYSIS_DIR, has_stage, read_stage
@@ -195,7 +195,7 @@ def changed_inputs(run_dir: RunFolder | str | os.PathLike[str]) -> list[str]:
         path = Path(_repo_path(item.path))
         if not path.exists():
             out.append(f"{item.path} (gone)")
-        elif path.is_file() and sha256_file(path) != item.sha256:
+        elif path.is_file() and file_sha256(path) != item.sha256:
             out.append(f"{item.path} (edited)")
     return out
 

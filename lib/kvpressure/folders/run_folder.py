@@ -9,7 +9,6 @@ with :func:`write_stage` and reads earlier ones with :func:`kvpressure.stages.fi
 from __future__ import annotations
 
 import copy
-import hashlib
 import io
 import json
 import os
@@ -81,14 +80,6 @@ def write_stage(run_dir: str | os.PathLike[str], result: StageResult) -> Path:
         # `kvpressure report` may later replace it (a report run has its own marker already).
         write_marker(Path(run_dir), NOTEBOOKS_COMMAND, {}, complete=False)
     return path
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def display_path(path: str | os.PathLike[str]) -> str:

@@ -15,7 +15,8 @@ import pandas as pd
 from kvpressure.analysis.focus import focus_level
 from kvpressure.errors import InputError
 from kvpressure.folders.layout import BASELINE, SCRAPE_FILES
-from kvpressure.folders.run_folder import RunFolder, display_path, sha256_file
+from kvpressure.folders.output_folder import file_sha256
+from kvpressure.folders.run_folder import RunFolder, display_path
 from kvpressure.ingestion.cache_config import cache_config
 from kvpressure.ingestion.collect_folder import CollectFolder
 from kvpressure.ingestion.collect_folder import expand as expand_collect_folders
@@ -147,7 +148,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         rows.append(row)
         focus_series[run_name] = res.series
         reports[run_name] = res.report.to_dict()
-        inputs.append({"path": display_path(path), "sha256": sha256_file(path)})
+        inputs.append({"path": display_path(path), "sha256": file_sha256(path)})
     kinds = _kinds(others) if others else set()
     has_bench = SourceKind.BENCH in kinds
     has_scrapes = bool(kinds - {SourceKind.BENCH}) or bool(files)
@@ -176,7 +177,7 @@ def collect_ingested(run_dir: Path, sources: list[str], focus_concurrency: int,
         for s in others:
             for p in ([Path(s)] if Path(s).is_file() else sorted(Path(s).rglob("*"))):
                 if p.is_file():
-                    inputs.append({"path": display_path(p), "sha256": sha256_file(p)})
+                    inputs.append({"path": display_path(p), "sha256": file_sha256(p)})
     declared = sorted({f for r in reports.values() for run in r.get("runs", {}).values()
                        for f in run.get("declared_without_samples", [])})
     if not rows:

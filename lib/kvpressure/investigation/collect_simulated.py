@@ -15,7 +15,8 @@ import pandas as pd
 from kvpressure.analysis.focus import focus_level
 from kvpressure.errors import InputError
 from kvpressure.folders.layout import BASELINE, SCRAPE_FILES
-from kvpressure.folders.run_folder import RunFolder, display_path, sha256_file
+from kvpressure.folders.output_folder import file_sha256
+from kvpressure.folders.run_folder import RunFolder, display_path
 from kvpressure.investigation.lengths import length_stats
 from kvpressure.investigation.windows import steady_window
 from kvpressure.stages.files import as_result
@@ -100,7 +101,7 @@ def collect_simulation(run_dir: Path, experiment_path: str, focus_concurrency: i
         "mode": "simulation",
         "name": exp.name,
         "description": exp.description,
-        "inputs": [{"path": display_path(src), "sha256": sha256_file(src)}],
+        "inputs": [{"path": display_path(src), "sha256": file_sha256(src)}],
         "seed": int(spec.seed),
         "seeds": [int(x) for x in exp.seeds],
         "model_name": exp.model_name,
